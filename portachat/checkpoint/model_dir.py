@@ -1,0 +1,118 @@
+"""Model checkpoints as Hugging Face model directories.
+
+config.json + generation_config.json + model.safetensors + tokenizer files load in
+`transformers` with no remote code; portachat.json carries what transformers does not know
+(stage, step, metrics, data position, training config). Loading reads safetensors and JSON only:
+nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from portachat.checkpoint.atomic import CheckpointError
+from portachat.model import GPT, GPTConfig
+from portachat.model.hf import exportable, from_hf_config, generation_config, to_hf_config
+from portachat.tokenizer import Tokenizer
+
+FORMAT_VERSION = 1
+WEIGHTS = "model.safetensors"
+META = "portachat.json"
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def save_model_files(directory: Path, model: GPT, tokenizer: Tokenizer, meta: dict[str, Any]) -> None:
+    """Write the HF model directory contents into `directory` (already created, not yet in place)."""
+    cfg: GPTConfig = model.config
+    ok, reason = exportable(cfg)
+    hf_config = to_hf_config(cfg, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id)
+    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    if cfg.tie_embeddings:
+        state.pop("lm_head.weight", None)  # transformers re-ties it from embed_tokens
+    save_file(state, str(directory / WEIGHTS), metadata={"format": "pt"})
+    _write_json(directory / "config.json", hf_config)
+    _write_json(directory / "generation_config.json", generation_config(bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id))
+    tokenizer.save(directory)
+    full_meta = dict(meta)
+    full_meta.update(
+        format_version=FORMAT_VERSION,
+        model_config=cfg.to_dict(),
+        tokenizer_fingerprint=tokenizer.fingerprint(),
+        exportable=ok,
+        export_note=reason,
+    )
+    _write_json(directory / META, full_meta)
+
+
+@dataclass
+class LoadedModel:
+    model: GPT
+    tokenizer: Tokenizer
+    meta: dict[str, Any]
+    path: Path
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    meta_path = Path(path) / META
+    if not meta_path.is_file():
+        return {}
+    try:
+        return json.loads(meta_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{meta_path} is not valid JSON ({exc}); the checkpoint is damaged") from exc
+
+
+def load_model_dir(path: str | Path, device: torch.device | str = "cpu") -> LoadedModel:
+    """Load a checkpoint directory (ours or any compatible Qwen3-style HF directory)."""
+    path = Path(path)
+    for name in ("config.json", WEIGHTS, "tokenizer.json"):
+        if not (path / name).is_file():
+            raise CheckpointError(f"{path} is not a complete model directory: {name} is missing")
+    try:
+        cfg = from_hf_config(json.loads((path / "config.json").read_text(encoding="utf-8")))
+    except (json.JSONDecodeError, KeyError, ValueError) as exc:
+        raise CheckpointError(f"{path / 'config.json'} is not a usable model config: {exc}") from exc
+    tokenizer = Tokenizer.load(path)
+    meta = read_meta(path)
+    check_tokenizer_matches(tokenizer, cfg, meta, where=str(path))
+    try:
+        state = load_file(str(path / WEIGHTS), device="cpu")
+    except (SafetensorError, OSError) as exc:
+        raise CheckpointError(f"{path / WEIGHTS} cannot be read ({exc}); the checkpoint is damaged") from exc
+    with torch.device("meta"):
+        model = GPT(cfg)
+    model.to_empty(device=device)
+    model.init_weights()  # fills non-persistent buffers (rotary tables); weights are overwritten below
+    if cfg.tie_embeddings:
+        state.pop("lm_head.weight", None)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if cfg.tie_embeddings:
+        missing = [k for k in missing if k != "lm_head.weight"]
+    if missing or unexpected:
+        raise CheckpointError(f"{path / WEIGHTS} does not match its config: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    return LoadedModel(model=model, tokenizer=tokenizer, meta=meta, path=path)
+
+
+def check_tokenizer_matches(tokenizer: Tokenizer, cfg: GPTConfig, meta: dict[str, Any], where: str) -> None:
+    """Refuse a tokenizer whose ids the model cannot embed or that differs from the one it was trained with."""
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise CheckpointError(
+            f"tokenizer/checkpoint vocab mismatch in {where}: the tokenizer has {tokenizer.vocab_size} tokens "
+            f"but the model embeds only {cfg.vocab_size}. Use the tokenizer saved with this checkpoint."
+        )
+    expected = meta.get("tokenizer_fingerprint")
+    if expected and expected != tokenizer.fingerprint():
+        raise CheckpointError(
+            f"tokenizer/checkpoint mismatch in {where}: this checkpoint was trained with tokenizer "
+            f"{expected}, not {tokenizer.fingerprint()}. Use the tokenizer saved with this checkpoint."
+        )

@@ -1,0 +1,100 @@
+"""Resumable trainer state: optimizer moments, RNG streams and data positions.
+
+Stored next to the model files as safetensors + JSON (never pickle):
+  trainer_state/optimizer.safetensors   moments, keyed "<optimizer>/<parameter name>/<state key>"
+  trainer_state/optimizer.json          hyper-parameters and non-tensor state, grad-scaler state
+  trainer_state/rank<R>.safetensors     that rank's CPU and device RNG states
+Data positions live in portachat.json (one entry per data stream).
+
+Training is data-parallel with replicated optimizer state, so rank 0's optimizer state is the
+whole state and a run can resume on any number of devices. (torch.distributed.checkpoint's
+default file format unpickles its metadata, which the checkpoint rules forbid.)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from portachat.checkpoint.atomic import CheckpointError
+
+STATE_DIR = "trainer_state"
+
+
+def _param_names(model: nn.Module) -> dict[int, str]:
+    return {id(p): name for name, p in model.named_parameters()}
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, torch.dtype):
+        return str(value)
+    return value
+
+
+def save_optimizers(directory: Path, model: nn.Module, optimizers: list[torch.optim.Optimizer], scaler_state: dict | None) -> None:
+    names = _param_names(model)
+    tensors: dict[str, torch.Tensor] = {}
+    info: dict[str, Any] = {"optimizers": [], "grad_scaler": scaler_state}
+    for i, opt in enumerate(optimizers):
+        sd = opt.state_dict()
+        order = [names[id(p)] for group in opt.param_groups for p in group["params"]]
+        extra: dict[str, dict[str, Any]] = {}
+        for idx, pstate in sd["state"].items():
+            for key, value in pstate.items():
+                if isinstance(value, torch.Tensor):
+                    tensors[f"{i}/{order[idx]}/{key}"] = value.detach().to("cpu").contiguous()
+                else:
+                    extra.setdefault(order[idx], {})[key] = _jsonable(value)
+        groups = [{k: _jsonable(v) for k, v in g.items() if k != "params"} for g in sd["param_groups"]]
+        info["optimizers"].append({"type": type(opt).__name__, "param_groups": groups, "non_tensor_state": extra})
+    out = directory / STATE_DIR
+    out.mkdir(exist_ok=True)
+    save_file(tensors, str(out / "optimizer.safetensors"))
+    (out / "optimizer.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+
+
+def load_optimizers(directory: Path, model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> dict | None:
+    """Restore optimizer state in place; returns the saved grad-scaler state (or None)."""
+    src = directory / STATE_DIR
+    if not (src / "optimizer.json").is_file() or not (src / "optimizer.safetensors").is_file():
+        raise CheckpointError(f"{directory} has no trainer state to resume from (it may be a final or exported model)")
+    info = json.loads((src / "optimizer.json").read_text(encoding="utf-8"))
+    tensors = load_file(str(src / "optimizer.safetensors"), device="cpu")
+    if len(info["optimizers"]) != len(optimizers):
+        raise CheckpointError(f"{directory}: saved {len(info['optimizers'])} optimizers, this run has {len(optimizers)}")
+    names = _param_names(model)
+    for i, (opt, saved) in enumerate(zip(optimizers, info["optimizers"], strict=True)):
+        sd = opt.state_dict()
+        if saved["type"] != type(opt).__name__ or len(saved["param_groups"]) != len(sd["param_groups"]):
+            raise CheckpointError(f"{directory}: optimizer {i} is a {saved['type']} with other parameter groups")
+        order = [names[id(p)] for group in opt.param_groups for p in group["params"]]
+        state: dict[int, dict[str, Any]] = {}
+        for idx, name in enumerate(order):
+            pstate = {key.split("/", 2)[2]: t for key, t in tensors.items() if key.startswith(f"{i}/{name}/")}
+            pstate.update(saved["non_tensor_state"].get(name, {}))
+            if pstate:
+                state[idx] = pstate
+        for group, saved_group in zip(sd["param_groups"], saved["param_groups"], strict=True):
+            for key, value in saved_group.items():
+                group[key] = tuple(value) if isinstance(group.get(key), tuple) else value
+        sd["state"] = state
+        opt.load_state_dict(sd)
+    return info.get("grad_scaler")
+
+
+def save_rng(directory: Path, rank: int, rng: dict[str, torch.Tensor]) -> None:
+    out = directory / STATE_DIR
+    out.mkdir(exist_ok=True)
+    save_file({k: v.contiguous() for k, v in rng.items()}, str(out / f"rank{rank}.safetensors"))
+
+
+def load_rng(directory: Path, rank: int) -> dict[str, torch.Tensor] | None:
+    path = directory / STATE_DIR / f"rank{rank}.safetensors"
+    return load_file(str(path), device="cpu") if path.is_file() else None

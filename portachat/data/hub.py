@@ -1,0 +1,142 @@
+"""Download pretraining shards (parquet with a `text` column) from the Hugging Face Hub.
+
+`hf_hub_download(..., local_dir=dest)` does the hard parts: it resumes partial downloads, skips a
+file whose local copy matches the Hub's etag, and keeps its bookkeeping under `dest/.cache/` (which
+`open_source` ignores). On top of that every shard is opened as parquet and checked for a `text`
+column; a corrupt one is deleted and fetched once more. Without a network (HF_HUB_OFFLINE=1, or the
+Hub unreachable) the shards already in `dest` are used when there are enough of them.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from huggingface_hub import HfApi, hf_hub_download
+from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+from portachat.data.sources import DataError, read_parquet_metadata
+
+_CONNECTION_ERROR_NAMES = {"ConnectError", "ConnectTimeout", "ConnectionError", "Timeout", "ReadTimeout",
+                           "TimeoutException", "NetworkError", "TransportError", "ProxyError"}
+
+
+def _is_offline_env() -> bool:
+    # read at call time: huggingface_hub reads its own constant once, at import
+    from huggingface_hub import constants
+
+    value = os.environ.get("HF_HUB_OFFLINE", "")
+    return value.strip().upper() in ("1", "ON", "YES", "TRUE") or bool(constants.HF_HUB_OFFLINE)
+
+
+def _is_connection_error(e: BaseException) -> bool:
+    if isinstance(e, HfHubHTTPError) and getattr(e, "response", None) is not None:
+        return False  # the Hub answered: a real error (missing repo, no access), not a network problem
+    if isinstance(e, (ConnectionError, TimeoutError, LocalEntryNotFoundError)):
+        return True
+    return any(cls.__name__ in _CONNECTION_ERROR_NAMES for cls in type(e).__mro__)
+
+
+def local_shards(dest: Path, pattern: str = "*.parquet") -> list[Path]:
+    """Files under `dest` whose repo-relative path matches `pattern`, sorted (hidden folders skipped)."""
+    if not dest.is_dir():
+        return []
+    found = []
+    for p in dest.rglob("*"):
+        rel = p.relative_to(dest)
+        if p.is_file() and not any(part.startswith(".") for part in rel.parts) and (
+            fnmatch.fnmatch(rel.as_posix(), pattern) or fnmatch.fnmatch(p.name, pattern)
+        ):
+            found.append(p)
+    return sorted(found)
+
+
+def _use_local(repo_id: str, dest: Path, num_shards: int | None, pattern: str, reason: str,
+               repo_type: str, log: Callable[[str], None]) -> list[Path]:
+    have = local_shards(dest, pattern)
+    wanted = num_shards if num_shards is not None else 1
+    if len(have) >= wanted and have:
+        chosen = have[:num_shards] if num_shards is not None else have
+        log(f"offline ({reason}): using {len(chosen)} shard(s) already in {dest}")
+        return chosen
+    kind = "datasets/" if repo_type == "dataset" else ""
+    need = f"{num_shards} shard(s)" if num_shards is not None else "at least one shard"
+    raise DataError(
+        f"offline ({reason}) and {dest} has {len(have)} file(s) matching {pattern!r}, {need} needed. "
+        f"Download them from https://huggingface.co/{kind}{repo_id} on a machine with a network and place "
+        f"them in {dest}, or pass a local data directory, or use the synthetic curriculum"
+    )
+
+
+def _verify(path: Path) -> str | None:
+    """None when `path` is a parquet file with a `text` column, else the reason it is not."""
+    try:
+        read_parquet_metadata(path)
+    except DataError as e:
+        return str(e)
+    return None
+
+
+def download_shards(
+    repo_id: str,
+    dest: Path,
+    num_shards: int | None = None,
+    pattern: str = "*.parquet",
+    revision: str = "main",
+    repo_type: str = "dataset",
+    log: Callable[[str], None] = print,
+) -> list[Path]:
+    """Fetch the first `num_shards` files of `repo_id` matching `pattern` (sorted; all when None) into
+    `dest` and return their local paths. With two or more shards `open_source(dest)` uses the last
+    one as the val split, as nanochat does."""
+    dest = Path(dest).expanduser()
+    if num_shards is not None and num_shards < 1:
+        raise ValueError(f"num_shards must be >= 1 or None, got {num_shards}")
+    if _is_offline_env():
+        return _use_local(repo_id, dest, num_shards, pattern, "HF_HUB_OFFLINE is set", repo_type, log)
+    endpoint = os.environ.get("HF_ENDPOINT") or None  # read now, so it can change after import
+    try:
+        remote = HfApi(endpoint=endpoint).list_repo_files(repo_id, repo_type=repo_type, revision=revision)
+    except Exception as e:
+        if _is_connection_error(e):
+            return _use_local(repo_id, dest, num_shards, pattern, f"cannot reach the Hub: {type(e).__name__}",
+                              repo_type, log)
+        raise DataError(f"cannot list files of {repo_type} {repo_id}@{revision}: {e}") from e
+    names = sorted(f for f in remote if fnmatch.fnmatch(f, pattern))
+    if not names:
+        raise DataError(f"{repo_type} {repo_id}@{revision} has no files matching {pattern!r} "
+                        f"({len(remote)} files in all); check the repo id and pattern")
+    if num_shards is not None:
+        if num_shards > len(names):
+            raise DataError(f"{repo_id} has {len(names)} files matching {pattern!r}, fewer than the "
+                            f"{num_shards} asked for")
+        names = names[:num_shards]
+    dest.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, name in enumerate(names, start=1):
+        path = _download_verified(repo_id, name, dest, revision, repo_type, endpoint)
+        log(f"shard {i}/{len(names)}: {name} ({path.stat().st_size / 1e6:.1f} MB) ok")
+        paths.append(path)
+    return paths
+
+
+def _download_verified(repo_id: str, name: str, dest: Path, revision: str, repo_type: str,
+                       endpoint: str | None) -> Path:
+    problem = None
+    for _attempt in range(2):  # a corrupt copy is deleted and fetched once more
+        try:
+            path = Path(hf_hub_download(repo_id, name, repo_type=repo_type, revision=revision,
+                                        local_dir=dest, endpoint=endpoint))
+        except Exception as e:
+            if _is_connection_error(e):
+                raise DataError(f"lost the connection to the Hub while downloading {name} of {repo_id} ({e}); "
+                                "run again to resume the download") from e
+            raise DataError(f"cannot download {name} of {repo_type} {repo_id}@{revision}: {e}") from e
+        problem = _verify(path)
+        if problem is None:
+            return path
+        path.unlink(missing_ok=True)
+    raise DataError(f"{name} of {repo_id} is not a valid shard even after downloading it again "
+                    f"(deleted it): {problem}")

@@ -1,0 +1,294 @@
+"""Tokenizing packing loader: BOS-aligned rows, sharded by stream, with an exact resume position.
+
+Packing is nanochat's best-fit: every document is tokenized with a leading BOS; a row of T+1 tokens
+is filled by repeatedly taking, from a buffer of tokenized documents, the largest one that still
+fits; when none fits, the shortest is cropped to fill the row exactly (the rest of it is dropped).
+So there is no padding and every row starts with BOS.
+
+Sharding is by *stream*: stream `s` of `n` reads the source's units `u % n == s`, in order, epoch
+after epoch. The training loop makes one stream per (rank, micro-step), `s = rank * accum + micro`,
+so the rows of a step depend only on world_size * grad_accum, not on how they are split.
+
+Exact resume: the position is the (epoch, unit, document) cursor plus the buffer. The buffer holds
+only whole documents (cropped ones leave it), so it is saved as (unit, document index) references,
+a few KB of JSON, and re-tokenized on load; the tokenizer is deterministic, so the rows that follow
+are the same as if the run had never stopped.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator
+from typing import Protocol
+
+import torch
+
+from portachat.data.sources import DataError, DocumentSource
+
+STATE_VERSION = 1
+_NO_SEQ = 1 << 62  # larger than any buffer sequence number, for bisect
+
+
+class TokenizerLike(Protocol):
+    bos_id: int
+
+    def encode_batch(self, texts: list[str], prepend_bos: bool) -> list[list[int]]: ...
+
+
+class PackedLoader:
+    def __init__(
+        self,
+        source: DocumentSource,
+        tokenizer: TokenizerLike,
+        batch_size: int,
+        seq_len: int,
+        stream: int = 0,
+        num_streams: int = 1,
+        tokenizer_batch_docs: int = 128,
+        buffer_docs: int = 1000,
+    ):
+        for name, value in (("batch_size", batch_size), ("seq_len", seq_len), ("num_streams", num_streams),
+                            ("tokenizer_batch_docs", tokenizer_batch_docs), ("buffer_docs", buffer_docs)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not 0 <= stream < num_streams:
+            raise ValueError(f"stream must be in [0, {num_streams}), got {stream}")
+        if source.num_units < num_streams:
+            raise DataError(
+                f"{source.name}: {source.num_units} data units are too few for {num_streams} streams "
+                "(world_size x grad_accum); give more data, or use fewer processes / accumulation steps"
+            )
+        self.source = source
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.seq_len = seq_len
+        self.stream = stream
+        self.num_streams = num_streams
+        self.tokenizer_batch_docs = tokenizer_batch_docs
+        self.buffer_docs = buffer_docs
+        self.tokens_per_batch = batch_size * seq_len
+        self._units = range(stream, source.num_units, num_streams)
+        self._single_pass = False  # set by iter_val_batches: stop after one epoch instead of looping
+        self._reset_position()
+
+    def _reset_position(self) -> None:
+        self.epoch = 0
+        self._unit_pos = 0  # index into self._units
+        self._doc_offset = 0  # documents of the current unit already taken
+        self.batches = 0
+        self._cached_unit: tuple[int, list[str]] | None = None
+        # the buffer: seq -> (tokens, (unit, doc index)); _by_len is sorted (len, seq) for best-fit lookups
+        self._docs: dict[int, tuple[list[int], tuple[int, int]]] = {}
+        self._by_len: list[tuple[int, int]] = []
+        self._next_seq = 0
+
+    # ------------------------------------------------------------------------------------------
+    # reading documents of this stream
+
+    def _unit_docs(self, unit: int) -> list[str]:
+        if self._cached_unit is None or self._cached_unit[0] != unit:
+            self._cached_unit = (unit, self.source.read_unit(unit))
+        return self._cached_unit[1]
+
+    def _read_next_documents(self) -> tuple[list[str], list[tuple[int, int]]]:
+        """Up to tokenizer_batch_docs documents from the cursor on; advances the cursor."""
+        texts: list[str] = []
+        refs: list[tuple[int, int]] = []
+        empty_units = 0
+        while len(texts) < self.tokenizer_batch_docs:
+            if self._single_pass and self.epoch > 0:
+                break
+            unit = self._units[self._unit_pos]
+            docs = self._unit_docs(unit)
+            take = docs[self._doc_offset : self._doc_offset + self.tokenizer_batch_docs - len(texts)]
+            texts.extend(take)
+            refs.extend((unit, self._doc_offset + i) for i in range(len(take)))
+            self._doc_offset += len(take)
+            empty_units = empty_units + 1 if not docs else 0
+            if empty_units > len(self._units):
+                raise DataError(
+                    f"{self.source.name}: stream {self.stream} of {self.num_streams} found no non-empty "
+                    "documents in any of its units; the data is empty"
+                )
+            if self._doc_offset >= len(docs):
+                self._unit_pos += 1
+                self._doc_offset = 0
+                if self._unit_pos == len(self._units):
+                    self._unit_pos = 0
+                    self.epoch += 1
+        return texts, refs
+
+    def _encode(self, texts: list[str]) -> list[list[int]]:
+        token_lists = self.tokenizer.encode_batch(texts, prepend_bos=True)
+        if len(token_lists) != len(texts):
+            raise RuntimeError(f"tokenizer returned {len(token_lists)} results for {len(texts)} texts")
+        return [list(t) for t in token_lists]
+
+    # ------------------------------------------------------------------------------------------
+    # the buffer
+
+    def _push(self, tokens: list[int], ref: tuple[int, int]) -> None:
+        seq = self._next_seq
+        self._next_seq += 1
+        self._docs[seq] = (tokens, ref)
+        bisect.insort(self._by_len, (len(tokens), seq))
+
+    def _fill_buffer(self) -> None:
+        while len(self._docs) < self.buffer_docs:
+            texts, refs = self._read_next_documents()
+            if not texts:
+                return  # single pass finished
+            for tokens, ref in zip(self._encode(texts), refs):
+                self._push(tokens, ref)
+
+    def _pop_largest_fitting(self, space: int) -> list[int] | None:
+        i = bisect.bisect_right(self._by_len, (space, _NO_SEQ))
+        if i == 0:
+            return None
+        # among equally long documents take the oldest, as a scan of the buffer in order would
+        j = bisect.bisect_left(self._by_len, (self._by_len[i - 1][0], -1))
+        _, seq = self._by_len.pop(j)
+        return self._docs.pop(seq)[0]
+
+    def _pop_shortest(self) -> list[int]:
+        _, seq = self._by_len.pop(0)
+        return self._docs.pop(seq)[0]
+
+    def _next_row(self) -> list[int] | None:
+        """T+1 tokens, or None when a single pass has run out of documents."""
+        capacity = self.seq_len + 1
+        row: list[int] = []
+        while len(row) < capacity:
+            self._fill_buffer()
+            if not self._docs:
+                return None
+            space = capacity - len(row)
+            doc = self._pop_largest_fitting(space)
+            row.extend(doc if doc is not None else self._pop_shortest()[:space])
+        return row
+
+    # ------------------------------------------------------------------------------------------
+    # public
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets), int64 [batch_size, seq_len] on CPU; targets are inputs shifted by one."""
+        rows = []
+        for _ in range(self.batch_size):
+            row = self._next_row()
+            if row is None:
+                raise StopIteration
+            rows.append(row)
+        self.batches += 1
+        batch = torch.tensor(rows, dtype=torch.long)
+        return batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        while True:
+            try:
+                yield self.next_batch()
+            except StopIteration:
+                return
+
+    def state_dict(self) -> dict:
+        """The exact position, JSON-serializable (ints and lists only)."""
+        ordered = sorted(self._docs)  # buffer order = insertion order
+        return {
+            "version": STATE_VERSION,
+            "stream": self.stream,
+            "num_streams": self.num_streams,
+            "num_units": self.source.num_units,
+            "seq_len": self.seq_len,
+            "tokenizer_batch_docs": self.tokenizer_batch_docs,
+            "buffer_docs": self.buffer_docs,
+            "epoch": self.epoch,
+            "unit_pos": self._unit_pos,
+            "doc_offset": self._doc_offset,
+            "batches": self.batches,
+            "buffer": [list(self._docs[seq][1]) for seq in ordered],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue exactly where `state` was taken. The loader must be built with the same stream,
+        num_streams, seq_len and data; batch_size may differ (rows come in the same order)."""
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            raise DataError(f"not a data loader state (version {STATE_VERSION}): {str(state)[:200]}")
+        expected = {
+            "stream": self.stream,
+            "num_streams": self.num_streams,
+            "num_units": self.source.num_units,
+            "seq_len": self.seq_len,
+            "tokenizer_batch_docs": self.tokenizer_batch_docs,
+            "buffer_docs": self.buffer_docs,
+        }
+        mismatched = [f"{k}: saved {state.get(k)!r}, now {v!r}" for k, v in expected.items() if state.get(k) != v]
+        if mismatched:
+            raise DataError(
+                "cannot resume the data loader exactly, its settings changed ("
+                + "; ".join(mismatched)
+                + "). Resume with the same data, seq_len, world_size x grad_accum and loader options"
+            )
+        if not 0 <= state["unit_pos"] < len(self._units):
+            raise DataError(f"loader state unit_pos {state['unit_pos']} out of range for {len(self._units)} units")
+        self._reset_position()
+        self.epoch = int(state["epoch"])
+        self.batches = int(state["batches"])
+        self._unit_pos = int(state["unit_pos"])
+        self._doc_offset = int(state["doc_offset"])
+        refs = [(int(u), int(i)) for u, i in state["buffer"]]
+        by_unit: dict[int, list[str]] = {}
+        texts = []
+        for unit, index in refs:
+            if unit not in by_unit:
+                if not 0 <= unit < self.source.num_units or unit % self.num_streams != self.stream:
+                    raise DataError(f"loader state refers to unit {unit}, not one of stream {self.stream}")
+                by_unit[unit] = self.source.read_unit(unit)
+            if not 0 <= index < len(by_unit[unit]):
+                raise DataError(f"loader state refers to document {index} of unit {unit}, which has fewer")
+            texts.append(by_unit[unit][index])
+        for start in range(0, len(texts), self.tokenizer_batch_docs):
+            chunk = slice(start, start + self.tokenizer_batch_docs)
+            for tokens, ref in zip(self._encode(texts[chunk]), refs[chunk]):
+                self._push(tokens, ref)
+
+
+def iter_val_batches(
+    source: DocumentSource,
+    tokenizer: TokenizerLike,
+    batch_size: int,
+    seq_len: int,
+    max_batches: int | None = None,
+    stream: int = 0,
+    num_streams: int = 1,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Validation batches: one deterministic pass over `source` (or `max_batches`, if fewer), packed
+    like training. The last batch may have fewer rows. With fewer units than streams (a small val
+    split), every stream packs all the data and keeps the rows `r % num_streams == stream`."""
+    row_sharded = source.num_units < num_streams
+    loader = PackedLoader(source, tokenizer, batch_size=1, seq_len=seq_len,
+                          stream=0 if row_sharded else stream, num_streams=1 if row_sharded else num_streams)
+    loader._single_pass = True
+    rows: list[list[int]] = []
+    produced = 0
+    row_index = 0
+    any_rows = False
+    while max_batches is None or produced < max_batches:
+        row = loader._next_row()
+        if row is not None:
+            mine = not row_sharded or row_index % num_streams == stream
+            row_index += 1
+            any_rows = True
+            if not mine:
+                continue
+            rows.append(row)
+        if rows and (len(rows) == batch_size or row is None):
+            batch = torch.tensor(rows, dtype=torch.long)
+            yield batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
+            produced += 1
+            rows = []
+        if row is None:
+            break
+    if not any_rows:
+        raise DataError(
+            f"{source.name}: validation data of stream {stream} of {num_streams} has fewer than "
+            f"seq_len + 1 = {seq_len + 1} tokens; use a smaller seq_len or more validation data"
+        )

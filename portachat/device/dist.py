@@ -1,0 +1,101 @@
+"""Process-group setup from the torchrun environment, with the collective chosen for the device."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+import torch
+
+from portachat.device.errors import DeviceError
+
+if TYPE_CHECKING:
+    from portachat.device.device import Device
+
+# Backends whose init_process_group accepts device_id= (binds the rank to its device, eager NCCL init).
+DEVICE_ID_BACKENDS = ("nccl", "xccl")
+
+
+@dataclass
+class DistEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _int_env(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise DeviceError(f"environment variable {name}={raw!r} must be an integer (torchrun sets it)") from None
+
+
+def dist_env() -> DistEnv:
+    """Rank layout from RANK / LOCAL_RANK / WORLD_SIZE / LOCAL_WORLD_SIZE; a single process when unset."""
+    world = _int_env("WORLD_SIZE", 1)
+    rank = _int_env("RANK", 0)
+    local_rank = _int_env("LOCAL_RANK", 0)
+    local_world = _int_env("LOCAL_WORLD_SIZE", world)
+    if world < 1 or not 0 <= rank < world or not 0 <= local_rank < max(local_world, 1):
+        raise DeviceError(
+            f"inconsistent torchrun environment: RANK={rank} LOCAL_RANK={local_rank} WORLD_SIZE={world} "
+            f"LOCAL_WORLD_SIZE={local_world}; launch with torchrun or unset these variables."
+        )
+    return DistEnv(rank=rank, local_rank=local_rank, world_size=world, local_world_size=local_world)
+
+
+def init_distributed(dev: Device, timeout_s: float = 600) -> DistEnv:
+    """Join the process group when WORLD_SIZE > 1 (idempotent); a no-op for a single process."""
+    env = dist_env()
+    if not env.is_distributed:
+        return env
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return env
+    if not dev.supports_distributed:
+        raise DeviceError(
+            f"{dev.kind} runs a single process only (no collective backend), but WORLD_SIZE={env.world_size}. "
+            "Run without torchrun, or set PORTACHAT_DEVICE=cpu to use gloo."
+        )
+    for var in ("MASTER_ADDR", "MASTER_PORT"):
+        if var not in os.environ:
+            raise DeviceError(f"WORLD_SIZE={env.world_size} but {var} is not set; launch with torchrun.")
+    kwargs: dict = {"backend": dev.dist_backend, "timeout": timedelta(seconds=timeout_s)}
+    if dev.type != "cpu":
+        torch.get_device_module(dev.type).set_device(dev.index)
+        if dev.dist_backend in DEVICE_ID_BACKENDS:
+            kwargs["device_id"] = dev.torch_device
+    try:
+        dist.init_process_group(**kwargs)
+    except Exception as exc:
+        from portachat.device.errors import diagnose
+
+        hint = diagnose(exc)
+        remedies = ("; ".join(hint.remedies)) if hint else "check MASTER_ADDR/MASTER_PORT and the network"
+        raise DeviceError(
+            f"init_process_group(backend={dev.dist_backend!r}) failed on rank {env.rank}/{env.world_size}: "
+            f"{exc}. Try: {remedies}"
+        ) from exc
+    return env
+
+
+def destroy_distributed() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,162 @@
+"""Peak FLOP/s per device and dtype, for MFU: a table of published dense figures, else a measurement.
+
+Table values are dense (no sparsity) tensor-core figures for bf16/fp16. fp32 is the figure a plain
+fp32 matmul can reach (CUDA cores on NVIDIA, i.e. no TF32; matrix cores on AMD Instinct).
+A device not in the table is measured by a matmul sweep (`portachat doctor --calibrate`) and the
+result cached in `<home>/calibration.json`, so MFU is never blank on Ascend, DCU, XPU, MPS or CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from portachat.paths import portachat_home
+
+T = 1e12
+
+
+@dataclass
+class PeakFlops:
+    value: float  # FLOP/s
+    source: str  # "table" | "calibrated" | "measured" | "unknown"
+
+
+@dataclass(frozen=True)
+class PeakEntry:
+    pattern: str  # regex searched in the device name (case-insensitive); most specific first
+    bf16: float | None
+    fp16: float | None
+    fp32: float | None
+
+
+# Order matters: the first pattern that matches the device name wins.
+PEAK_TABLE: tuple[PeakEntry, ...] = (
+    # NVIDIA
+    PeakEntry(r"GH200", 989 * T, 989 * T, 67 * T),
+    PeakEntry(r"H200", 989 * T, 989 * T, 67 * T),
+    PeakEntry(r"H100.*PCIe", 756 * T, 756 * T, 51 * T),
+    PeakEntry(r"H100.*NVL", 835 * T, 835 * T, 60 * T),
+    PeakEntry(r"H100", 989 * T, 989 * T, 67 * T),  # SXM ("NVIDIA H100 80GB HBM3")
+    PeakEntry(r"H800.*PCIe", 756 * T, 756 * T, 51 * T),
+    PeakEntry(r"H800", 989 * T, 989 * T, 67 * T),
+    PeakEntry(r"H20\b", 148 * T, 148 * T, 44 * T),
+    PeakEntry(r"B200", 2250 * T, 2250 * T, None),
+    PeakEntry(r"A100|A800", 312 * T, 312 * T, 19.5 * T),
+    PeakEntry(r"A10G", 70 * T, 70 * T, 31.2 * T),
+    PeakEntry(r"A10\b", 125 * T, 125 * T, 31.2 * T),
+    PeakEntry(r"L40S", 362 * T, 362 * T, 91.6 * T),
+    PeakEntry(r"L40\b", 181 * T, 181 * T, 90.5 * T),
+    PeakEntry(r"\bL4\b", 121 * T, 121 * T, 30.3 * T),
+    PeakEntry(r"RTX 4090", 165.2 * T, 165.2 * T, 82.6 * T),
+    PeakEntry(r"V100", None, 125 * T, 15.7 * T),
+    PeakEntry(r"\bT4\b", None, 65 * T, 8.1 * T),
+    # AMD Instinct
+    PeakEntry(r"MI355X", 2516 * T, 2516 * T, 157.3 * T),
+    PeakEntry(r"MI325X|MI300X", 1307.4 * T, 1307.4 * T, 163.4 * T),
+    PeakEntry(r"MI300A", 980.6 * T, 980.6 * T, 122.6 * T),
+    PeakEntry(r"MI250X", 383 * T, 383 * T, 95.7 * T),
+    PeakEntry(r"MI250", 362.1 * T, 362.1 * T, 90.5 * T),
+    PeakEntry(r"MI210", 181 * T, 181 * T, 45.3 * T),
+    PeakEntry(r"MI100", 92.3 * T, 184.6 * T, 46.1 * T),
+    # Huawei Ascend (commonly quoted vendor figures; fp32 left to measurement)
+    PeakEntry(r"910B1", 414 * T, 414 * T, None),
+    PeakEntry(r"910B2", 376 * T, 376 * T, None),
+    PeakEntry(r"910B3", 313 * T, 313 * T, None),
+    PeakEntry(r"910B4", 280 * T, 280 * T, None),
+    PeakEntry(r"910_93|910C", 376 * T, 376 * T, None),  # per die, as torch_npu exposes one device per die
+    PeakEntry(r"910(A|Pro|Premium)|Ascend910$", None, 256 * T, None),
+)
+DTYPE_KEYS = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def table_peak(device_name: str, dtype: torch.dtype) -> float | None:
+    """Published dense peak for this device and dtype, or None when the table does not know it."""
+    key = DTYPE_KEYS.get(dtype)
+    if key is None:
+        return None
+    for entry in PEAK_TABLE:
+        if re.search(entry.pattern, device_name, re.IGNORECASE):
+            return getattr(entry, key)
+    return None
+
+
+def measure_matmul_flops(
+    device: torch.device,
+    dtype: torch.dtype,
+    synchronize: Callable[[], None],
+    sizes: tuple[int, ...] = (256, 512, 1024),
+    budget_s: float = 0.6,
+) -> float:
+    """Best achieved FLOP/s of square matmuls, spending about `budget_s` seconds in total."""
+    best = 0.0
+    per_size = budget_s / len(sizes)
+    for n in sizes:
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
+        torch.mm(a, b)  # warm up kernels / allocator
+        synchronize()
+        iters, start = 0, time.perf_counter()
+        while True:
+            torch.mm(a, b)
+            iters += 1
+            if iters % 4 == 0 or n >= 1024:
+                synchronize()
+                elapsed = time.perf_counter() - start
+                if elapsed >= per_size:
+                    break
+        best = max(best, 2.0 * n**3 * iters / elapsed)
+    return best
+
+
+def calibration_key(device_name: str, dtype: torch.dtype) -> str:
+    return f"{device_name}|{DTYPE_KEYS.get(dtype, str(dtype))}|torch {torch.__version__}"
+
+
+def calibration_path() -> Path:
+    return portachat_home() / "calibration.json"
+
+
+def load_calibration() -> dict:
+    try:
+        data = json.loads(calibration_path().read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def save_calibration(device_name: str, dtype: torch.dtype, flops: float, source: str) -> None:
+    """Merge one entry into the cache; written atomically so concurrent ranks never see half a file."""
+    path = calibration_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = load_calibration()
+    data[calibration_key(device_name, dtype)] = {
+        "flops": flops,
+        "source": source,
+        "at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".calibration.", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def cached_peak(device_name: str, dtype: torch.dtype) -> PeakFlops | None:
+    entry = load_calibration().get(calibration_key(device_name, dtype))
+    if not isinstance(entry, dict) or not isinstance(entry.get("flops"), int | float) or entry["flops"] <= 0:
+        return None
+    return PeakFlops(float(entry["flops"]), str(entry.get("source", "measured")))
+
+
+def calibrate_sizes(device_type: str) -> tuple[int, ...]:
+    """The sweep `doctor --calibrate` runs: big enough to saturate accelerators, bounded on CPU."""
+    return (512, 1024, 2048) if device_type in ("cpu", "mps") else (2048, 4096, 8192)

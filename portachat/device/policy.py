@@ -1,0 +1,194 @@
+"""Decisions: pure functions from probed facts (ProbeResult) to choices, each with its reason.
+
+No torch device calls and no environment reads here, so every vendor's decisions can be tested
+on a laptop by building the ProbeResult its hardware would produce.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from portachat.device.errors import DeviceError
+from portachat.device.probe import ProbeResult
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DTYPE_ALIASES = {
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "float32": "fp32",
+    "float": "fp32",
+    "32": "fp32",
+    "16": "fp16",
+}
+ATTENTION_BACKENDS = ("sdpa", "npu_fusion_attention")
+DIST_BACKENDS = {"cuda": "nccl", "rocm": "nccl", "dcu": "nccl", "npu": "hccl", "xpu": "xccl", "cpu": "gloo"}
+
+# bf16 on HIP: torch.cuda.is_bf16_supported() answers True on every HIP device, so keep our own list.
+HIP_BF16_ARCHS = ("gfx908", "gfx90a", "gfx940", "gfx941", "gfx942", "gfx950", "gfx928", "gfx936")
+HIP_BF16_PREFIXES = ("gfx11", "gfx12")  # RDNA3/4 have bf16 WMMA
+# Upstream Triton (hence inductor) does not generate code for these older GCN/CDNA1 parts.
+HIP_NO_TRITON_ARCHS = ("gfx900", "gfx906", "gfx908")
+
+
+@dataclass(frozen=True)
+class Decision:
+    value: Any
+    reason: str
+    warning: str | None = None  # set when a forced choice goes against what the hardware supports
+
+
+def normalize_dtype(name: str, source: str = "--dtype / PORTACHAT_DTYPE") -> str:
+    key = name.strip().lower()
+    key = DTYPE_ALIASES.get(key, key)
+    if key not in DTYPES:
+        raise DeviceError(
+            f"{source}={name!r} is not a valid dtype; valid values: bf16, fp16, fp32 "
+            "(or leave it unset to let portachat choose for the device)."
+        )
+    return key
+
+
+def bf16_support(p: ProbeResult) -> Decision:
+    """Whether the device computes bf16 natively, and how we know."""
+    if p.kind == "cpu":
+        return Decision(True, "CPUs compute bf16 (fast only with AMX / AVX512-BF16)")
+    if p.kind == "cuda":
+        cap = p.capability or (0, 0)
+        ok = cap >= (8, 0)
+        return Decision(ok, f"compute capability {cap[0]}.{cap[1]} {'>=' if ok else '<'} 8.0 (Ampere)")
+    if p.kind in ("rocm", "dcu"):
+        arch = (p.gcn_arch or "unknown").split(":")[0]
+        ok = arch in HIP_BF16_ARCHS or arch.startswith(HIP_BF16_PREFIXES)
+        return Decision(ok, f"{arch} {'has' if ok else 'has no'} bf16 matrix units (own table; torch says yes on every HIP device)")
+    if p.kind == "npu":
+        if p.bf16_reported is not None:
+            return Decision(p.bf16_reported, f"torch.npu.is_bf16_supported() = {p.bf16_reported} on {p.name}")
+        name = p.name.lower()
+        ok = "910b" in name or "910_93" in name or "910c" in name
+        return Decision(ok, f"{p.name}: {'Ascend 910B/910C family has bf16' if ok else 'Ascend 910A-class parts are fp16 only'}")
+    if p.kind == "xpu":
+        ok = bool(p.bf16_reported)
+        return Decision(ok, f"torch.xpu.is_bf16_supported() = {p.bf16_reported}")
+    if p.kind == "mps":
+        version = p.macos_version or "0"
+        ok = _version_tuple(version) >= (14,)
+        return Decision(ok, f"macOS {version} {'>=' if ok else '<'} 14 (MPS bf16 needs macOS 14)")
+    raise ValueError(f"unknown kind {p.kind!r}")
+
+
+def _fp16_support(p: ProbeResult) -> bool:
+    if p.kind == "cuda":
+        return (p.capability or (0, 0)) >= (7, 0)  # tensor cores from Volta on
+    return p.kind in ("rocm", "dcu", "npu", "xpu")
+
+
+def decide_dtype(p: ProbeResult, requested: str | None = None) -> Decision:
+    """Compute dtype name ("bf16" | "fp16" | "fp32"). fp16 means autocast + GradScaler."""
+    bf16 = bf16_support(p)
+    if requested is not None:
+        key = normalize_dtype(requested)
+        warning = None
+        if key == "bf16" and not bf16.value:
+            warning = f"bf16 forced on a device without native bf16 ({bf16.reason}); expect errors or slow emulation"
+        return Decision(key, f"requested ({requested})", warning)
+    if p.kind == "cpu":
+        return Decision(
+            "fp32", "CPU: bf16 autocast is slower than fp32 on most CPUs; set PORTACHAT_DTYPE=bf16 to override"
+        )
+    if p.kind == "mps":
+        if bf16.value:
+            return Decision("bf16", f"bf16: {bf16.reason}")
+        return Decision("fp32", f"fp32: no bf16 ({bf16.reason}) and fp16 training on MPS lacks loss scaling support")
+    if bf16.value:
+        return Decision("bf16", f"bf16: {bf16.reason}; fp32 range, so no loss scaling needed")
+    if _fp16_support(p):
+        return Decision("fp16", f"fp16 + GradScaler: no bf16 ({bf16.reason})")
+    return Decision("fp32", f"fp32: neither bf16 nor fast fp16 ({bf16.reason})")
+
+
+def decide_compile(p: ProbeResult, requested: bool | None = None) -> Decision:
+    """Compile backend: "inductor" (torch.compile) or "eager"."""
+    if requested is not None:
+        if requested:
+            auto = decide_compile(p, None)
+            warning = None if auto.value == "inductor" else f"compile forced although: {auto.reason}"
+            return Decision("inductor", "requested (PORTACHAT_COMPILE=1 / --compile)", warning)
+        return Decision("eager", "requested off (PORTACHAT_COMPILE=0 / --no-compile)")
+    if p.kind == "cpu":
+        return Decision("eager", "CPU: compile is opt-in (minutes of compile time for short runs); PORTACHAT_COMPILE=1")
+    if p.kind == "npu":
+        return Decision("eager", "Ascend: torch.compile needs a separate NPU graph backend; eager is the supported path")
+    if p.kind == "mps":
+        return Decision("eager", "MPS: inductor's Metal backend is experimental")
+    if not p.triton_available:
+        return Decision("eager", "Triton is not installed, so inductor cannot generate kernels")
+    if p.kind == "cuda" and (p.capability or (0, 0)) < (7, 0):
+        return Decision("eager", "Triton needs compute capability >= 7.0")
+    if p.kind in ("rocm", "dcu") and (p.gcn_arch or "") in HIP_NO_TRITON_ARCHS:
+        return Decision("eager", f"{p.gcn_arch}: Triton does not target this architecture")
+    return Decision("inductor", f"{p.kind}: inductor + Triton kernels (fused ops, usually 1.3-2x faster)")
+
+
+def decide_attention(p: ProbeResult, requested: str | None = None) -> Decision:
+    """Attention kernel family used by portachat.device.attention()."""
+    if requested is not None:
+        key = requested.strip().lower()
+        if key not in ATTENTION_BACKENDS:
+            raise DeviceError(
+                f"PORTACHAT_ATTENTION={requested!r} is not valid; valid values: {', '.join(ATTENTION_BACKENDS)}"
+            )
+        if key != "sdpa" and key not in p.attention_kernels:
+            raise DeviceError(f"attention backend {key!r} is not available on {p.kind}; use sdpa")
+        return Decision(key, "requested (PORTACHAT_ATTENTION)")
+    if p.kind == "npu" and "npu_fusion_attention" in p.attention_kernels:
+        return Decision("npu_fusion_attention", "Ascend: torch_npu.npu_fusion_attention (fused FlashAttention kernel)")
+    reasons = {
+        "cuda": "SDPA dispatches to FlashAttention-2 / memory-efficient kernels",
+        "rocm": "SDPA dispatches to the AOTriton / CK flash kernels on ROCm",
+        "dcu": "SDPA (DTK flash kernels where built in, math otherwise)",
+        "npu": "SDPA (torch_npu has no npu_fusion_attention here)",
+        "xpu": "SDPA dispatches to oneDNN fused attention",
+        "mps": "SDPA (Metal kernel)",
+        "cpu": "SDPA (fused flash kernel on CPU)",
+    }
+    return Decision("sdpa", reasons[p.kind])
+
+
+def decide_collective(p: ProbeResult) -> Decision:
+    """Collective backend name; value "none" means the device runs single process only."""
+    if p.kind == "mps":
+        return Decision("none", "MPS: no collective backend, single process only")
+    table = DIST_BACKENDS[p.kind]
+    if p.default_dist_backend and p.default_dist_backend != table:
+        return Decision(p.default_dist_backend, f"torch's default for {p.device_type}")
+    why = {
+        "nccl": "RCCL (behind the nccl name) on HIP" if p.kind in ("rocm", "dcu") else "NCCL",
+        "hccl": "HCCL (Huawei collective library)",
+        "xccl": "oneCCL through torch's xccl backend",
+        "gloo": "gloo (CPU collectives)",
+    }[table]
+    return Decision(table, why)
+
+
+def decide_fused_optimizer(p: ProbeResult) -> Decision:
+    """Whether AdamW(fused=True) is used; otherwise foreach (multi-tensor) kernels."""
+    if p.kind == "cpu":
+        return Decision(False, "CPU: foreach AdamW (fused CPU kernels bring little and are newer)")
+    if p.kind == "npu":
+        return Decision(False, "Ascend: foreach AdamW (fused=True is not implemented by every torch_npu)")
+    ok = p.device_type in p.fused_optimizer_devices
+    return Decision(ok, f"fused AdamW kernels {'exist' if ok else 'do not exist'} for {p.device_type} in this torch")
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)

@@ -1,0 +1,284 @@
+"""Probing: read torch, the environment and vendor tools, and return raw facts.
+
+Nothing here decides anything (see policy.py); everything here touches the real machine.
+Tests build `ProbeResult` by hand to simulate hardware they do not have.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from portachat.device.errors import DeviceError
+
+KINDS = ("cuda", "rocm", "dcu", "npu", "xpu", "mps", "cpu")
+# torch device type for each kind: ROCm and DCU builds of torch present themselves as "cuda".
+TORCH_TYPE = {"cuda": "cuda", "rocm": "cuda", "dcu": "cuda", "npu": "npu", "xpu": "xpu", "mps": "mps", "cpu": "cpu"}
+
+VISIBLE_DEVICE_VARS = (
+    "CUDA_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "ASCEND_RT_VISIBLE_DEVICES",
+    "ASCEND_VISIBLE_DEVICES",
+    "ZE_AFFINITY_MASK",
+)
+TOOLKIT_VARS = ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH", "ASCEND_OPP_PATH", "ROCM_PATH", "DTK_HOME", "CUDA_HOME")
+DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+TUNING_VARS = (
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_HIP_ALLOC_CONF",
+    "PYTORCH_NPU_ALLOC_CONF",
+    "NCCL_DEBUG",
+    "NCCL_SOCKET_IFNAME",
+    "HCCL_CONNECT_TIMEOUT",
+    "HCCL_EXEC_TIMEOUT",
+    "TORCH_DEVICE_BACKEND_AUTOLOAD",
+)
+PORTACHAT_VARS = ("PORTACHAT_DEVICE", "PORTACHAT_DTYPE", "PORTACHAT_COMPILE", "PORTACHAT_ATTENTION", "PORTACHAT_HOME")
+VENDOR_CLIS = ("nvidia-smi", "amd-smi", "rocm-smi", "hy-smi", "npu-smi")
+# Hygon DCU architectures (K100 gfx926, K100_AI gfx928, BW gfx936); Z100 reports gfx906 like AMD's MI50.
+DCU_ARCHS = ("gfx926", "gfx928", "gfx936")
+
+
+@dataclass
+class ProbeResult:
+    """Raw facts about the machine; every field is something read, never something decided."""
+
+    kind: str  # one of KINDS
+    device_type: str  # torch device type
+    count: int = 1
+    names: list[str] = field(default_factory=list)
+    total_memory: list[int] = field(default_factory=list)  # bytes per device
+    capability: tuple[int, int] | None = None  # CUDA compute capability
+    gcn_arch: str | None = None  # HIP gcnArchName without feature suffixes, e.g. "gfx90a"
+    torch_version: str = ""
+    cuda_version: str | None = None  # torch.version.cuda
+    hip_version: str | None = None  # torch.version.hip
+    torch_npu_version: str | None = None
+    torch_npu_installed: bool = False
+    torch_npu_error: str | None = None  # import failure text, when torch_npu is installed but broken
+    transfer_to_npu_imported: bool = False
+    bf16_reported: bool | None = None  # the vendor's own is_bf16_supported(), where it is trustworthy
+    macos_version: str | None = None
+    triton_available: bool = False
+    fused_optimizer_devices: tuple[str, ...] = ()
+    default_dist_backend: str | None = None  # torch's own choice for device_type, where torch knows one
+    vendor_clis: dict[str, bool] = field(default_factory=dict)  # which vendor CLIs are on PATH
+    env: dict[str, str] = field(default_factory=dict)  # the relevant environment variables that are set
+    cann_version: str | None = None
+    dtk_version: str | None = None
+    attention_kernels: tuple[str, ...] = ()  # vendor fused-attention entry points found, e.g. npu_fusion_attention
+
+    @property
+    def name(self) -> str:
+        return self.names[0] if self.names else self.kind
+
+
+def run_cli(args: list[str], timeout_s: float = 5.0) -> str | None:
+    """Stdout of a vendor CLI, or None when it is missing, fails or hangs."""
+    if shutil.which(args[0]) is None:
+        return None
+    try:
+        out = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def classify_hip(gcn_arch: str | None, names: list[str], hy_smi_on_path: bool) -> str:
+    """A HIP build of torch runs on AMD ("rocm") or Hygon ("dcu") hardware; tell them apart."""
+    if gcn_arch and gcn_arch.split(":")[0] in DCU_ARCHS:
+        return "dcu"
+    if any(re.search(r"\bDCU\b|Hygon|\bK100|\bZ100|\bBW\d+", n, re.IGNORECASE) for n in names):
+        return "dcu"
+    return "dcu" if hy_smi_on_path else "rocm"
+
+
+def _env_snapshot() -> dict[str, str]:
+    keys = VISIBLE_DEVICE_VARS + TOOLKIT_VARS + DIST_VARS + TUNING_VARS + PORTACHAT_VARS
+    return {k: os.environ[k] for k in keys if k in os.environ}
+
+
+def _load_torch_npu() -> tuple[bool, str | None, str | None]:
+    """(installed, version, import error). torch_npu >= 2.5 autoloads; older ones need an import."""
+    installed = "torch_npu" in sys.modules or importlib.util.find_spec("torch_npu") is not None
+    if not installed:
+        return False, None, None
+    try:
+        mod = importlib.import_module("torch_npu")
+    except Exception as exc:  # a broken CANN install raises all kinds of errors at import
+        return True, None, f"{type(exc).__name__}: {exc}"
+    return True, str(getattr(mod, "__version__", "unknown")), None
+
+
+def _type_available(device_type: str) -> bool:
+    if device_type == "cpu":
+        return True
+    if device_type == "mps":
+        return bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+    try:
+        mod = torch.get_device_module(device_type)
+    except (RuntimeError, AttributeError):
+        return False
+    return bool(getattr(mod, "is_available", lambda: False)())
+
+
+def _auto_type() -> str:
+    acc = getattr(torch, "accelerator", None)
+    if acc is not None and acc.is_available():
+        return acc.current_accelerator().type
+    for t in ("cuda", "npu", "xpu", "mps"):
+        if _type_available(t):
+            return t
+    return "cpu"
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    if sys.platform == "darwin":
+        out = run_cli(["sysctl", "-n", "machdep.cpu.brand_string"])
+        if out:
+            return out.strip()
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def _system_memory() -> int:
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    except ImportError:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _read_version_file(root: str | None, candidates: tuple[str, ...]) -> str | None:
+    if not root:
+        return None
+    for rel in candidates:
+        path = Path(root) / rel
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        m = re.search(r"(?:version|running_version)\s*=\s*\[?([\w.\-]+)", text)
+        return m.group(1) if m else text.strip().splitlines()[0] if text.strip() else None
+    return None
+
+
+def _cann_version(env: dict[str, str]) -> str | None:
+    root = env.get("ASCEND_TOOLKIT_HOME") or env.get("ASCEND_HOME_PATH")
+    return _read_version_file(root, ("version.cfg", "compiler/version.info", "runtime/version.info"))
+
+
+def _dtk_version(env: dict[str, str]) -> str | None:
+    root = env.get("DTK_HOME") or env.get("ROCM_PATH")
+    found = _read_version_file(root, (".info/version", ".info/version-dev", ".info/rocm_version"))
+    if found is None and root:
+        m = re.search(r"(?:dtk|rocm)-?([\d.]+)", Path(root).resolve().name)
+        found = m.group(1) if m else None
+    return found
+
+
+def _fill_device_facts(res: ProbeResult) -> None:
+    mod = torch.get_device_module(res.device_type)
+    res.count = int(mod.device_count())
+    for i in range(res.count):
+        props = mod.get_device_properties(i)
+        res.names.append(str(getattr(props, "name", res.kind)))
+        res.total_memory.append(int(getattr(props, "total_memory", 0)))
+        if res.device_type == "cuda" and i == 0:
+            res.capability = (int(props.major), int(props.minor))
+            arch = getattr(props, "gcnArchName", None)
+            res.gcn_arch = arch.split(":")[0] if arch else None
+    if res.device_type in ("npu", "xpu") and hasattr(mod, "is_bf16_supported"):
+        try:
+            res.bf16_reported = bool(mod.is_bf16_supported())
+        except Exception:
+            res.bf16_reported = None
+
+
+def probe(kind: str | None = None) -> ProbeResult:
+    """Probe the machine. `kind` forces a device kind (raises DeviceError when it is not there)."""
+    if kind is not None and kind not in KINDS:
+        raise DeviceError(f"unknown device kind {kind!r}; valid kinds: {', '.join(KINDS)}")
+    env = _env_snapshot()
+    npu_installed, npu_version, npu_error = _load_torch_npu()
+    hip = getattr(torch.version, "hip", None)
+    device_type = TORCH_TYPE[kind] if kind else _auto_type()
+    if not _type_available(device_type):
+        raise DeviceError(
+            f"device {kind!r} was requested but torch sees no {device_type} device "
+            f"(torch {torch.__version__}). Unset PORTACHAT_DEVICE / --device to auto-detect, "
+            "or install the torch build for this accelerator."
+        )
+    clis = {c: shutil.which(c) is not None for c in VENDOR_CLIS}
+    try:
+        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+        fused = tuple(_get_fused_kernels_supported_devices())
+    except ImportError:
+        fused = ("cuda",)
+    try:
+        import torch.distributed as dist
+
+        default_backend = (
+            dist.get_default_backend_for_device(device_type)
+            if dist.is_available() and hasattr(dist, "get_default_backend_for_device")
+            else None
+        )
+    except (RuntimeError, ValueError):
+        default_backend = None
+    res = ProbeResult(
+        kind="cpu",
+        device_type=device_type,
+        count=1,
+        torch_version=torch.__version__,
+        cuda_version=torch.version.cuda,
+        hip_version=hip,
+        torch_npu_version=npu_version,
+        torch_npu_installed=npu_installed,
+        torch_npu_error=npu_error,
+        transfer_to_npu_imported="torch_npu.contrib.transfer_to_npu" in sys.modules,
+        macos_version=(platform.mac_ver()[0] or None) if sys.platform == "darwin" else None,
+        triton_available=importlib.util.find_spec("triton") is not None,
+        fused_optimizer_devices=fused,
+        default_dist_backend=default_backend,
+        vendor_clis=clis,
+        env=env,
+        cann_version=_cann_version(env),
+        dtk_version=_dtk_version(env) if hip else None,
+    )
+    if device_type == "cuda":
+        _fill_device_facts(res)
+        res.kind = classify_hip(res.gcn_arch, res.names, clis["hy-smi"]) if hip else "cuda"
+        if kind in ("rocm", "dcu") and res.kind != kind:
+            raise DeviceError(f"device {kind!r} was requested but this is a {res.kind} machine ({res.name}).")
+    elif device_type in ("npu", "xpu"):
+        res.kind = device_type
+        _fill_device_facts(res)
+        if device_type == "npu" and hasattr(sys.modules.get("torch_npu"), "npu_fusion_attention"):
+            res.attention_kernels = ("npu_fusion_attention",)
+    elif device_type == "mps":
+        res.kind = "mps"
+        res.names = [f"Apple {_cpu_name()} (MPS)"]
+        res.total_memory = [_system_memory()]
+    else:
+        res.names = [_cpu_name()]
+        res.total_memory = [_system_memory()]
+    return res

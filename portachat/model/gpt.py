@@ -1,0 +1,291 @@
+"""The GPT: a decoder-only transformer laid out exactly like Hugging Face's Qwen3ForCausalLM.
+
+RMSNorm (computed in fp32), rotary embeddings (rotate-half convention), QK-norm over the head
+dimension before rotary, grouped-query attention, SiLU-gated MLP, no biases, tied or untied
+embeddings. Module and parameter names match HF's, so `model.state_dict()` is a valid
+`model.safetensors` and HF's logits equal ours.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from portachat.device.attention import attention
+from portachat.model.config import GPTConfig
+from portachat.model.kv_cache import CacheStep, KVCache, KVCacheError
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # As HF: normalise in fp32, cast back, then scale (the order matters for bf16 parity).
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + rotate_half(x) * sin
+
+
+def rotary_tables(
+    head_dim: int, length: int, theta: float, device: torch.device | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [length, head_dim] in fp32, computed exactly as HF's default rope."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float, device=device) / head_dim))
+    positions = torch.arange(length, dtype=torch.float, device=device)
+    freqs = torch.outer(positions, inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: GPTConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.n_embd, cfg.n_head * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.n_embd, cfg.n_kv_head * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.n_embd, cfg.n_kv_head * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.n_embd, bias=False)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: KVCache | None = None,
+        step: CacheStep | None = None,
+    ) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(B, T, self.n_head, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if kv_cache is None or step is None:
+            y = attention(q, k, v, is_causal=True)
+        else:
+            k, v = kv_cache.update(self.layer_idx, step, k, v)
+            if step.fresh:
+                y = attention(q, k, v, is_causal=True)
+            else:
+                y = attention(q, k, v, is_causal=False, attn_mask=step.attn_mask)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.n_embd, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.n_embd, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.n_embd, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.n_embd, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer_idx)
+        self.post_attention_layernorm = RMSNorm(cfg.n_embd, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: KVCache | None = None,
+        step: CacheStep | None = None,
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, step)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Transformer(nn.Module):
+    """HF's `model.` prefix: embeddings, layers, final norm."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
+        self.norm = RMSNorm(cfg.n_embd, cfg.rms_norm_eps)
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = Transformer(cfg)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        # Rotary tables are derived data: non-persistent so they stay out of the checkpoint, fp32 so
+        # positions keep full precision; they grow on demand for inference past max_seq_len.
+        cos, sin = rotary_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.init_weights()
+
+    # ----------------------------------------------------------------------------- initialisation
+
+    @torch.no_grad()
+    def init_weights(self, seed: int | None = None) -> None:
+        """nanochat-style init, chosen so that a fresh model trains fast and stably:
+
+        - matrices read by the residual stream: uniform with std 1/sqrt(fan_in), so activations keep
+          unit scale regardless of width (uniform avoids normal's rare large outliers);
+        - o_proj and down_proj zero: every block starts as the identity and the residual stream is
+          the embedding alone, which makes deep models as easy to start as shallow ones;
+        - untied embeddings std 1 (the first RMSNorm rescales anyway) and lm_head std 0.001, so the
+          first loss is ln(vocab) and no token is favoured;
+        - tied embeddings std 0.02 (GPT-2): small enough as the output head, far above the norm eps;
+        - all norm weights 1.
+        Also rebuilds the rotary tables, so a model created on the meta device can be materialised
+        with `to_empty()` and then `init_weights()`.
+        """
+        generator = None
+        if seed is not None:
+            generator = torch.Generator(device=self.model.embed_tokens.weight.device).manual_seed(seed)
+        cfg = self.config
+        if cfg.tie_embeddings:  # re-tie: materialising from the meta device may have split them
+            self.lm_head.weight = self.model.embed_tokens.weight
+        for block in self.model.layers:
+            for linear in (
+                block.self_attn.q_proj,
+                block.self_attn.k_proj,
+                block.self_attn.v_proj,
+                block.mlp.gate_proj,
+                block.mlp.up_proj,
+            ):
+                bound = math.sqrt(3.0 / linear.in_features)
+                linear.weight.uniform_(-bound, bound, generator=generator)
+            block.self_attn.o_proj.weight.zero_()
+            block.mlp.down_proj.weight.zero_()
+        for module in self.modules():
+            if isinstance(module, RMSNorm):
+                module.weight.fill_(1.0)
+        if cfg.tie_embeddings:
+            self.model.embed_tokens.weight.normal_(0.0, 0.02, generator=generator)
+        else:
+            self.model.embed_tokens.weight.normal_(0.0, 1.0, generator=generator)
+            self.lm_head.weight.normal_(0.0, 0.001, generator=generator)
+        self._set_rotary(cfg.max_seq_len, self.rope_cos.device)
+
+    def _set_rotary(self, length: int, device: torch.device) -> None:
+        cos, sin = rotary_tables(self.config.head_dim, length, self.config.rope_theta, device=device)
+        self.rope_cos, self.rope_sin = cos, sin
+
+    def _rotary(self, needed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # `model.to(bfloat16)` also casts buffers: rebuild in fp32 rather than rotate with rounded angles.
+        if self.rope_cos.size(0) < needed or self.rope_cos.dtype != torch.float32:
+            length = max(needed, self.rope_cos.size(0))
+            if self.rope_cos.size(0) < needed:
+                length = max(needed, 2 * self.rope_cos.size(0))
+            self._set_rotary(length, self.rope_cos.device)
+        return self.rope_cos, self.rope_sin
+
+    # ----------------------------------------------------------------------------- forward
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        loss_reduction: str = "mean",
+        *,
+        slots: Sequence[int] | torch.Tensor | None = None,
+        last_only: bool = False,
+    ) -> torch.Tensor:
+        """Logits [B, T, V] in fp32 (or [B, 1, V] with `last_only`), or the fp32 cross-entropy loss.
+
+        With `kv_cache`, row b of `idx` continues the sequence in slot `slots[b]` (rows 0..B-1 use
+        slots 0..B-1 when `slots` is None) and the cache lengths advance by T afterwards.
+        Targets equal to -1 are ignored; `loss_reduction` is "mean", "sum" or "none" ([B, T]).
+        """
+        if idx.dim() != 2:
+            raise ValueError(f"idx must be a [batch, time] tensor of token ids, got shape {tuple(idx.shape)}")
+        if loss_reduction not in ("mean", "sum", "none"):
+            raise ValueError(f"loss_reduction must be 'mean', 'sum' or 'none', got {loss_reduction!r}")
+        B, T = idx.shape
+        step = host_slots = None
+        if kv_cache is None:
+            if slots is not None:
+                raise KVCacheError("slots were given without a kv_cache")
+            cos, sin = self._rotary(T)
+            cos, sin = cos[None, None, :T], sin[None, None, :T]
+        else:
+            step, host_slots = kv_cache.prepare(B, T, slots)
+            cos, sin = self._rotary(step.kv_len)
+            # Per-row positions: each slot may sit at a different point of its sequence.
+            cos, sin = cos[step.positions][:, None], sin[step.positions][:, None]
+
+        x = self.model.embed_tokens(idx)
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        for block in self.model.layers:
+            x = block(x, cos, sin, kv_cache, step)
+        if kv_cache is not None:
+            kv_cache.advance(host_slots, T)
+        x = self.model.norm(x)
+        if last_only:
+            x = x[:, -1:]
+        logits = self.lm_head(x).float()
+        if targets is None:
+            return logits
+        if last_only:
+            raise ValueError("last_only cannot be combined with targets: the loss needs every position")
+        loss = F.cross_entropy(
+            logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1, reduction=loss_reduction
+        )
+        return loss.view(B, T) if loss_reduction == "none" else loss
+
+    # ----------------------------------------------------------------------------- accounting
+
+    def num_params(self, exclude_embedding: bool = False) -> int:
+        """Unique parameters (a tied table counts once). `exclude_embedding` drops the input table
+        unless it is tied, since then it also does the output head's matmul work."""
+        total = sum(p.numel() for p in self.parameters())
+        if exclude_embedding and not self.config.tie_embeddings:
+            total -= self.model.embed_tokens.weight.numel()
+        return total
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token (forward + backward), as nanochat: 6 per matmul parameter plus
+        attention's 12 * layers * heads * head_dim * seq_len (QK^T and AV, forward and backward)."""
+        cfg = self.config
+        return (
+            6.0 * self.num_params(exclude_embedding=True)
+            + 12.0 * cfg.n_layer * cfg.n_head * cfg.head_dim * seq_len
+        )
+
+    def param_groups(self) -> dict[str, list[nn.Parameter]]:
+        """Parameters split by how optimizers treat them. "matrix": 2-D weights inside the layers
+        (Muon); "embedding": the token table; "lm_head": the output head (empty when tied: the shared
+        table is in "embedding"); "scalar": 1-D norm weights. Every parameter is in exactly one group."""
+        groups: dict[str, list[nn.Parameter]] = {"matrix": [], "embedding": [], "lm_head": [], "scalar": []}
+        groups["embedding"].append(self.model.embed_tokens.weight)
+        if not self.config.tie_embeddings:
+            groups["lm_head"].append(self.lm_head.weight)
+        for p in self.model.layers.parameters():
+            groups["matrix" if p.dim() == 2 else "scalar"].append(p)
+        groups["scalar"].append(self.model.norm.weight)
+        return groups

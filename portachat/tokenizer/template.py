@@ -1,0 +1,43 @@
+"""The Jinja chat template saved into tokenizer_config.json.
+
+It renders the same text that `chat.render_conversation` encodes, so `apply_chat_template` in
+transformers (and servers built on it: vLLM, TGI, llama.cpp converters) gives the same ids as
+portachat for conversations with plain string contents.
+
+Limitation: with assistant content given as a list of parts, adjacent "text" parts are joined
+into one string before HF tokenizes it, whereas portachat encodes each part on its own; the ids
+can differ at the seam. Parts separated by python/output tokens match exactly.
+"""
+
+from __future__ import annotations
+
+# Kept on few lines with whitespace-trimming tags: any stray newline would become a token.
+CHAT_TEMPLATE = (
+    "{%- set ns = namespace(system='') -%}"
+    "{{- bos_token -}}"
+    "{%- for message in messages -%}"
+    "{%- set content = message['content'] -%}"
+    "{%- if message['role'] == 'system' -%}"
+    "{%- if content is string -%}{%- set ns.system = content + '\n\n' -%}"
+    "{%- else -%}{%- set ns.system = content | map(attribute='text') | join('') + '\n\n' -%}{%- endif -%}"
+    "{%- elif message['role'] == 'user' -%}"
+    "<|user_start|>{{- ns.system -}}"
+    "{%- if content is string -%}{{- content -}}"
+    "{%- else -%}{{- content | map(attribute='text') | join('') -}}{%- endif -%}"
+    "<|user_end|>"
+    "{%- set ns.system = '' -%}"
+    "{%- elif message['role'] == 'assistant' -%}"
+    "<|assistant_start|>"
+    "{%- if content is string -%}{{- content -}}"
+    "{%- else -%}"
+    "{%- for part in content -%}"
+    "{%- if part['type'] == 'python' -%}<|python_start|>{{- part['text'] -}}<|python_end|>"
+    "{%- elif part['type'] == 'python_output' -%}<|output_start|>{{- part['text'] -}}<|output_end|>"
+    "{%- else -%}{{- part['text'] -}}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- endif -%}"
+    "<|assistant_end|>"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|assistant_start|>{%- endif -%}"
+)

@@ -1,0 +1,171 @@
+"""Base pretraining: raw text in, a GPT that continues text out.
+
+Wires the stage-specific parts (data source, tokenizer, model size, horizon) into the shared loop.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from portachat.checkpoint import CheckpointError, latest_checkpoint, resolve_model_path, stage_dir
+from portachat.checkpoint.atomic import atomic_directory
+from portachat.checkpoint.runs import list_steps
+from portachat.data.loader import PackedLoader, iter_val_batches
+from portachat.data.sources import DocumentSource, open_source
+from portachat.device import Device, DistEnv, get_device, init_distributed
+from portachat.eval.bpb import unigram_bpb
+from portachat.model import GPT, GPTConfig, training_tokens
+from portachat.tokenizer import Tokenizer, train_tokenizer
+from portachat.train.loop import StageData, TrainConfig, TrainingError, TrainResult, train
+
+
+@dataclass
+class BaseOptions:
+    data: str | None = None  # file or directory of .parquet/.txt/.jsonl; None = built-in synthetic curriculum
+    tokenizer: str | None = None  # an existing tokenizer directory; None = train one on the data
+    vocab_size: int | None = None  # None = sized from the data (see auto_vocab_size)
+    tokenizer_max_chars: int = 2_000_000_000
+    depth: int = 4
+    target_param_data_ratio: float = 20.0  # horizon when --num-iterations is not given (Chinchilla)
+    num_iterations: int | None = None
+    resume: str | None = None  # "auto" = this run's latest checkpoint, or a checkpoint path
+    overwrite: bool = False
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+def auto_vocab_size(num_chars: int) -> int:
+    """A power of two near chars/256, between 512 and 32768: big vocabularies starve on small data."""
+    if num_chars <= 0:
+        return 512
+    return int(min(32768, max(512, 2 ** round(math.log2(num_chars / 256)))))
+
+
+def _count_chars(source: DocumentSource, limit: int) -> int:
+    total = 0
+    for doc in source.iter_documents(limit_chars=limit):
+        total += len(doc)
+    return total
+
+
+def prepare_tokenizer(opts: BaseOptions, source: DocumentSource, run_path: Path, env: DistEnv, say) -> Tokenizer:
+    """Load the given tokenizer, or train one on the training split (rank 0; the others wait)."""
+    if opts.tokenizer:
+        return Tokenizer.load(opts.tokenizer)
+    tok_dir = run_path / "tokenizer"
+    wanted = {"data": source.name, "vocab_size": opts.vocab_size, "max_chars": opts.tokenizer_max_chars}
+    stamp = tok_dir / "portachat_tokenizer_source.json"
+    if env.is_main:
+        reuse = stamp.is_file() and json.loads(stamp.read_text(encoding="utf-8")) == wanted
+        if not reuse:
+            vocab = opts.vocab_size or auto_vocab_size(_count_chars(source, opts.tokenizer_max_chars))
+            say(f"[portachat] training a {vocab}-token BPE tokenizer on {source.name} ...")
+            t0 = time.perf_counter()
+            tok = train_tokenizer(source.iter_documents(limit_chars=opts.tokenizer_max_chars), vocab_size=vocab)
+            with atomic_directory(tok_dir) as tmp:
+                tok.save(tmp)
+                (tmp / stamp.name).write_text(json.dumps(wanted) + "\n", encoding="utf-8")
+            say(f"[portachat] tokenizer: {tok.vocab_size} tokens in {time.perf_counter() - t0:.1f}s -> {tok_dir}")
+    if env.is_distributed:
+        torch.distributed.barrier()
+    return Tokenizer.load(tok_dir)
+
+
+def _sample_prompts(val: DocumentSource, n: int = 3) -> list[str]:
+    """Openings of the first validation documents: samples then show whether the model writes alike."""
+    prompts: list[str] = []
+    for doc in val.iter_documents():
+        words = doc.strip().split(" ")
+        opening = " ".join(words[:4]).strip()
+        if opening:
+            prompts.append(opening[:60])
+        if len(prompts) == n:
+            break
+    return prompts
+
+
+def _first_tokens(batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> Iterator[torch.Tensor]:
+    for _inputs, targets in batches:
+        yield targets
+
+
+def run_base(opts: BaseOptions, dev: Device | None = None, print_fn=print) -> TrainResult:
+    """Pretrain (or resume pretraining) and return the final checkpoint."""
+    dev = dev or get_device()
+    env = init_distributed(dev)
+    say = print_fn if env.is_main else (lambda _m: None)
+    cfg = opts.train
+    cfg.stage = "base"
+    path = stage_dir(cfg.run, "base", Path(cfg.runs_root) if cfg.runs_root else None)
+
+    resume_from = _resume_target(opts, path)
+    if resume_from is None and list_steps(path):
+        if not opts.overwrite:
+            raise TrainingError(
+                f"run '{cfg.run}' already has base checkpoints in {path}. Continue it with --resume, "
+                "pick another --run name, or pass --overwrite to start over (deletes them)."
+            )
+        if env.is_main:
+            shutil.rmtree(path)
+        if env.is_distributed:
+            torch.distributed.barrier()
+
+    train_src = open_source(opts.data, split="train")
+    val_src = open_source(opts.data, split="val")
+    say(f"[portachat] data: {train_src.name} ({train_src.num_units} train units, {val_src.num_units} val units)")
+    if opts.data is None:
+        say("[portachat] NOTE: no --data given: training on the built-in SYNTHETIC curriculum (offline).")
+    tokenizer = Tokenizer.load(resume_from) if resume_from else prepare_tokenizer(opts, train_src, path.parent, env, say)
+
+    model_cfg = GPTConfig.from_depth(opts.depth, vocab_size=tokenizer.vocab_size, max_seq_len=cfg.max_seq_len)
+    dev.manual_seed(cfg.seed)
+    with torch.device(dev.torch_device):
+        model = GPT(model_cfg)
+    model.init_weights(seed=cfg.seed)
+    if opts.num_iterations is not None:
+        cfg.num_iterations = opts.num_iterations
+    else:
+        tokens_per_step = cfg.total_batch_size or cfg.device_batch_size * cfg.max_seq_len * env.world_size
+        cfg.num_iterations = max(1, training_tokens(model_cfg, opts.target_param_data_ratio) // tokens_per_step)
+    if cfg.num_iterations < 1:
+        raise TrainingError(f"--num-iterations must be at least 1, got {cfg.num_iterations}")
+
+    B, T = cfg.device_batch_size, cfg.max_seq_len
+    val_tokens_per_batch = B * T * env.world_size
+    max_val_batches = max(1, cfg.eval_tokens // val_tokens_per_batch)
+
+    def val_batches(rank: int, world: int):
+        return iter_val_batches(val_src, tokenizer, B, T, max_val_batches, stream=rank, num_streams=world)
+
+    data = StageData(
+        make_stream=lambda s, n: PackedLoader(train_src, tokenizer, B, T, stream=s, num_streams=n),
+        val_batches=val_batches,
+        sample_prompts=_sample_prompts(val_src),
+    )
+    baseline = None
+    if env.is_main:
+        sample_loader = PackedLoader(train_src, tokenizer, B, T)
+        train_targets = _first_tokens(itertools.islice(iter(sample_loader), max(1, 200_000 // (B * T))))
+        baseline = unigram_bpb(train_targets, _first_tokens(val_batches(0, 1)), tokenizer.token_bytes())
+        say(f"[portachat] unigram baseline: {baseline:.4f} bits/byte (the model must get well below this)")
+    extra = {"data": train_src.name, "unigram_bpb": baseline, "depth": opts.depth}
+    return train(model, tokenizer, data, cfg, dev, env, path, resume_from=resume_from, extra_meta=extra, print_fn=print_fn)
+
+
+def _resume_target(opts: BaseOptions, path: Path) -> Path | None:
+    if not opts.resume:
+        return None
+    if opts.resume == "auto":
+        found = latest_checkpoint(path)
+        if found is None:
+            raise CheckpointError(f"--resume: no checkpoint to resume in {path} (no `latest` pointer yet)")
+        return found
+    return resolve_model_path(opts.resume)

@@ -1,0 +1,68 @@
+"""Training logs: one JSON line per event (easy to grep and plot) and TensorBoard scalars."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+
+class RunLogger:
+    """Appends to `<stage>/log.jsonl` and `<stage>/tensorboard/`; a no-op on non-main ranks."""
+
+    def __init__(self, stage_path: Path, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self._tb = None
+        if not enabled:
+            return
+        stage_path.mkdir(parents=True, exist_ok=True)
+        self._jsonl = open(stage_path / "log.jsonl", "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(stage_path / "tensorboard"))
+        except ImportError:  # tensorboard is a dependency, but logging must never stop training
+            self._tb = None
+
+    def log(self, step: int, values: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        record = {"step": step, "time": time.time(), **values}
+        self._jsonl.write(json.dumps(record) + "\n")
+        self._jsonl.flush()
+        if self._tb is not None:
+            for key, value in values.items():
+                if isinstance(value, (int, float)) and value is not None and math.isfinite(value):
+                    self._tb.add_scalar(key if "/" in key else f"train/{key}", value, step)
+
+    def log_text(self, step: int, tag: str, text: str) -> None:
+        if self.enabled and self._tb is not None:
+            self._tb.add_text(tag, text, step)
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        self._jsonl.close()
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+def format_progress(step: int, total: int, r: dict[str, Any], eta_s: float) -> str:
+    """One line per logged step: what a user watching the run wants to see."""
+    width = len(str(total))
+    mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "n/a"
+    mem = f"{r['mem_bytes'] / 2**30:.2f} GiB" if r.get("mem_bytes") else "n/a"
+    return (
+        f"step {step:0{width}d}/{total} ({100 * step / total:5.1f}%) | loss {r['loss']:.4f} | lr x{r['lr_mult']:.2f} | "
+        f"{r['tok_per_s']:,.0f} tok/s | MFU {mfu} | mem {mem} | {1000 * r['dt_s']:.0f} ms/step | ETA {_duration(eta_s)}"
+    )

@@ -1,0 +1,109 @@
+"""Optimizers: Muon for the hidden weight matrices, AdamW for everything else (as nanochat).
+
+Muon orthogonalizes each matrix update with a few Newton-Schulz iterations, which lets the
+transformer's 2-D weights take much larger steps than Adam would allow. Embeddings, the LM head
+and 1-D parameters (norm gains) stay on AdamW, where Muon's geometry does not apply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@torch.no_grad()
+def newton_schulz(grad: torch.Tensor, steps: int = 5, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """Approximately orthogonalize `grad` (U S V^T -> U V^T) with the quintic iteration of Muon."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    x = grad.to(dtype)
+    tall = x.size(-2) > x.size(-1)
+    if tall:
+        x = x.mT
+    x = x / (x.norm(dim=(-2, -1), keepdim=True) + 1e-7)
+    for _ in range(steps):
+        gram = x @ x.mT
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    if tall:
+        x = x.mT
+    return x
+
+
+class Muon(torch.optim.Optimizer):
+    """MomentUm Orthogonalized by Newton-schulz, for 2-D parameters only.
+
+    `ns_dtype` is bf16 on devices with fast bf16 matmuls and fp32 elsewhere (CPU, fp16-only chips),
+    where bf16 would be slow or the iteration would lose too much precision.
+    """
+
+    def __init__(
+        self,
+        params,
+        lr: float = 0.02,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        ns_steps: int = 5,
+        ns_dtype: torch.dtype = torch.bfloat16,
+    ) -> None:
+        super().__init__(params, dict(lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps))
+        self.ns_dtype = ns_dtype
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.ndim != 2:
+                    raise ValueError(f"Muon only takes 2-D parameters, got shape {tuple(p.shape)}")
+
+    @torch.no_grad()
+    def step(self, closure=None):  # noqa: D102 - torch.optim API
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p.grad)
+                buf = state["momentum_buffer"]
+                buf.lerp_(p.grad, 1 - group["momentum"])
+                update = p.grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
+                update = newton_schulz(update, group["ns_steps"], self.ns_dtype)
+                # Scale so that tall and wide matrices get comparable per-element step sizes.
+                scale = max(1.0, p.size(-2) / p.size(-1)) ** 0.5
+                p.add_(update.to(p.dtype), alpha=-group["lr"] * scale)
+        return None
+
+
+@dataclass
+class OptimConfig:
+    matrix_lr: float = 0.02  # Muon
+    embedding_lr: float = 0.2  # AdamW
+    unembedding_lr: float = 0.004  # AdamW
+    scalar_lr: float = 0.02  # AdamW, norm gains
+    weight_decay: float = 0.0
+    adam_betas: tuple[float, float] = (0.8, 0.95)
+
+
+def build_optimizers(
+    model: nn.Module, cfg: OptimConfig, model_dim: int, ns_dtype: torch.dtype, fused: bool
+) -> list[torch.optim.Optimizer]:
+    """Muon + AdamW over `model.param_groups()`; each group remembers its base lr as `initial_lr`.
+
+    AdamW learning rates scale as 1/sqrt(d_model / 768), nanochat's rule, so one set of defaults
+    works from depth 4 to depth 26.
+    """
+    groups = model.param_groups()
+    dim_scale = (model_dim / 768) ** -0.5
+    adam_groups = [
+        dict(params=groups["embedding"], lr=cfg.embedding_lr * dim_scale),
+        dict(params=groups["lm_head"], lr=cfg.unembedding_lr * dim_scale),
+        dict(params=groups["scalar"], lr=cfg.scalar_lr * dim_scale),
+    ]
+    adam_groups = [g for g in adam_groups if g["params"]]
+    # fused needs every param on a fused-capable device; foreach is the portable fast path.
+    kwargs = dict(fused=True) if fused else dict(foreach=True)
+    adamw = torch.optim.AdamW(adam_groups, betas=cfg.adam_betas, eps=1e-10, weight_decay=cfg.weight_decay, **kwargs)
+    muon = Muon(groups["matrix"], lr=cfg.matrix_lr, ns_dtype=ns_dtype)
+    optimizers: list[torch.optim.Optimizer] = [adamw, muon]
+    for opt in optimizers:
+        for group in opt.param_groups:
+            group["initial_lr"] = group["lr"]
+    return optimizers

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The test command: set up (if needed), lint, then the fast suite and the slow end-to-end suite.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+bash scripts/setup.sh
+.venv/bin/ruff check portachat tests benchmarks
+.venv/bin/python -m pytest -q "$@"
+.venv/bin/python -m pytest -q -m slow "$@"
