@@ -70,7 +70,7 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
         vocab = auto_vocab_size(chars)
     print(f"[portachat] training a {vocab}-token tokenizer on {source.name} (up to {args.max_chars:,} chars)")
     t0 = time.perf_counter()
-    tok = train_tokenizer(source.iter_documents(limit_chars=args.max_chars), vocab_size=vocab, doc_cap=args.doc_cap)
+    tok = train_tokenizer(source.iter_documents(limit_chars=args.max_chars), vocab_size=vocab, doc_cap=args.doc_cap, verbose=False)
     from portachat.checkpoint.atomic import atomic_directory
 
     with atomic_directory(out) as tmp:
@@ -99,7 +99,9 @@ def _add_train_flags(p: argparse.ArgumentParser) -> None:
 
     d, o = TrainConfig(), OptimConfig()
     g = p.add_argument_group("run")
-    _flag(g, "--run", default="default", help="run name: checkpoints go to <home>/runs/<run>/<stage>/ (default: default)")
+    # `--run` alone is ambiguous under torchrun (its parser prefix-matches --run-path), hence --run-name.
+    g.add_argument("--run-name", "--run_name", "--run", dest="run", default="default",
+                   help="run name: checkpoints go to <home>/runs/<run>/<stage>/ (default: default)")
     _flag(g, "--runs-root", default=None, help="directory holding runs (default: $PORTACHAT_HOME/runs)")
     _flag(g, "--resume", nargs="?", const="auto", default=None,
           help="continue from this run's latest checkpoint, or from the checkpoint PATH given")

@@ -9,9 +9,22 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from portachat.checkpoint.atomic import CheckpointError, commit_tmp, prepare_tmp, tmp_dir_for, translate_os_error
+from portachat.checkpoint.atomic import (
+    CheckpointError,
+    commit_tmp,
+    prepare_tmp,
+    tmp_dir_for,
+    translate_os_error,
+)
 from portachat.checkpoint.model_dir import LoadedModel, load_model_dir, read_meta, save_model_files
-from portachat.checkpoint.runs import latest_checkpoint, prune_old, resolve_model_path, set_latest, stage_dir, step_dir_name
+from portachat.checkpoint.runs import (
+    latest_checkpoint,
+    prune_old,
+    resolve_model_path,
+    set_latest,
+    stage_dir,
+    step_dir_name,
+)
 from portachat.checkpoint.trainer_state import save_optimizers, save_rng
 
 __all__ = [

@@ -42,7 +42,7 @@ def save_model_files(directory: Path, model: GPT, tokenizer: Tokenizer, meta: di
     save_file(state, str(directory / WEIGHTS), metadata={"format": "pt"})
     _write_json(directory / "config.json", hf_config)
     _write_json(directory / "generation_config.json", generation_config(bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id))
-    tokenizer.save(directory)
+    tokenizer.save(directory, model_max_length=cfg.max_seq_len)
     full_meta = dict(meta)
     full_meta.update(
         format_version=FORMAT_VERSION,

@@ -1,8 +1,9 @@
 """Download pretraining shards (parquet with a `text` column) from the Hugging Face Hub.
 
-`hf_hub_download(..., local_dir=dest)` does the hard parts: it resumes partial downloads, skips a
-file whose local copy matches the Hub's etag, and keeps its bookkeeping under `dest/.cache/` (which
-`open_source` ignores). On top of that every shard is opened as parquet and checked for a `text`
+`hf_hub_download(..., local_dir=dest)` does the hard parts: when a connection drops mid-file it
+resumes with an HTTP Range request, it checks the size it got, it skips a file whose local copy
+matches the Hub's etag, and it keeps its bookkeeping under `dest/.cache/` (which `open_source`
+ignores). On top of that every shard is opened as parquet and checked for a `text`
 column; a corrupt one is deleted and fetched once more. Without a network (HF_HUB_OFFLINE=1, or the
 Hub unreachable) the shards already in `dest` are used when there are enough of them.
 """
@@ -19,6 +20,8 @@ from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
 from portachat.data.sources import DataError, read_parquet_metadata
 
+FINEWEB_EDU_REPO = "karpathy/fineweb-edu-100b-shuffle"  # nanochat's pretraining shards (shard_NNNNN.parquet)
+PROBE_TIMEOUT_S = 10.0
 _CONNECTION_ERROR_NAMES = {"ConnectError", "ConnectTimeout", "ConnectionError", "Timeout", "ReadTimeout",
                            "TimeoutException", "NetworkError", "TransportError", "ProxyError"}
 
@@ -53,16 +56,16 @@ def local_shards(dest: Path, pattern: str = "*.parquet") -> list[Path]:
     return sorted(found)
 
 
-def _use_local(repo_id: str, dest: Path, num_shards: int | None, pattern: str, reason: str,
-               repo_type: str, log: Callable[[str], None]) -> list[Path]:
+def _use_local(repo_id: str, dest: Path, num_shards: int | None, include_last: bool, pattern: str,
+               reason: str, repo_type: str, log: Callable[[str], None]) -> list[Path]:
     have = local_shards(dest, pattern)
-    wanted = num_shards if num_shards is not None else 1
+    wanted = num_shards + int(include_last) if num_shards is not None else 1
     if len(have) >= wanted and have:
-        chosen = have[:num_shards] if num_shards is not None else have
+        chosen = have if num_shards is None else have[:num_shards] + (have[-1:] if include_last else [])
         log(f"offline ({reason}): using {len(chosen)} shard(s) already in {dest}")
         return chosen
     kind = "datasets/" if repo_type == "dataset" else ""
-    need = f"{num_shards} shard(s)" if num_shards is not None else "at least one shard"
+    need = f"{wanted} shard(s)" if num_shards is not None else "at least one shard"
     raise DataError(
         f"offline ({reason}) and {dest} has {len(have)} file(s) matching {pattern!r}, {need} needed. "
         f"Download them from https://huggingface.co/{kind}{repo_id} on a machine with a network and place "
@@ -86,23 +89,29 @@ def download_shards(
     pattern: str = "*.parquet",
     revision: str = "main",
     repo_type: str = "dataset",
+    include_last: bool = False,
     log: Callable[[str], None] = print,
 ) -> list[Path]:
     """Fetch the first `num_shards` files of `repo_id` matching `pattern` (sorted; all when None) into
     `dest` and return their local paths. With two or more shards `open_source(dest)` uses the last
-    one as the val split, as nanochat does."""
+    one as the val split, as nanochat does; `include_last` also fetches the repo's last shard, so the
+    val split stays the same whatever `num_shards` is."""
     dest = Path(dest).expanduser()
     if num_shards is not None and num_shards < 1:
         raise ValueError(f"num_shards must be >= 1 or None, got {num_shards}")
     if _is_offline_env():
-        return _use_local(repo_id, dest, num_shards, pattern, "HF_HUB_OFFLINE is set", repo_type, log)
+        return _use_local(repo_id, dest, num_shards, include_last, pattern, "HF_HUB_OFFLINE is set",
+                          repo_type, log)
     endpoint = os.environ.get("HF_ENDPOINT") or None  # read now, so it can change after import
+    api = HfApi(endpoint=endpoint)
     try:
-        remote = HfApi(endpoint=endpoint).list_repo_files(repo_id, repo_type=repo_type, revision=revision)
+        # one quick request first: listing retries with backoff for a minute when there is no network
+        api.repo_info(repo_id, repo_type=repo_type, revision=revision, timeout=PROBE_TIMEOUT_S)
+        remote = api.list_repo_files(repo_id, repo_type=repo_type, revision=revision)
     except Exception as e:
         if _is_connection_error(e):
-            return _use_local(repo_id, dest, num_shards, pattern, f"cannot reach the Hub: {type(e).__name__}",
-                              repo_type, log)
+            return _use_local(repo_id, dest, num_shards, include_last, pattern,
+                              f"cannot reach the Hub: {type(e).__name__}", repo_type, log)
         raise DataError(f"cannot list files of {repo_type} {repo_id}@{revision}: {e}") from e
     names = sorted(f for f in remote if fnmatch.fnmatch(f, pattern))
     if not names:
@@ -112,7 +121,7 @@ def download_shards(
         if num_shards > len(names):
             raise DataError(f"{repo_id} has {len(names)} files matching {pattern!r}, fewer than the "
                             f"{num_shards} asked for")
-        names = names[:num_shards]
+        names = names[:num_shards] + ([names[-1]] if include_last and num_shards < len(names) else [])
     dest.mkdir(parents=True, exist_ok=True)
     paths = []
     for i, name in enumerate(names, start=1):

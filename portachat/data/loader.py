@@ -138,7 +138,7 @@ class PackedLoader:
             texts, refs = self._read_next_documents()
             if not texts:
                 return  # single pass finished
-            for tokens, ref in zip(self._encode(texts), refs):
+            for tokens, ref in zip(self._encode(texts), refs, strict=True):
                 self._push(tokens, ref)
 
     def _pop_largest_fitting(self, space: int) -> list[int] | None:
@@ -247,7 +247,7 @@ class PackedLoader:
             texts.append(by_unit[unit][index])
         for start in range(0, len(texts), self.tokenizer_batch_docs):
             chunk = slice(start, start + self.tokenizer_batch_docs)
-            for tokens, ref in zip(self._encode(texts[chunk]), refs[chunk]):
+            for tokens, ref in zip(self._encode(texts[chunk]), refs[chunk], strict=True):
                 self._push(tokens, ref)
 
 

@@ -10,9 +10,10 @@ sees depends only on (s, n), never on how streams are spread over processes.
   boundary once it reaches 64 KiB, so a file without blank lines still splits). A unit is up to 64
   consecutive documents and about 64 KiB of a file.
 - .jsonl: one JSON object per line, the document is its `text` field. Units as for .txt.
-- small data: when a split has fewer than `MIN_UNITS` natural units they are subdivided (parquet row
-  groups into row slices, text units into fewer documents each) so that many streams and a train/val
-  split still work on a small corpus. The rule depends only on the data, so streams stay reproducible.
+- small data: when there are fewer than `MIN_UNITS` natural units they are subdivided (parquet row
+  groups into row slices, text units into fewer documents each) until there are at least `MIN_UNITS`
+  (or one per document), so that many streams and a train/val split still work on a small corpus.
+  The rule depends only on the data, so streams stay reproducible.
 
 `.gz` versions of .txt and .jsonl are read too (decompressed into memory once).
 """
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import math
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -163,7 +163,7 @@ def _plan_row_slices(metadata: list[pq.FileMetaData]) -> list[_RowSlice]:
     ]
     if len(groups) >= MIN_UNITS:
         return [_RowSlice(fi, rg, 0, rows) for fi, rg, rows in groups]
-    rows_per_unit = max(1, math.ceil(sum(rows for _, _, rows in groups) / MIN_UNITS))
+    rows_per_unit = max(1, sum(rows for _, _, rows in groups) // MIN_UNITS)
     return [
         _RowSlice(fi, rg, start, min(start + rows_per_unit, rows))
         for fi, rg, rows in groups
@@ -311,7 +311,7 @@ class TextSource(DocumentSource):
 
 def _plan_text_units(files: list[_TextFile]) -> list[tuple[int, int, int]]:
     total_docs = sum(f.num_docs for f in files)
-    docs_per_unit = min(MAX_DOCS_PER_UNIT, max(1, math.ceil(total_docs / MIN_UNITS)))
+    docs_per_unit = min(MAX_DOCS_PER_UNIT, max(1, total_docs // MIN_UNITS))
     units = []
     for fi, f in enumerate(files):
         first = 0

@@ -1,13 +1,34 @@
 """Attention kernels behind one function, so model code never names a vendor.
 
 SDPA is the default everywhere: torch dispatches it to flash / memory-efficient / math
-kernels per device. Vendor fast paths (e.g. Ascend's fused attention) plug in here.
+kernels per device. On Ascend, `torch_npu.npu_fusion_attention` (the fused FlashAttention kernel
+documented in torch_npu's API reference) is used instead when the device's attention backend says
+so (`get_device()` selects it; `PORTACHAT_ATTENTION=sdpa` turns it off) and the call fits the kernel.
 """
 
 from __future__ import annotations
 
+import math
+import sys
+
 import torch
 import torch.nn.functional as F
+
+_backend = "sdpa"
+_FUSION_DTYPES = (torch.float16, torch.bfloat16)
+_CAUSAL_MASK_SIZE = 2048  # npu_fusion_attention's compressed causal masks are 2048 x 2048
+_LEFT_UP_CAUSAL = 2  # sparse_mode: causal aligned to the top-left corner, like SDPA's is_causal
+_causal_masks: dict[torch.device, torch.Tensor] = {}
+
+
+def select_backend(name: str) -> None:
+    """Called by get_device(): "sdpa" or "npu_fusion_attention"."""
+    global _backend
+    _backend = name
+
+
+def current_backend() -> str:
+    return _backend
 
 
 def attention(
@@ -23,5 +44,54 @@ def attention(
     `attn_mask` is a boolean mask (True = attend) broadcastable to [B, H, Tq, Tk]; when given,
     `is_causal` must be False (the mask already encodes causality).
     """
+    if _backend == "npu_fusion_attention" and fusion_eligible(q.device.type, q.dtype, q.size(-1), attn_mask):
+        return npu_fusion(q, k, v, is_causal=is_causal, attn_mask=attn_mask)
     enable_gqa = k.size(1) != q.size(1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, enable_gqa=enable_gqa)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, is_causal=is_causal, enable_gqa=enable_gqa
+    )
+
+
+def fusion_eligible(
+    device_type: str, dtype: torch.dtype, head_dim: int, attn_mask: torch.Tensor | None
+) -> bool:
+    """npu_fusion_attention takes fp16/bf16 on NPU, head_dim a multiple of 16 up to 256, 2-D/4-D masks."""
+    if device_type != "npu" or dtype not in _FUSION_DTYPES or head_dim % 16 or head_dim > 256:
+        return False
+    return attn_mask is None or attn_mask.dim() in (2, 4)
+
+
+def npu_fusion(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    is_causal: bool,
+    attn_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Ascend fused attention in BNSD layout. Its masks mean True = masked out (the opposite of SDPA's)."""
+    torch_npu = sys.modules.get("torch_npu")
+    if torch_npu is None:
+        import torch_npu  # noqa: F811  (only reached on an NPU, where it is already loaded)
+    sparse_mode = 0
+    mask = None
+    if attn_mask is not None:
+        mask = ~attn_mask if attn_mask.dtype == torch.bool else attn_mask == 0
+    elif is_causal:
+        mask = _causal_masks.get(q.device)
+        if mask is None:
+            ones = torch.ones(_CAUSAL_MASK_SIZE, _CAUSAL_MASK_SIZE, dtype=torch.bool, device=q.device)
+            mask = _causal_masks[q.device] = torch.triu(ones, diagonal=1)
+        sparse_mode = _LEFT_UP_CAUSAL
+    out = torch_npu.npu_fusion_attention(
+        q,
+        k,
+        v,
+        q.size(1),
+        "BNSD",
+        atten_mask=mask,
+        scale=1.0 / math.sqrt(q.size(-1)),
+        keep_prob=1.0,
+        sparse_mode=sparse_mode,
+    )
+    return out[0]

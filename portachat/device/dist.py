@@ -7,9 +7,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-import torch
-
 from portachat.device.errors import DeviceError
+from portachat.device.probe import device_module
 
 if TYPE_CHECKING:
     from portachat.device.device import Device
@@ -41,7 +40,9 @@ def _int_env(name: str, default: int) -> int:
     try:
         return int(raw)
     except ValueError:
-        raise DeviceError(f"environment variable {name}={raw!r} must be an integer (torchrun sets it)") from None
+        raise DeviceError(
+            f"environment variable {name}={raw!r} must be an integer (torchrun sets it)"
+        ) from None
 
 
 def dist_env() -> DistEnv:
@@ -77,7 +78,7 @@ def init_distributed(dev: Device, timeout_s: float = 600) -> DistEnv:
             raise DeviceError(f"WORLD_SIZE={env.world_size} but {var} is not set; launch with torchrun.")
     kwargs: dict = {"backend": dev.dist_backend, "timeout": timedelta(seconds=timeout_s)}
     if dev.type != "cpu":
-        torch.get_device_module(dev.type).set_device(dev.index)
+        device_module(dev.type).set_device(dev.index)
         if dev.dist_backend in DEVICE_ID_BACKENDS:
             kwargs["device_id"] = dev.torch_device
     try:

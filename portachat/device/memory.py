@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
+from portachat.device.probe import device_module
+
 
 @dataclass
 class MemoryStats:
@@ -23,7 +25,7 @@ def _accelerator_call(device_type: str, name: str, index: int):
 
     torch_npu before 2.13 does not serve torch.accelerator memory calls, so NPU goes to torch.npu first.
     """
-    mod = torch.get_device_module(device_type)
+    mod = device_module(device_type)
     acc = getattr(torch, "accelerator", None)
     order = [mod, acc] if device_type == "npu" else [acc, mod]
     for source in order:
@@ -39,7 +41,11 @@ def _accelerator_call(device_type: str, name: str, index: int):
 
 def _mem_info(device_type: str, index: int) -> tuple[int | None, int | None]:
     for source_name, fn_name in (("accelerator", "get_memory_info"), ("module", "mem_get_info")):
-        source = getattr(torch, "accelerator", None) if source_name == "accelerator" else torch.get_device_module(device_type)
+        source = (
+            getattr(torch, "accelerator", None)
+            if source_name == "accelerator"
+            else device_module(device_type)
+        )
         fn = getattr(source, fn_name, None)
         if fn is None:
             continue
@@ -88,7 +94,13 @@ def cpu_memory(peak_floor: int | None) -> MemoryStats:
     rss = int(psutil.Process().memory_info().rss)
     vm = psutil.virtual_memory()
     peak = process_peak_rss() if peak_floor is None else max(peak_floor, rss)
-    return MemoryStats(allocated=rss, peak_allocated=max(peak, rss), reserved=None, free=int(vm.available), total=int(vm.total))
+    return MemoryStats(
+        allocated=rss,
+        peak_allocated=max(peak, rss),
+        reserved=None,
+        free=int(vm.available),
+        total=int(vm.total),
+    )
 
 
 def reset_peak(device_type: str, index: int) -> None:
@@ -100,6 +112,6 @@ def reset_peak(device_type: str, index: int) -> None:
 def empty_cache(device_type: str) -> None:
     if device_type == "cpu":
         return
-    mod = torch.get_device_module(device_type)
+    mod = device_module(device_type)
     if hasattr(mod, "empty_cache"):
         mod.empty_cache()

@@ -63,13 +63,19 @@ def bf16_support(p: ProbeResult) -> Decision:
     if p.kind in ("rocm", "dcu"):
         arch = (p.gcn_arch or "unknown").split(":")[0]
         ok = arch in HIP_BF16_ARCHS or arch.startswith(HIP_BF16_PREFIXES)
-        return Decision(ok, f"{arch} {'has' if ok else 'has no'} bf16 matrix units (own table; torch says yes on every HIP device)")
+        return Decision(
+            ok,
+            f"{arch} {'has' if ok else 'has no'} bf16 matrix units (own table; torch says yes on every HIP device)",
+        )
     if p.kind == "npu":
         if p.bf16_reported is not None:
             return Decision(p.bf16_reported, f"torch.npu.is_bf16_supported() = {p.bf16_reported} on {p.name}")
         name = p.name.lower()
         ok = "910b" in name or "910_93" in name or "910c" in name
-        return Decision(ok, f"{p.name}: {'Ascend 910B/910C family has bf16' if ok else 'Ascend 910A-class parts are fp16 only'}")
+        return Decision(
+            ok,
+            f"{p.name}: {'Ascend 910B/910C family has bf16' if ok else 'Ascend 910A-class parts are fp16 only'}",
+        )
     if p.kind == "xpu":
         ok = bool(p.bf16_reported)
         return Decision(ok, f"torch.xpu.is_bf16_supported() = {p.bf16_reported}")
@@ -97,12 +103,15 @@ def decide_dtype(p: ProbeResult, requested: str | None = None) -> Decision:
         return Decision(key, f"requested ({requested})", warning)
     if p.kind == "cpu":
         return Decision(
-            "fp32", "CPU: bf16 autocast is slower than fp32 on most CPUs; set PORTACHAT_DTYPE=bf16 to override"
+            "fp32",
+            "CPU: bf16 autocast is slower than fp32 on most CPUs; set PORTACHAT_DTYPE=bf16 to override",
         )
     if p.kind == "mps":
         if bf16.value:
             return Decision("bf16", f"bf16: {bf16.reason}")
-        return Decision("fp32", f"fp32: no bf16 ({bf16.reason}) and fp16 training on MPS lacks loss scaling support")
+        return Decision(
+            "fp32", f"fp32: no bf16 ({bf16.reason}) and fp16 training on MPS lacks loss scaling support"
+        )
     if bf16.value:
         return Decision("bf16", f"bf16: {bf16.reason}; fp32 range, so no loss scaling needed")
     if _fp16_support(p):
@@ -119,9 +128,13 @@ def decide_compile(p: ProbeResult, requested: bool | None = None) -> Decision:
             return Decision("inductor", "requested (PORTACHAT_COMPILE=1 / --compile)", warning)
         return Decision("eager", "requested off (PORTACHAT_COMPILE=0 / --no-compile)")
     if p.kind == "cpu":
-        return Decision("eager", "CPU: compile is opt-in (minutes of compile time for short runs); PORTACHAT_COMPILE=1")
+        return Decision(
+            "eager", "CPU: compile is opt-in (minutes of compile time for short runs); PORTACHAT_COMPILE=1"
+        )
     if p.kind == "npu":
-        return Decision("eager", "Ascend: torch.compile needs a separate NPU graph backend; eager is the supported path")
+        return Decision(
+            "eager", "Ascend: torch.compile needs a separate NPU graph backend; eager is the supported path"
+        )
     if p.kind == "mps":
         return Decision("eager", "MPS: inductor's Metal backend is experimental")
     if not p.triton_available:
@@ -145,7 +158,9 @@ def decide_attention(p: ProbeResult, requested: str | None = None) -> Decision:
             raise DeviceError(f"attention backend {key!r} is not available on {p.kind}; use sdpa")
         return Decision(key, "requested (PORTACHAT_ATTENTION)")
     if p.kind == "npu" and "npu_fusion_attention" in p.attention_kernels:
-        return Decision("npu_fusion_attention", "Ascend: torch_npu.npu_fusion_attention (fused FlashAttention kernel)")
+        return Decision(
+            "npu_fusion_attention", "Ascend: torch_npu.npu_fusion_attention (fused FlashAttention kernel)"
+        )
     reasons = {
         "cuda": "SDPA dispatches to FlashAttention-2 / memory-efficient kernels",
         "rocm": "SDPA dispatches to the AOTriton / CK flash kernels on ROCm",
@@ -181,7 +196,9 @@ def decide_fused_optimizer(p: ProbeResult) -> Decision:
     if p.kind == "npu":
         return Decision(False, "Ascend: foreach AdamW (fused=True is not implemented by every torch_npu)")
     ok = p.device_type in p.fused_optimizer_devices
-    return Decision(ok, f"fused AdamW kernels {'exist' if ok else 'do not exist'} for {p.device_type} in this torch")
+    return Decision(
+        ok, f"fused AdamW kernels {'exist' if ok else 'do not exist'} for {p.device_type} in this torch"
+    )
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:

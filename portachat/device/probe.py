@@ -23,7 +23,15 @@ from portachat.device.errors import DeviceError
 
 KINDS = ("cuda", "rocm", "dcu", "npu", "xpu", "mps", "cpu")
 # torch device type for each kind: ROCm and DCU builds of torch present themselves as "cuda".
-TORCH_TYPE = {"cuda": "cuda", "rocm": "cuda", "dcu": "cuda", "npu": "npu", "xpu": "xpu", "mps": "mps", "cpu": "cpu"}
+TORCH_TYPE = {
+    "cuda": "cuda",
+    "rocm": "cuda",
+    "dcu": "cuda",
+    "npu": "npu",
+    "xpu": "xpu",
+    "mps": "mps",
+    "cpu": "cpu",
+}
 
 VISIBLE_DEVICE_VARS = (
     "CUDA_VISIBLE_DEVICES",
@@ -33,7 +41,14 @@ VISIBLE_DEVICE_VARS = (
     "ASCEND_VISIBLE_DEVICES",
     "ZE_AFFINITY_MASK",
 )
-TOOLKIT_VARS = ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH", "ASCEND_OPP_PATH", "ROCM_PATH", "DTK_HOME", "CUDA_HOME")
+TOOLKIT_VARS = (
+    "ASCEND_TOOLKIT_HOME",
+    "ASCEND_HOME_PATH",
+    "ASCEND_OPP_PATH",
+    "ROCM_PATH",
+    "DTK_HOME",
+    "CUDA_HOME",
+)
 DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 TUNING_VARS = (
     "PYTORCH_CUDA_ALLOC_CONF",
@@ -45,7 +60,13 @@ TUNING_VARS = (
     "HCCL_EXEC_TIMEOUT",
     "TORCH_DEVICE_BACKEND_AUTOLOAD",
 )
-PORTACHAT_VARS = ("PORTACHAT_DEVICE", "PORTACHAT_DTYPE", "PORTACHAT_COMPILE", "PORTACHAT_ATTENTION", "PORTACHAT_HOME")
+PORTACHAT_VARS = (
+    "PORTACHAT_DEVICE",
+    "PORTACHAT_DTYPE",
+    "PORTACHAT_COMPILE",
+    "PORTACHAT_ATTENTION",
+    "PORTACHAT_HOME",
+)
 VENDOR_CLIS = ("nvidia-smi", "amd-smi", "rocm-smi", "hy-smi", "npu-smi")
 # Hygon DCU architectures (K100 gfx926, K100_AI gfx928, BW gfx936); Z100 reports gfx906 like AMD's MI50.
 DCU_ARCHS = ("gfx926", "gfx928", "gfx936")
@@ -78,7 +99,9 @@ class ProbeResult:
     env: dict[str, str] = field(default_factory=dict)  # the relevant environment variables that are set
     cann_version: str | None = None
     dtk_version: str | None = None
-    attention_kernels: tuple[str, ...] = ()  # vendor fused-attention entry points found, e.g. npu_fusion_attention
+    attention_kernels: tuple[
+        str, ...
+    ] = ()  # vendor fused-attention entry points found, e.g. npu_fusion_attention
 
     @property
     def name(self) -> str:
@@ -122,16 +145,28 @@ def _load_torch_npu() -> tuple[bool, str | None, str | None]:
     return True, str(getattr(mod, "__version__", "unknown")), None
 
 
+def device_module(device_type: str):
+    """torch.<device_type> (torch.cuda, torch.npu, ...), or None when this torch has no such module.
+
+    torch.get_device_module() first; the getattr fallback serves out-of-tree backends whose device
+    string torch cannot parse yet (and simulated modules in tests).
+    """
+    try:
+        return torch.get_device_module(device_type)
+    except (RuntimeError, AttributeError):
+        return getattr(torch, device_type, None)
+
+
 def _type_available(device_type: str) -> bool:
     if device_type == "cpu":
         return True
     if device_type == "mps":
         return bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+    mod = device_module(device_type)
     try:
-        mod = torch.get_device_module(device_type)
+        return bool(mod is not None and mod.is_available())
     except (RuntimeError, AttributeError):
         return False
-    return bool(getattr(mod, "is_available", lambda: False)())
 
 
 def _auto_type() -> str:
@@ -196,7 +231,7 @@ def _dtk_version(env: dict[str, str]) -> str | None:
 
 
 def _fill_device_facts(res: ProbeResult) -> None:
-    mod = torch.get_device_module(res.device_type)
+    mod = device_module(res.device_type)
     res.count = int(mod.device_count())
     for i in range(res.count):
         props = mod.get_device_properties(i)

@@ -58,7 +58,11 @@ def parse_nvidia_smi(text: str) -> list[Telemetry]:
 def parse_npu_smi_info(text: str) -> list[NpuSmiEntry]:
     """`npu-smi info`: each device is two table rows, (NPU Name | Health | Power Temp ...) then
     (Chip | Bus-Id | AICore% Memory-Usage HBM-Usage)."""
-    rows = [line for line in text.splitlines() if line.startswith("|") and not re.match(r"^\|\s*(NPU|Chip)\s", line)]
+    rows = [
+        line
+        for line in text.splitlines()
+        if line.startswith("|") and not re.match(r"^\|\s*(NPU|Chip)\s", line)
+    ]
     entries: list[NpuSmiEntry] = []
     pending: list[str] | None = None
     for line in rows:
@@ -132,10 +136,15 @@ def parse_rocm_smi_json(text: str) -> list[Telemetry]:
     except ValueError:
         return []
     rows = []
-    for key in sorted((k for k in data if k.startswith("card")), key=lambda k: int(re.sub(r"\D", "", k) or 0)):
+    for key in sorted(
+        (k for k in data if k.startswith("card")), key=lambda k: int(re.sub(r"\D", "", k) or 0)
+    ):
         card = data[key]
         util = next((v for k, v in card.items() if "use (%)" in k), None)
-        temp = next((v for k, v in card.items() if k.startswith("Temperature") and ("edge" in k or "junction" in k)), None)
+        temp = next(
+            (v for k, v in card.items() if k.startswith("Temperature") and ("edge" in k or "junction" in k)),
+            None,
+        )
         power = next((v for k, v in card.items() if "Power (W)" in k), None)
         rows.append(Telemetry(_num(util), _num(temp), _num(power)))
     return rows
@@ -192,8 +201,12 @@ def _read(kind: str, index: int, env: dict[str, str]) -> Telemetry:
     if kind == "cuda":
         phys = physical_index(index, env.get("CUDA_VISIBLE_DEVICES"))
         out = run_cli(
-            ["nvidia-smi", f"--id={phys}", "--query-gpu=utilization.gpu,temperature.gpu,power.draw",
-             "--format=csv,noheader,nounits"],
+            [
+                "nvidia-smi",
+                f"--id={phys}",
+                "--query-gpu=utilization.gpu,temperature.gpu,power.draw",
+                "--format=csv,noheader,nounits",
+            ],
             timeout_s=3,
         )
         return _pick(parse_nvidia_smi(out), 0) or EMPTY if out else EMPTY
@@ -226,4 +239,6 @@ def _cpu_telemetry() -> Telemetry:
             if readings.get(chip):
                 temp = float(readings[chip][0].current)
                 break
-    return Telemetry(utilization_pct=float(psutil.cpu_percent(interval=None)), temperature_c=temp, power_w=None)
+    return Telemetry(
+        utilization_pct=float(psutil.cpu_percent(interval=None)), temperature_c=temp, power_w=None
+    )

@@ -197,11 +197,11 @@ class GPT(nn.Module):
 
     def _rotary(self, needed: int) -> tuple[torch.Tensor, torch.Tensor]:
         # `model.to(bfloat16)` also casts buffers: rebuild in fp32 rather than rotate with rounded angles.
-        if self.rope_cos.size(0) < needed or self.rope_cos.dtype != torch.float32:
-            length = max(needed, self.rope_cos.size(0))
-            if self.rope_cos.size(0) < needed:
-                length = max(needed, 2 * self.rope_cos.size(0))
-            self._set_rotary(length, self.rope_cos.device)
+        have = self.rope_cos.size(0)
+        if have < needed:  # grow geometrically so a long decode rebuilds the tables only a few times
+            self._set_rotary(max(needed, 2 * have), self.rope_cos.device)
+        elif self.rope_cos.dtype != torch.float32:
+            self._set_rotary(have, self.rope_cos.device)
         return self.rope_cos, self.rope_sin
 
     # ----------------------------------------------------------------------------- forward

@@ -28,7 +28,8 @@ class KVCacheError(ValueError):
 class CacheStep:
     """What one cached forward pass needs, prepared once on the host and shared by all layers."""
 
-    slots: torch.Tensor | None  # [B] on device, None when rows 0..B-1 use slots 0..B-1 (a view, no copy)
+    rows: torch.Tensor  # [B] slot of each row, on device
+    slots: torch.Tensor | None  # same as rows, or None when rows 0..B-1 use slots 0..B-1 (read as a view)
     positions: torch.Tensor  # [B, T] absolute positions of the new tokens, on device
     kv_len: int  # keys to attend to per row after this step (max over rows)
     attn_mask: torch.Tensor | None  # [B, 1, T, kv_len] bool, None when plain causal attention suffices
@@ -106,6 +107,10 @@ class KVCache:
         self, batch: int, seq_len: int, slots: Sequence[int] | torch.Tensor | None
     ) -> tuple[CacheStep, torch.Tensor]:
         """Plan a forward of [batch, seq_len] new tokens; returns the step and the host slot indices."""
+        if batch < 1 or seq_len < 1:
+            raise KVCacheError(
+                f"nothing to run: a cached forward needs at least one token, got [{batch}, {seq_len}]"
+            )
         if slots is None:
             if batch > self.num_slots:
                 raise KVCacheError(f"batch of {batch} rows but the cache has only {self.num_slots} slots")
@@ -133,12 +138,9 @@ class KVCache:
             keys = torch.arange(kv_len)
             allowed = keys[None, None, :] <= (starts[:, None] + offsets[None, :])[:, :, None]
             attn_mask = allowed[:, None].to(device)
-        contiguous = slots is None or bool((host == torch.arange(int(host[0]), int(host[0]) + batch)).all())
-        if contiguous and int(host[0]) == 0:
-            dev_slots = None
-        else:
-            dev_slots = host.to(device)
-        return CacheStep(dev_slots, positions, kv_len, attn_mask, fresh), host
+        rows = host.to(device)
+        dev_slots = None if torch.equal(host, torch.arange(batch)) else rows
+        return CacheStep(rows, dev_slots, positions, kv_len, attn_mask, fresh), host
 
     def update(
         self, layer: int, step: CacheStep, k: torch.Tensor, v: torch.Tensor
@@ -146,10 +148,10 @@ class KVCache:
         """Store this layer's new k/v [B, H_kv, T, D] and return the keys/values to attend over."""
         batch = k.size(0)
         kl, vl = self.k[layer], self.v[layer]
-        rows = torch.arange(batch, device=self.device) if step.slots is None else step.slots
+        rows = step.rows[:, None]
         # Advanced indices around a slice put the indexed dims first: the target is [B, T, H_kv, D].
-        kl[rows[:, None], :, step.positions] = k.transpose(1, 2).to(kl.dtype)
-        vl[rows[:, None], :, step.positions] = v.transpose(1, 2).to(vl.dtype)
+        kl[rows, :, step.positions] = k.transpose(1, 2).to(kl.dtype)
+        vl[rows, :, step.positions] = v.transpose(1, 2).to(vl.dtype)
         if step.fresh:
             return k, v
         if step.slots is None:

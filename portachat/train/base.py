@@ -57,9 +57,8 @@ def _count_chars(source: DocumentSource, limit: int) -> int:
 
 
 def prepare_tokenizer(opts: BaseOptions, source: DocumentSource, run_path: Path, env: DistEnv, say) -> Tokenizer:
-    """Load the given tokenizer, or train one on the training split (rank 0; the others wait)."""
-    if opts.tokenizer:
-        return Tokenizer.load(opts.tokenizer)
+    """Train a tokenizer on the training split into the run (rank 0; the others wait), or reuse the
+    run's own when it was trained on the same data with the same settings."""
     tok_dir = run_path / "tokenizer"
     wanted = {"data": source.name, "vocab_size": opts.vocab_size, "max_chars": opts.tokenizer_max_chars}
     stamp = tok_dir / "portachat_tokenizer_source.json"
@@ -106,6 +105,8 @@ def run_base(opts: BaseOptions, dev: Device | None = None, print_fn=print) -> Tr
     cfg.stage = "base"
     path = stage_dir(cfg.run, "base", Path(cfg.runs_root) if cfg.runs_root else None)
 
+    if opts.depth < 1:
+        raise TrainingError(f"--depth must be at least 1 (the number of transformer layers), got {opts.depth}")
     resume_from = _resume_target(opts, path)
     if resume_from is None and list_steps(path):
         if not opts.overwrite:
@@ -123,7 +124,12 @@ def run_base(opts: BaseOptions, dev: Device | None = None, print_fn=print) -> Tr
     say(f"[portachat] data: {train_src.name} ({train_src.num_units} train units, {val_src.num_units} val units)")
     if opts.data is None:
         say("[portachat] NOTE: no --data given: training on the built-in SYNTHETIC curriculum (offline).")
-    tokenizer = Tokenizer.load(resume_from) if resume_from else prepare_tokenizer(opts, train_src, path.parent, env, say)
+    if opts.tokenizer:
+        tokenizer = Tokenizer.load(opts.tokenizer)  # checked against the checkpoint's on resume
+    elif resume_from:
+        tokenizer = Tokenizer.load(resume_from)
+    else:
+        tokenizer = prepare_tokenizer(opts, train_src, path.parent, env, say)
 
     model_cfg = GPTConfig.from_depth(opts.depth, vocab_size=tokenizer.vocab_size, max_seq_len=cfg.max_seq_len)
     dev.manual_seed(cfg.seed)

@@ -317,10 +317,23 @@ def train(
                 logger.close()
                 raise KeyboardInterrupt(f"stopped at step {step}; resume with --resume")
 
+    if world > 1:
+        _check_replicas_in_sync(model, world, dev, say)
     final = checkpoint(step, final_save=True)
     logger.close()
     _barrier(world)
     return TrainResult(final_checkpoint=final, steps=step, val_bpb=val_bpb, samples=samples)
+
+
+def _check_replicas_in_sync(model: GPT, world: int, dev: Device, say: Callable[[str], None]) -> None:
+    """Data parallelism must keep every rank's weights bit-identical; verify it instead of assuming it."""
+    with torch.no_grad():
+        local = torch.stack([p.detach().double().sum() for p in model.parameters()])
+    gathered = [torch.empty_like(local) for _ in range(world)]
+    dist.all_gather(gathered, local)
+    if not all(torch.equal(gathered[0], g) for g in gathered[1:]):
+        raise TrainingError("the ranks' weights diverged: data-parallel replicas are out of sync (please report this)")
+    say(f"[portachat] weights identical on all {world} ranks (checksum {gathered[0].sum().item():.6e})")
 
 
 class _nullcontext:
@@ -358,13 +371,14 @@ def _clip_and_step(model, optimizers, scaler, grad_clip: float, step_loss: float
 @torch.no_grad()
 def _samples(model: GPT, tokenizer: Tokenizer, prompts: list[str], max_tokens: int, dev: Device, seed: int) -> list[str]:
     out = []
+    stop = {tokenizer.bos_id, tokenizer.eos_id}
     was_training = model.training
     model.eval()
     for i, prompt in enumerate(prompts):
         ids = tokenizer.encode(prompt, prepend_bos=True)
         with dev.autocast():
-            new = list(generate(model, ids, max_new_tokens=max_tokens, temperature=0.0, seed=seed + i, stop_ids={tokenizer.bos_id}))
-        out.append(prompt + tokenizer.decode(new))
+            new = list(generate(model, ids, max_new_tokens=max_tokens, temperature=0.0, seed=seed + i, stop_ids=stop))
+        out.append(prompt + tokenizer.decode([t for t in new if t not in stop]))
     model.train(was_training)
     return out
 

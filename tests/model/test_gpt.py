@@ -4,8 +4,8 @@ import math
 
 import pytest
 import torch
+from gpt_testing import randomized, tiny_config
 
-from conftest import randomized, tiny_config
 from portachat.model import GPT, GPTConfig
 
 
@@ -71,10 +71,10 @@ def test_fresh_model_trains():
     torch.manual_seed(0)
     model = GPT(tiny_config())
     model.init_weights(seed=0)
-    data = torch.arange(128).repeat(2)[None, :65]  # a fixed sequence to memorise
+    data = torch.arange(128)[None, :33]  # a fixed sequence to memorise
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     first = None
-    for _ in range(30):
+    for _ in range(10):
         loss = model(data[:, :-1], targets=data[:, 1:])
         first = first if first is not None else loss.item()
         opt.zero_grad()
@@ -96,7 +96,9 @@ def test_parameter_names_match_qwen3():
     for i in range(2):
         p = f"model.layers.{i}."
         expected |= {p + "input_layernorm.weight", p + "post_attention_layernorm.weight"}
-        expected |= {p + f"self_attn.{n}.weight" for n in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")}
+        expected |= {
+            p + f"self_attn.{n}.weight" for n in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
+        }
         expected |= {p + f"mlp.{n}.weight" for n in ("gate_proj", "up_proj", "down_proj")}
     assert names == expected  # rotary tables are non-persistent: not in the checkpoint
 

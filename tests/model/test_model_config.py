@@ -16,7 +16,13 @@ def test_from_depth_nanochat_sizes():
     assert d12.vocab_size == 65536
 
     d20 = GPTConfig.from_depth(20, vocab_size=65536, max_seq_len=4096, kv_head_ratio=2)
-    assert (d20.n_embd, d20.n_head, d20.n_kv_head, d20.head_dim, d20.intermediate_size) == (1280, 10, 5, 128, 3456)
+    assert (d20.n_embd, d20.n_head, d20.n_kv_head, d20.head_dim, d20.intermediate_size) == (
+        1280,
+        10,
+        5,
+        128,
+        3456,
+    )
     assert d20.max_seq_len == 4096
 
 
@@ -50,7 +56,9 @@ def test_from_depth_rejects_bad_numbers(kwargs, message):
 
 
 def _tiny(**overrides) -> dict:
-    base = dict(vocab_size=128, n_layer=2, n_embd=64, n_head=4, n_kv_head=2, head_dim=16, intermediate_size=160)
+    base = dict(
+        vocab_size=128, n_layer=2, n_embd=64, n_head=4, n_kv_head=2, head_dim=16, intermediate_size=160
+    )
     base.update(overrides)
     return base
 

@@ -1,0 +1,316 @@
+"""The Device facade: one object that answers every device question the rest of portachat asks."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+
+import torch
+
+from portachat.device import flops as flops_mod
+from portachat.device import memory as memory_mod
+from portachat.device.attention import select_backend as select_attention_backend
+from portachat.device.dist import dist_env
+from portachat.device.errors import DeviceError
+from portachat.device.flops import PeakFlops
+from portachat.device.memory import MemoryStats
+from portachat.device.policy import (
+    DTYPES,
+    Decision,
+    bf16_support,
+    decide_attention,
+    decide_collective,
+    decide_compile,
+    decide_dtype,
+    decide_fused_optimizer,
+)
+from portachat.device.probe import KINDS, TORCH_TYPE, ProbeResult, device_module, probe
+from portachat.device.telemetry import Telemetry, read_telemetry
+
+DEVICE_KINDS_ENV = ("cpu", "cuda", "rocm", "dcu", "npu", "xpu", "mps")
+
+
+class Device:
+    """Everything portachat needs to know about, and do with, the device this process runs on.
+
+    Built from probed facts plus the policy's decisions; tests build one from a simulated ProbeResult.
+    """
+
+    def __init__(
+        self,
+        facts: ProbeResult,
+        index: int = 0,
+        dtype: str | None = None,
+        compile: bool | None = None,
+        attention: str | None = None,
+    ) -> None:
+        self.facts = facts
+        self.kind: str = facts.kind
+        self.type: str = facts.device_type
+        self.count: int = facts.count
+        if self.type != "cpu" and not 0 <= index < max(facts.count, 1):
+            raise DeviceError(
+                f"device index {index} (LOCAL_RANK) but only {facts.count} {self.kind} device(s) are visible; "
+                "start fewer processes (--nproc_per_node) or make more devices visible."
+            )
+        self.index: int = index if self.type != "cpu" else 0
+        self.name: str = facts.names[self.index] if self.index < len(facts.names) else facts.name
+
+        self.decisions: dict[str, Decision] = {
+            "dtype": decide_dtype(facts, dtype),
+            "bf16": bf16_support(facts),
+            "compile": decide_compile(facts, compile),
+            "attention": decide_attention(facts, attention),
+            "collective": decide_collective(facts),
+            "fused_optimizer": decide_fused_optimizer(facts),
+        }
+        d = self.decisions
+        self.dtype_name: str = d["dtype"].value
+        self.dtype: torch.dtype = DTYPES[self.dtype_name]
+        self.dtype_reason: str = d["dtype"].reason
+        self.supports_bf16: bool = bool(d["bf16"].value)
+        self.needs_grad_scaler: bool = self.dtype == torch.float16
+        self.compile_backend: str = d["compile"].value
+        self.compile: bool = self.compile_backend != "eager"
+        self.compile_reason: str = d["compile"].reason
+        self.attention_backend: str = d["attention"].value
+        self.attention_reason: str = d["attention"].reason
+        self.fused_optimizer: bool = bool(d["fused_optimizer"].value)
+        self.fused_optimizer_reason: str = d["fused_optimizer"].reason
+        self.dist_backend: str = d["collective"].value
+        self.dist_reason: str = d["collective"].reason
+        self.supports_distributed: bool = self.dist_backend != "none"
+        self._cpu_peak_floor: int | None = None
+
+    @property
+    def torch_device(self) -> torch.device:
+        """torch.device for tensors (built on use: simulated devices have no registered backend)."""
+        return torch.device(self.type) if self.type in ("cpu", "mps") else torch.device(self.type, self.index)
+
+    def __repr__(self) -> str:
+        return f"Device({self.kind}:{self.index} {self.name!r}, dtype={self.dtype_name}, compile={self.compile_backend})"
+
+    @property
+    def warnings(self) -> list[str]:
+        return [d.warning for d in self.decisions.values() if d.warning]
+
+    # --- precision -------------------------------------------------------------------------------
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """Mixed-precision context for forward passes; a no-op in fp32."""
+        if self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.type, dtype=self.dtype)
+
+    def grad_scaler(self) -> torch.amp.GradScaler | None:
+        """Loss scaler for fp16 (bf16 and fp32 need none)."""
+        if not self.needs_grad_scaler:
+            return None
+        try:
+            return torch.amp.GradScaler(self.type)
+        except (RuntimeError, AssertionError, ValueError):
+            # torch_npu releases that predate device-generic GradScaler ship their own
+            return device_module(self.type).amp.GradScaler()
+
+    # --- execution -------------------------------------------------------------------------------
+    def synchronize(self) -> None:
+        if self.type == "cpu":
+            return
+        acc = getattr(torch, "accelerator", None)
+        if acc is not None and hasattr(acc, "synchronize") and self.type != "npu":
+            acc.synchronize(self.torch_device)
+        else:
+            device_module(self.type).synchronize()
+
+    def set_current(self) -> None:
+        """Make this the current device of the process (before allocating or joining a process group)."""
+        if self.type not in ("cpu", "mps"):
+            device_module(self.type).set_device(self.index)
+
+    # --- memory ----------------------------------------------------------------------------------
+    def memory(self) -> MemoryStats:
+        if self.type == "cpu":
+            return memory_mod.cpu_memory(self._cpu_peak_floor)
+        if self.type == "mps":
+            return memory_mod.mps_memory()
+        return memory_mod.accelerator_memory(self.type, self.index)
+
+    def reset_peak_memory(self) -> None:
+        if self.type == "cpu":
+            self._cpu_peak_floor = memory_mod.cpu_memory(None).allocated or 0
+            return
+        memory_mod.reset_peak(self.type, self.index)
+
+    def empty_cache(self) -> None:
+        memory_mod.empty_cache(self.type)
+
+    # --- randomness ------------------------------------------------------------------------------
+    def manual_seed(self, seed: int) -> None:
+        """Seed the CPU generator and every generator of this device type."""
+        torch.manual_seed(seed)  # also seeds cuda/xpu/mps and registered PrivateUse1 backends
+        if self.type not in ("cpu", "mps"):
+            mod = device_module(self.type)
+            if hasattr(mod, "manual_seed_all"):
+                mod.manual_seed_all(seed)
+
+    def get_rng_state(self) -> dict[str, torch.Tensor]:
+        state = {"cpu": torch.get_rng_state()}
+        if self.type == "mps":
+            state["device"] = torch.mps.get_rng_state()
+        elif self.type != "cpu":
+            state["device"] = device_module(self.type).get_rng_state(self.index)
+        return state
+
+    def set_rng_state(self, state: dict[str, torch.Tensor]) -> None:
+        torch.set_rng_state(state["cpu"].cpu())
+        if "device" not in state or self.type == "cpu":
+            return
+        if self.type == "mps":
+            torch.mps.set_rng_state(state["device"].cpu())
+        else:
+            device_module(self.type).set_rng_state(state["device"].cpu(), self.index)
+
+    # --- monitoring ------------------------------------------------------------------------------
+    def telemetry(self) -> Telemetry:
+        return read_telemetry(self.kind, self.index, self.facts.env)
+
+    def peak_flops(self, dtype: torch.dtype | None = None) -> PeakFlops:
+        """Peak FLOP/s for MFU: the table, else a cached calibration, else a quick measurement (cached).
+
+        Never raises; returns source "unknown" (value nan) only if even a measurement fails.
+        """
+        dtype = dtype or self.dtype
+        value = flops_mod.table_peak(self.name, dtype)
+        if value is not None:
+            return PeakFlops(value, "table")
+        try:
+            cached = flops_mod.cached_peak(self.name, dtype)
+        except Exception:
+            cached = None
+        if cached is not None:
+            return cached
+        try:
+            measured = flops_mod.measure_matmul_flops(
+                self.torch_device, dtype, self.synchronize, budget_s=0.6
+            )
+        except Exception:
+            return PeakFlops(float("nan"), "unknown")
+        with contextlib.suppress(OSError):
+            flops_mod.save_calibration(self.name, dtype, measured, "measured")
+        return PeakFlops(measured, "measured")
+
+    def calibrate(self, dtype: torch.dtype | None = None, budget_s: float = 3.0) -> PeakFlops:
+        """A fuller matmul sweep (doctor --calibrate); the result is cached and used by peak_flops()."""
+        dtype = dtype or self.dtype
+        sizes = flops_mod.calibrate_sizes(self.type)
+        measured = flops_mod.measure_matmul_flops(self.torch_device, dtype, self.synchronize, sizes, budget_s)
+        flops_mod.save_calibration(self.name, dtype, measured, "calibrated")
+        return PeakFlops(measured, "calibrated")
+
+    def describe(self) -> dict:
+        """JSON-able summary for doctor and training logs."""
+        mem = self.memory()
+        return {
+            "kind": self.kind,
+            "type": self.type,
+            "index": self.index,
+            "name": self.name,
+            "count": self.count,
+            "total_memory": mem.total,
+            "dtype": self.dtype_name,
+            "dtype_reason": self.dtype_reason,
+            "supports_bf16": self.supports_bf16,
+            "needs_grad_scaler": self.needs_grad_scaler,
+            "compile": self.compile,
+            "compile_backend": self.compile_backend,
+            "compile_reason": self.compile_reason,
+            "attention_backend": self.attention_backend,
+            "attention_reason": self.attention_reason,
+            "fused_optimizer": self.fused_optimizer,
+            "fused_optimizer_reason": self.fused_optimizer_reason,
+            "dist_backend": self.dist_backend,
+            "dist_reason": self.dist_reason,
+            "supports_distributed": self.supports_distributed,
+            "capability": list(self.facts.capability) if self.facts.capability else None,
+            "gcn_arch": self.facts.gcn_arch,
+            "warnings": self.warnings,
+        }
+
+
+# --- construction from the environment -----------------------------------------------------------
+_CACHE: dict[tuple, Device] = {}
+_LOCK = threading.Lock()
+
+
+def _env_compile() -> bool | None:
+    raw = os.environ.get("PORTACHAT_COMPILE")
+    if raw is None or raw.strip() == "":
+        return None
+    key = raw.strip().lower()
+    if key in ("1", "true", "yes", "on"):
+        return True
+    if key in ("0", "false", "no", "off"):
+        return False
+    raise DeviceError(f"PORTACHAT_COMPILE={raw!r} is not valid; use 1 (compile) or 0 (eager), or unset it.")
+
+
+def _env_kind() -> str | None:
+    raw = os.environ.get("PORTACHAT_DEVICE")
+    if raw is None or raw.strip() in ("", "auto"):
+        return None
+    key = raw.strip().lower()
+    if key not in DEVICE_KINDS_ENV:
+        raise DeviceError(
+            f"PORTACHAT_DEVICE={raw!r} is not valid; valid values: auto, {', '.join(DEVICE_KINDS_ENV)}."
+        )
+    return key
+
+
+def get_device(kind: str | None = None, dtype: str | None = None, compile: bool | None = None) -> Device:
+    """The process's Device, cached per arguments and environment.
+
+    kind None auto-detects (or reads PORTACHAT_DEVICE); dtype None reads PORTACHAT_DTYPE, then the
+    policy; compile None reads PORTACHAT_COMPILE, then the policy. LOCAL_RANK picks the device index.
+    """
+    kind = kind.lower() if kind else _env_kind()
+    if kind is not None and kind not in KINDS:
+        raise DeviceError(f"device {kind!r} is not valid; valid values: {', '.join(KINDS)}.")
+    if dtype is None:
+        env_dtype = os.environ.get("PORTACHAT_DTYPE")
+        dtype = env_dtype if env_dtype and env_dtype.strip() and env_dtype.strip().lower() != "auto" else None
+    if compile is None:
+        compile = _env_compile()
+    attention = os.environ.get("PORTACHAT_ATTENTION") or None
+    local_rank = dist_env().local_rank
+    key = (kind, dtype, compile, attention, local_rank)
+    with _LOCK:
+        if key not in _CACHE:
+            facts = probe(kind)
+            index = device_index(local_rank, facts)
+            _CACHE[key] = Device(facts, index=index, dtype=dtype, compile=compile, attention=attention)
+        dev = _CACHE[key]
+        select_attention_backend(dev.attention_backend)
+        return dev
+
+
+def device_index(local_rank: int, facts: ProbeResult) -> int:
+    """This process's device: LOCAL_RANK when every rank sees all devices (torchrun's way), 0 when the
+    launcher gives each rank exactly one visible device (per-task binding), 0 on cpu/mps."""
+    if TORCH_TYPE[facts.kind] in ("cpu", "mps") or facts.count == 1:
+        return 0
+    return local_rank
+
+
+def reset_device_cache() -> None:
+    with _LOCK:
+        _CACHE.clear()
+
+
+def timed(fn, dev: Device) -> float:
+    """Seconds `fn()` takes on `dev`, synchronizing so queued device work is counted."""
+    dev.synchronize()
+    start = time.perf_counter()
+    fn()
+    dev.synchronize()
+    return time.perf_counter() - start

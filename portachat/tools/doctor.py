@@ -1,0 +1,275 @@
+"""`portachat doctor`: what this machine has, what portachat will do on it and why, and what is broken.
+
+Exit code 0 when healthy, 1 when a check fails with severity "error".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from typing import TextIO
+
+import torch
+
+from portachat.device import (
+    Device,
+    DeviceError,
+    destroy_distributed,
+    dist_env,
+    get_device,
+    init_distributed,
+    probe,
+)
+from portachat.device.flops import cached_peak, measure_matmul_flops, save_calibration, table_peak
+from portachat.device.health import Check, device_health, environment_checks, versions, visible_env
+
+MATMUL_SIZES = {"cpu": (256, 512, 1024), "mps": (512, 1024)}  # keep the CPU doctor run well under 5 s
+DECISIONS = ("dtype", "compile", "attention", "collective", "fused_optimizer")
+
+
+def _matmul_tflops(dev: Device) -> float:
+    sizes = MATMUL_SIZES.get(dev.type, (2048, 4096))
+    return measure_matmul_flops(dev.torch_device, dev.dtype, dev.synchronize, sizes, budget_s=0.5) / 1e12
+
+
+def _peak_unknown(dev: Device) -> bool:
+    return table_peak(dev.name, dev.dtype) is None and cached_peak(dev.name, dev.dtype) is None
+
+
+def _h2d(dev: Device) -> tuple[float, str]:
+    """Host-to-device copy bandwidth in GB/s (CPU: a host memcpy, so the number is comparable)."""
+    src = torch.empty(32 * 2**20, dtype=torch.uint8)
+    if dev.type == "cpu":
+        note = "host memcpy (no accelerator)"
+        src.clone()
+        start = time.perf_counter()
+        for _ in range(4):
+            src.clone()
+        seconds = time.perf_counter() - start
+    else:
+        note = "pinned host memory"
+        try:
+            src = src.pin_memory()
+        except RuntimeError:
+            note = "pageable host memory (pinning failed)"
+        src.to(dev.torch_device)
+        dev.synchronize()
+        start = time.perf_counter()
+        for _ in range(4):
+            src.to(dev.torch_device, non_blocking=True)
+        dev.synchronize()
+        seconds = time.perf_counter() - start
+    return 4 * src.numel() / seconds / 1e9, note
+
+
+def _allreduce(dev: Device) -> dict:
+    import torch.distributed as dist
+
+    env = init_distributed(dev, timeout_s=120)
+    try:
+        t = torch.ones(4 * 2**20, device=dev.torch_device)  # 16 MiB of fp32
+        dist.all_reduce(t)
+        dev.synchronize()
+        start = time.perf_counter()
+        dist.all_reduce(t)
+        dev.synchronize()
+        seconds = time.perf_counter() - start
+    finally:
+        destroy_distributed()
+    expected = env.world_size * env.world_size  # ones, reduced twice
+    ok = bool(torch.all(t == expected).item())
+    return {
+        "ok": ok,
+        "world_size": env.world_size,
+        "backend": dev.dist_backend,
+        "ms": round(seconds * 1e3, 3),
+        "algbw_gbps": round(t.numel() * 4 / seconds / 1e9, 3),
+    }
+
+
+def _probe_step(name: str, fn, checks: list[Check]):
+    try:
+        return fn()
+    except Exception as exc:  # a probe failing is a finding, not a crash
+        from portachat.tools.diagnose import diagnose
+
+        d = diagnose(exc)
+        fix = "; ".join(d.remedies[:2]) if d else None
+        checks.append(Check(f"{name} probe", False, "error", f"{type(exc).__name__}: {exc}", fix))
+        return None
+
+
+def collect_report(calibrate: bool = False) -> dict:
+    """Everything doctor knows, as a JSON-able dict; `checks` lists findings, `ok` sums them up."""
+    checks: list[Check] = []
+    report: dict = {
+        "ok": False,
+        "versions": {"torch": torch.__version__},
+        "device": None,
+        "devices": [],
+        "env": {},
+        "decisions": {},
+        "dist": None,
+        "probes": {},
+        "checks": [],
+    }
+    try:
+        facts = probe(None)
+    except DeviceError:
+        facts = None
+    try:
+        dev = get_device()
+        checks.append(Check("configuration", True, "info", "device settings are valid"))
+    except DeviceError as exc:
+        dev = None
+        fix = "use one of the valid values the message names, or unset the setting to let portachat choose"
+        checks.append(Check("configuration", False, "error", str(exc), fix))
+        if facts is not None:  # still show what portachat would choose by itself
+            try:
+                report["decisions_if_unconfigured"] = _decisions(Device(facts))
+            except DeviceError:
+                pass
+    if dev is not None:
+        facts = dev.facts
+    if facts is not None:
+        report["versions"] = versions(facts)
+        report["env"] = visible_env(facts)
+        report["devices"] = device_health(facts)
+        checks += environment_checks(facts, report["devices"])
+    try:
+        report["dist"] = vars(dist_env())
+    except DeviceError as exc:
+        checks.append(
+            Check("torchrun environment", False, "error", str(exc), "unset RANK/WORLD_SIZE or use torchrun")
+        )
+    if dev is not None:
+        report["device"] = dev.describe()
+        report["decisions"] = _decisions(dev)
+        checks += [
+            Check("decision", False, "warning", w, "unset the override to let portachat choose")
+            for w in dev.warnings
+        ]
+        probes: dict = {"dtype": dev.dtype_name}
+        tflops = _probe_step("matmul", lambda: _matmul_tflops(dev), checks)
+        probes["matmul_tflops"] = round(tflops, 4) if tflops is not None else None
+        if tflops is not None:
+            ok = tflops > 0 and math.isfinite(tflops)
+            checks.append(
+                Check("matmul", ok, "info" if ok else "error", f"{tflops:.4f} TFLOPS in {dev.dtype_name}")
+            )
+        h2d = _probe_step("host-to-device", lambda: _h2d(dev), checks)
+        probes["h2d_gbps"], probes["h2d_note"] = (round(h2d[0], 2), h2d[1]) if h2d else (None, None)
+        if not calibrate and tflops and _peak_unknown(dev):
+            save_calibration(dev.name, dev.dtype, tflops * 1e12, "measured")  # the probe just measured it
+        peak = _probe_step("peak FLOPs", (lambda: dev.calibrate()) if calibrate else dev.peak_flops, checks)
+        probes["peak_flops"] = {"value": peak.value, "source": peak.source} if peak else None
+        probes["allreduce"] = None
+        if report["dist"] and report["dist"]["world_size"] > 1:
+            probes["allreduce"] = _probe_step("all-reduce", lambda: _allreduce(dev), checks)
+            if probes["allreduce"] is not None:
+                ar = probes["allreduce"]
+                checks.append(
+                    Check(
+                        "all-reduce",
+                        ar["ok"],
+                        "info" if ar["ok"] else "error",
+                        f"{ar['backend']} over {ar['world_size']} ranks: {ar['ms']} ms",
+                    )
+                )
+        report["probes"] = probes
+    report["checks"] = [c.to_dict() for c in checks]
+    report["ok"] = not any(not c.ok and c.severity == "error" for c in checks)
+    return report
+
+
+def _decisions(dev: Device) -> dict:
+    return {
+        name: {"value": dev.decisions[name].value, "reason": dev.decisions[name].reason} for name in DECISIONS
+    }
+
+
+def _gib(n: int | None) -> str:
+    return f"{n / 2**30:.1f} GiB" if n else "?"
+
+
+def format_report(report: dict) -> str:
+    """Aligned plain text for a terminal."""
+    out: list[str] = []
+
+    def section(title: str, rows: list[tuple[str, str]]) -> None:
+        out.append(title)
+        width = max((len(k) for k, _ in rows), default=0)
+        out.extend(f"  {k.ljust(width)}  {v}" for k, v in rows)
+        out.append("")
+
+    section("Versions", [(k, v) for k, v in report["versions"].items() if v])
+    dev = report.get("device")
+    rows = []
+    if dev:
+        rows.append(("using", f"{dev['kind']}:{dev['index']} ({dev['type']}) of {dev['count']} visible"))
+    rows += [
+        (
+            str(d["index"]),
+            f"{d['name']}  {_gib(d['total_memory'])}" + (f"  health {d['health']}" if d["health"] else ""),
+        )
+        for d in report["devices"]
+    ]
+    section("Devices", rows or [("none", "no device could be set up")])
+    decisions = report["decisions"] or report.get("decisions_if_unconfigured", {})
+    section(
+        "Decisions",
+        [(k, f"{str(v['value']):<22} {v['reason']}") for k, v in decisions.items()] or [("-", "n/a")],
+    )
+    section(
+        "Environment",
+        sorted(report["env"].items()) or [("-", "no device-visibility or toolkit variables set")],
+    )
+    p = report["probes"]
+    if p:
+        rows = [
+            (
+                "matmul",
+                f"{p['matmul_tflops']} TFLOPS ({p['dtype']})" if p["matmul_tflops"] is not None else "failed",
+            ),
+            (
+                "host->device",
+                f"{p['h2d_gbps']} GB/s, {p['h2d_note']}" if p["h2d_gbps"] is not None else "failed",
+            ),
+        ]
+        if p.get("peak_flops"):
+            rows.append(
+                ("peak FLOPs", f"{p['peak_flops']['value'] / 1e12:.4g} TFLOPS ({p['peak_flops']['source']})")
+            )
+        ar = p.get("allreduce")
+        rows.append(
+            (
+                "all-reduce",
+                f"{'ok' if ar['ok'] else 'WRONG RESULT'}, {ar['ms']} ms, {ar['world_size']} ranks"
+                if ar
+                else "skipped (single process; run under torchrun to test collectives)",
+            )
+        )
+        section("Probes", rows)
+    out.append("Checks")
+    for c in report["checks"]:
+        mark = "ok" if c["ok"] else ("FAIL" if c["severity"] == "error" else "warn")
+        out.append(f"  [{mark:<4}] {c['name']}: {c['message']}")
+        if not c["ok"] and c["fix"]:
+            out.append(f"         fix: {c['fix']}")
+    problems = sum(1 for c in report["checks"] if not c["ok"] and c["severity"] == "error")
+    out += ["", "Result: healthy" if report["ok"] else f"Result: {problems} problem(s) found"]
+    return "\n".join(out)
+
+
+def run_doctor(as_json: bool = False, calibrate: bool = False, stream: TextIO = sys.stdout) -> int:
+    """Print the report (only rank 0 under torchrun); return 0 when healthy, 1 otherwise."""
+    report = collect_report(calibrate=calibrate)
+    dist = report.get("dist") or {}
+    if dist.get("rank", 0) == 0:
+        stream.write(
+            json.dumps(report, indent=2, default=str) + "\n" if as_json else format_report(report) + "\n"
+        )
+        stream.flush()
+    return 0 if report["ok"] else 1
