@@ -103,3 +103,23 @@ def test_torchrun_two_processes_match_one_process(tmp_path, shakespeare_path):
     wb = load_file(str(home / "runs" / "ddp" / "base" / "step_000006" / "model.safetensors"))
     for name in wa:
         assert torch.allclose(wa[name], wb[name], atol=1e-4), name
+
+
+def test_ctrl_c_saves_and_stops_at_a_step_boundary(tmp_path, shakespeare_path):
+    home = tmp_path / "home"
+    stage = home / "runs" / "default" / "base"
+    proc = subprocess.Popen([sys.executable, "-m", "portachat", "train", "base", "--data", str(shakespeare_path),
+                             *TINY, "--num-iterations", "100000", "--eval-every", "0"],
+                            env=cli_env(home), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (stage / "log.jsonl").is_file():
+        time.sleep(0.1)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    step = int((stage / "latest").read_text().strip().split("_")[1])
+    assert step >= 1
+    meta = json.loads((stage / f"step_{step:06d}" / "portachat.json").read_text())
+    assert meta["step"] == step and meta["final"] is False
+    assert "resume with --resume" in err
