@@ -117,7 +117,11 @@ class Side:
 
 
 def make_step(
-    model: nn.Module, optimizers: list[torch.optim.Optimizer], dev: Device, inputs: torch.Tensor, targets: torch.Tensor
+    model: nn.Module,
+    optimizers: list[torch.optim.Optimizer],
+    dev: Device,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
 ) -> Callable[[], torch.Tensor]:
     """A training step as the real loop takes it: autocast forward, backward, every optimizer, zero grads."""
     scaler = dev.grad_scaler()
@@ -217,13 +221,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--depth", type=positive_int, default=4, help="model depth (GPTConfig.from_depth)")
     p.add_argument("--seq-len", type=positive_int, default=256, help="tokens per sequence")
     p.add_argument("--batch-size", type=positive_int, default=8, help="sequences per step")
-    p.add_argument("--steps", type=positive_int, default=10, help="timed steps per side (spread over --rounds)")
+    p.add_argument(
+        "--steps", type=positive_int, default=10, help="timed steps per side (spread over --rounds)"
+    )
     p.add_argument("--warmup", type=non_negative_int, default=3, help="untimed steps per side first")
     p.add_argument("--rounds", type=positive_int, default=5, help="alternating timed blocks per side")
     p.add_argument("--vocab-size", type=positive_int, default=8192)
-    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default=None, help="default: the device's choice")
+    p.add_argument(
+        "--dtype", choices=("bf16", "fp16", "fp32"), default=None, help="default: the device's choice"
+    )
     p.add_argument("--compile", type=int, choices=(0, 1), default=None, help="default: the device's policy")
-    p.add_argument("--device", default=None, help="cpu, cuda, rocm, dcu, npu, xpu, mps (default: auto-detect)")
+    p.add_argument(
+        "--device", default=None, help="cpu, cuda, rocm, dcu, npu, xpu, mps (default: auto-detect)"
+    )
+    p.add_argument(
+        "--threads",
+        type=positive_int,
+        default=None,
+        help="torch CPU threads (default on CPU: every usable core)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="also print the results as one JSON line")
     return p.parse_args(argv)
@@ -250,7 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     except (DeviceError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if dev.type == "cpu":
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    elif dev.type == "cpu":
         # All cores for the matmuls; the affinity mask is what this process may really use.
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         torch.set_num_threads(cores)
@@ -269,7 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     peak = dev.peak_flops(dev.dtype)
 
     print("== portachat training throughput ==")
-    print(f"device      : {dev.kind}:{dev.index} {dev.name!r} (torch {torch.__version__}, {torch.get_num_threads()} threads)")
+    print(
+        f"device      : {dev.kind}:{dev.index} {dev.name!r} (torch {torch.__version__}, {torch.get_num_threads()} threads)"
+    )
     print(f"dtype       : {dev.dtype_name} ({dev.dtype_reason})")
     print(f"compile     : {dev.compile_backend} ({dev.compile_reason})")
     print(f"attention   : {dev.attention_backend}; fused AdamW: {dev.fused_optimizer}")
@@ -284,7 +304,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"flops/token : {flops_per_token / 1e6:,.1f} MFLOP (training, fwd+bwd)")
     print(f"peak        : {peak.value / 1e12:,.2f} TFLOP/s {dev.dtype_name} ({peak.source})")
     blocks = split_steps(args.steps, args.rounds)
-    print(f"schedule    : {args.warmup} warmup steps each, then {len(blocks)} alternating rounds of {blocks} steps")
+    print(
+        f"schedule    : {args.warmup} warmup steps each, then {len(blocks)} alternating rounds of {blocks} steps"
+    )
 
     t0 = time.perf_counter()
     for side in (ours, ref):
@@ -301,7 +323,9 @@ def main(argv: list[str] | None = None) -> int:
 
     results = {}
     print()
-    print(f"{'':10} {'ms/step':>9} {'min ms':>9} {'tok/s':>11} {'MFU':>7} {'peak mem':>11} {'step mem':>11} {'loss':>7}")
+    print(
+        f"{'':10} {'ms/step':>9} {'min ms':>9} {'tok/s':>11} {'MFU':>7} {'peak mem':>11} {'step mem':>11} {'loss':>7}"
+    )
     for side in (ours, ref):
         step_s = statistics.median(side.step_times)
         tok_s = tokens_per_step / step_s
@@ -334,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
             benchmark="train_throughput",
             device=dict(kind=dev.kind, index=dev.index, name=dev.name, type=dev.type),
             torch=torch.__version__,
+            threads=torch.get_num_threads(),
             dtype=dev.dtype_name,
             compile=dev.compile,
             model=cfg.to_dict(),

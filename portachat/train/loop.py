@@ -182,7 +182,7 @@ def train(
     say(
         f"[portachat] {cfg.stage}: {model.num_params():,} params | {cfg.num_iterations} steps x {tokens_per_step:,} tokens "
         f"(batch {cfg.device_batch_size} x seq {cfg.max_seq_len} x {world} device(s) x {accum} accum) | "
-        f"{dev.kind} {dev.dtype_name if hasattr(dev, 'dtype_name') else dev.dtype} | peak {peak.value / 1e12:.1f} TFLOPS ({peak.source})"
+        f"{dev.kind} {str(dev.dtype).removeprefix('torch.')} | peak {peak.value / 1e12:.2f} TFLOPS ({peak.source})"
     )
     if start_step:
         say(f"[portachat] resumed from {resume_from} at step {start_step}")

@@ -1,0 +1,97 @@
+"""The shared training loop, in process, on tiny models and data made here."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from portachat.device import dist_env, get_device
+from portachat.model import GPT, GPTConfig
+from portachat.train.loop import StageData, TrainConfig, TrainingError, train
+
+
+class RepeatingStream:
+    """A deterministic stream of batches of a short repeating pattern (easy to learn)."""
+
+    def __init__(self, vocab: int, batch: int, seq: int, offset: int) -> None:
+        self.vocab, self.batch, self.seq, self.pos = vocab, batch, seq, offset
+
+    def next_batch(self):
+        base = torch.arange(self.seq + 1) + self.pos
+        rows = torch.stack([(base + r) % 7 + 10 for r in range(self.batch)])
+        self.pos += 1
+        return rows[:, :-1], rows[:, 1:]
+
+    def state_dict(self) -> dict:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.pos = state["pos"]
+
+
+def _setup(small_tokenizer, steps: int, **overrides):
+    vocab = small_tokenizer.vocab_size
+    cfg = GPTConfig(vocab_size=vocab + (-vocab % 64), n_layer=1, n_embd=32, n_head=2, n_kv_head=2, head_dim=16,
+                    intermediate_size=64, max_seq_len=16)
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    data = StageData(
+        make_stream=lambda s, n: RepeatingStream(vocab, 4, 16, s * 1000),
+        val_batches=lambda rank, world: iter([RepeatingStream(vocab, 4, 16, 99).next_batch()]),
+        sample_prompts=["the"],
+    )
+    tc = TrainConfig(device_batch_size=4, max_seq_len=16, num_iterations=steps, eval_every=steps, log_every=1,
+                     sample_tokens=4, **overrides)
+    return model, data, tc
+
+
+def test_loss_goes_down_and_checkpoint_is_written(small_tokenizer, tmp_path):
+    model, data, tc = _setup(small_tokenizer, steps=30)
+    lines: list[str] = []
+    result = train(model, small_tokenizer, data, tc, get_device("cpu"), dist_env(), tmp_path / "base",
+                   print_fn=lines.append)
+    log = [json.loads(x) for x in (tmp_path / "base" / "log.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in log if "loss" in r]
+    assert len(losses) == 30 and losses[-1] < 0.2 * losses[0]
+    assert result.final_checkpoint == tmp_path / "base" / "step_000030"
+    assert any("MFU" in x and "ETA" in x for x in lines)
+    assert result.val_bpb is not None and result.samples and result.samples[0].startswith("the")
+
+
+def test_grad_accumulation_reads_one_stream_per_micro_step(small_tokenizer, tmp_path):
+    """Two micro-steps per optimizer step read two separate data streams, both saved for resume."""
+    model, data, tc = _setup(small_tokenizer, steps=3, total_batch_size=2 * 4 * 16)
+    train(model, small_tokenizer, data, tc, get_device("cpu"), dist_env(), tmp_path / "b", print_fn=lambda _: None)
+    meta = json.loads((tmp_path / "b" / "step_000003" / "portachat.json").read_text())
+    assert set(meta["data_position"]["streams"]) == {"0", "1"}  # two streams, one per micro-step
+    assert meta["data_position"]["num_streams"] == 2
+
+
+def test_nan_steps_are_skipped_then_abort_with_diagnosis(small_tokenizer, tmp_path):
+    model, data, tc = _setup(small_tokenizer, steps=20, max_bad_steps=3)
+    real_forward = model.forward
+    calls = {"n": 0}
+
+    def flaky_forward(*args, **kwargs):
+        out = real_forward(*args, **kwargs)
+        if not model.training:  # validation and samples
+            return out
+        calls["n"] += 1
+        # one bad step early (skipped, training goes on), then NaN for good from call 10
+        return out * float("nan") if calls["n"] == 3 or calls["n"] >= 10 else out
+
+    model.forward = flaky_forward
+    lines: list[str] = []
+    with pytest.raises(TrainingError, match="diverged: 3 steps in a row"):
+        train(model, small_tokenizer, data, tc, get_device("cpu"), dist_env(), tmp_path / "n", print_fn=lines.append)
+    skipped = [x for x in lines if "update skipped" in x]
+    assert len(skipped) == 4  # step 2 once, then three in a row
+    assert all(torch.isfinite(p).all() for p in model.parameters())  # NaN never reached the weights
+
+
+def test_batch_size_mismatch_is_explained():
+    cfg = TrainConfig(device_batch_size=4, max_seq_len=16, total_batch_size=100)
+    with pytest.raises(TrainingError, match="multiple of 64"):
+        cfg.grad_accum_steps(1)
