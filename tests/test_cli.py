@@ -117,3 +117,17 @@ def test_doctor_bad_dtype(capsys, monkeypatch):
     assert code == 1 and report["ok"] is False
     assert "bf17" in out and "bf16" in out
     reset_device_cache()
+
+
+def test_tokenizer_train_and_eval_commands(capsys, shakespeare_path, tmp_path):
+    out_dir = tmp_path / "tok"
+    assert main(["tokenizer", "train", "--data", str(shakespeare_path), "--output", str(out_dir),
+                 "--vocab-size", "400", "--max-chars", "200000"]) == 0
+    assert (out_dir / "tokenizer.json").is_file() and (out_dir / "tokenizer_config.json").is_file()
+    assert main(["tokenizer", "eval", "--tokenizer", str(out_dir), "--data", str(shakespeare_path)]) == 0
+    out = capsys.readouterr().out
+    assert "bytes/token" in out.lower() or "bytes per token" in out.lower()
+    err = _fail(capsys, ["tokenizer", "train", "--data", str(shakespeare_path), "--output", str(tmp_path / "t2"),
+                         "--vocab-size", "100"])
+    assert "vocab" in err.lower()
+    assert not (tmp_path / "t2").exists()

@@ -263,8 +263,9 @@ def format_report(report: dict) -> str:
     return "\n".join(out)
 
 
-def run_doctor(as_json: bool = False, calibrate: bool = False, stream: TextIO = sys.stdout) -> int:
+def run_doctor(as_json: bool = False, calibrate: bool = False, stream: TextIO | None = None) -> int:
     """Print the report (only rank 0 under torchrun); return 0 when healthy, 1 otherwise."""
+    stream = stream or sys.stdout  # looked up per call, so redirected stdout is honoured
     report = collect_report(calibrate=calibrate)
     dist = report.get("dist") or {}
     if dist.get("rank", 0) == 0:

@@ -56,19 +56,26 @@ class Muon(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):  # noqa: D102 - torch.optim API
         for group in self.param_groups:
+            # Same-shape matrices (all q_proj of all layers, ...) go through Newton-Schulz as one
+            # batched matmul chain: a few large kernels instead of one small chain per matrix.
+            by_shape: dict[tuple[int, ...], list[torch.Tensor]] = {}
             for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(p.grad)
-                buf = state["momentum_buffer"]
-                buf.lerp_(p.grad, 1 - group["momentum"])
-                update = p.grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
-                update = newton_schulz(update, group["ns_steps"], self.ns_dtype)
+                if p.grad is not None:
+                    by_shape.setdefault(tuple(p.shape), []).append(p)
+            for shape, params in by_shape.items():
+                updates = []
+                for p in params:
+                    state = self.state[p]
+                    if "momentum_buffer" not in state:
+                        state["momentum_buffer"] = torch.zeros_like(p.grad)
+                    buf = state["momentum_buffer"]
+                    buf.lerp_(p.grad, 1 - group["momentum"])
+                    updates.append(p.grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf)
+                ortho = newton_schulz(torch.stack(updates), group["ns_steps"], self.ns_dtype)
                 # Scale so that tall and wide matrices get comparable per-element step sizes.
-                scale = max(1.0, p.size(-2) / p.size(-1)) ** 0.5
-                p.add_(update.to(p.dtype), alpha=-group["lr"] * scale)
+                scale = max(1.0, shape[-2] / shape[-1]) ** 0.5
+                for p, update in zip(params, ortho.unbind(0), strict=True):
+                    p.add_(update.to(p.dtype), alpha=-group["lr"] * scale)
         return None
 
 

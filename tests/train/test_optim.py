@@ -61,3 +61,11 @@ def test_lr_schedule_shape():
     assert lr_multiplier(90, total, 0.1, 0.2, 0.0) == 0.5
     assert lr_multiplier(100, total, 0.1, 0.2, 0.1) == 0.1
     assert muon_momentum(0) == 0.85 and abs(muon_momentum(300) - 0.95) < 1e-12
+
+
+def test_batched_newton_schulz_equals_one_by_one():
+    torch.manual_seed(0)
+    g = torch.randn(3, 24, 40)
+    batched = newton_schulz(g, dtype=torch.float32)
+    for i in range(3):
+        assert torch.allclose(batched[i], newton_schulz(g[i], dtype=torch.float32), atol=1e-5)
