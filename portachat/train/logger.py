@@ -62,7 +62,15 @@ def format_progress(step: int, total: int, r: dict[str, Any], eta_s: float) -> s
     width = len(str(total))
     mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "n/a"
     mem = f"{r['mem_bytes'] / 2**30:.2f} GiB" if r.get("mem_bytes") else "n/a"
+    device = ""
+    if r.get("util_pct") is not None:
+        device += f" | util {r['util_pct']:.0f}%"
+    if r.get("temp_c") is not None:
+        device += f" {r['temp_c']:.0f}C"
+    if r.get("power_w") is not None:
+        device += f" {r['power_w']:.0f}W"
     return (
         f"step {step:0{width}d}/{total} ({100 * step / total:5.1f}%) | loss {r['loss']:.4f} | lr x{r['lr_mult']:.2f} | "
-        f"{r['tok_per_s']:,.0f} tok/s | MFU {mfu} | mem {mem} | {1000 * r['dt_s']:.0f} ms/step | ETA {_duration(eta_s)}"
+        f"{r['tok_per_s']:,.0f} tok/s | MFU {mfu} | mem {mem}{device} | {1000 * r['dt_s']:.0f} ms/step | "
+        f"ETA {_duration(eta_s)}"
     )

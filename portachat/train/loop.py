@@ -305,8 +305,12 @@ def train(
                 "grad_norm": grad_norm,
                 "mem_bytes": mem.peak_allocated or mem.allocated,
             }
+            show = env.is_main and (step % cfg.log_every == 0 or step == start_step + 1 or step == cfg.num_iterations)
+            if show:  # telemetry may shell out to a vendor tool: only on logged steps
+                tel = dev.telemetry()
+                record.update(util_pct=tel.utilization_pct, temp_c=tel.temperature_c, power_w=tel.power_w)
             logger.log(step, record)
-            if env.is_main and (step % cfg.log_every == 0 or step == start_step + 1 or step == cfg.num_iterations):
+            if show:
                 eta = (dt_ema or dt) * (cfg.num_iterations - step)
                 say(format_progress(step, cfg.num_iterations, record, eta))
 

@@ -1,0 +1,27 @@
+import json
+
+from portachat.train.logger import RunLogger, format_progress
+
+
+def test_progress_line_shows_what_matters():
+    r = {"loss": 2.5, "lr_mult": 1.0, "tok_per_s": 12345.0, "mfu": 0.412, "mem_bytes": 3 * 2**30, "dt_s": 0.25,
+         "util_pct": 97.0, "temp_c": 61.0, "power_w": None}
+    line = format_progress(10, 100, r, eta_s=3725)
+    for part in ("step 010/100", "loss 2.5000", "12,345 tok/s", "MFU 41.2%", "mem 3.00 GiB", "util 97% 61C",
+                 "250 ms/step", "ETA 1h02m"):
+        assert part in line, (part, line)
+    assert "W |" not in line  # no power reading, no power shown
+    r.update(mfu=None, mem_bytes=None, util_pct=None, temp_c=None)
+    assert "MFU n/a | mem n/a | 250" in format_progress(10, 100, r, eta_s=5)
+
+
+def test_logger_writes_jsonl_and_tensorboard(tmp_path):
+    log = RunLogger(tmp_path)
+    log.log(1, {"loss": 3.0, "mfu": None})
+    log.log(2, {"val/bpb": 1.5})
+    log.close()
+    lines = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2] and lines[0]["loss"] == 3.0 and lines[1]["val/bpb"] == 1.5
+    assert any((tmp_path / "tensorboard").iterdir())
+    RunLogger(tmp_path / "off", enabled=False).log(1, {"loss": 1.0})
+    assert not (tmp_path / "off").exists()
