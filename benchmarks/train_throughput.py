@@ -108,9 +108,10 @@ class RefGPT(nn.Module):
 @dataclass
 class Side:
     name: str
-    step: Callable[[], torch.Tensor]  # one training step; returns the detached loss
+    step: Callable[[], tuple[torch.Tensor, float]]  # one training step -> (detached loss, model fwd+bwd seconds)
     params: int
     step_times: list[float] = field(default_factory=list)
+    model_times: list[float] = field(default_factory=list)  # forward + backward part of each step
     peak_memory: int | None = None  # bytes, high-water mark over this side's timed blocks
     working_memory: int | None = None  # bytes, that peak minus what was allocated at block start
     last_loss: float = float("nan")
@@ -122,25 +123,27 @@ def make_step(
     dev: Device,
     inputs: torch.Tensor,
     targets: torch.Tensor,
-) -> Callable[[], torch.Tensor]:
+) -> Callable[[], tuple[torch.Tensor, float]]:
     """A training step as the real loop takes it: autocast forward, backward, every optimizer, zero grads."""
     scaler = dev.grad_scaler()
 
-    def step() -> torch.Tensor:
+    def step() -> tuple[torch.Tensor, float]:
+        t0 = time.perf_counter()
         with dev.autocast():
             loss = model(inputs, targets)
+        (loss if scaler is None else scaler.scale(loss)).backward()
+        dev.synchronize()  # splits the step: model forward+backward vs optimizer
+        model_s = time.perf_counter() - t0
         if scaler is None:
-            loss.backward()
             for opt in optimizers:
                 opt.step()
         else:
-            scaler.scale(loss).backward()
             for opt in optimizers:
                 scaler.step(opt)
             scaler.update()
         for opt in optimizers:
             opt.zero_grad(set_to_none=True)
-        return loss.detach()
+        return loss.detach(), model_s
 
     return step
 
@@ -176,9 +179,10 @@ def timed_block(side: Side, steps: int, dev: Device) -> None:
     for _ in range(steps):
         dev.synchronize()
         t0 = time.perf_counter()
-        loss = side.step()
+        loss, model_s = side.step()
         dev.synchronize()
         side.step_times.append(time.perf_counter() - t0)
+        side.model_times.append(model_s)
     side.last_loss = float(loss)
     mem = dev.memory()
     if mem.peak_allocated is not None:
@@ -324,14 +328,17 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     print()
     print(
-        f"{'':10} {'ms/step':>9} {'min ms':>9} {'tok/s':>11} {'MFU':>7} {'peak mem':>11} {'step mem':>11} {'loss':>7}"
+        f"{'':10} {'ms/step':>9} {'min ms':>9} {'fwd+bwd':>9} {'optim':>7} {'tok/s':>11} {'MFU':>7} {'peak mem':>11} "
+        f"{'step mem':>11} {'loss':>7}"
     )
     for side in (ours, ref):
         step_s = statistics.median(side.step_times)
+        model_s = statistics.median(side.model_times)
         tok_s = tokens_per_step / step_s
         mfu = flops_per_token * tok_s / peak.value if peak.value > 0 else float("nan")
         results[side.name] = dict(
             ms_per_step=step_s * 1e3,
+            model_ms_per_step=model_s * 1e3,
             min_ms_per_step=min(side.step_times) * 1e3,
             tok_per_s=tok_s,
             mfu=mfu,
@@ -343,12 +350,16 @@ def main(argv: list[str] | None = None) -> int:
         )
         mfu_text = "n/a" if math.isnan(mfu) else f"{100 * mfu:.2f}%"
         print(
-            f"{side.name:10} {step_s * 1e3:9.1f} {min(side.step_times) * 1e3:9.1f} {tok_s:11,.0f} {mfu_text:>7} {fmt_mib(side.peak_memory):>11} "
+            f"{side.name:10} {step_s * 1e3:9.1f} {min(side.step_times) * 1e3:9.1f} {model_s * 1e3:9.1f} "
+            f"{(step_s - model_s) * 1e3:7.1f} {tok_s:11,.0f} {mfu_text:>7} {fmt_mib(side.peak_memory):>11} "
             f"{fmt_mib(side.working_memory):>11} {side.last_loss:7.3f}"
         )
     ratio = results["portachat"]["tok_per_s"] / results["reference"]["tok_per_s"]
     best_ratio = results["reference"]["min_ms_per_step"] / results["portachat"]["min_ms_per_step"]
+    model_ratio = results["reference"]["model_ms_per_step"] / results["portachat"]["model_ms_per_step"]
     print(f"ratio (ours / reference tok/s): {ratio:.2f}x   (fastest steps: {best_ratio:.2f}x)")
+    print(f"ratio of model forward+backward speed alone: {model_ratio:.2f}x "
+          "(the rest is the optimizer: Muon + AdamW vs AdamW)")
     print("note: ms/step is the median over timed steps; loss is the last step's on the one repeated batch")
     if dev.type == "cpu":
         print("note: CPU memory is process RSS with both models resident (a high-water mark is not tracked)")
@@ -371,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
             results=results,
             ratio=ratio,
             best_step_ratio=best_ratio,
+            model_ratio=model_ratio,
             host_load=load_average(),
         )
         print(json.dumps(record))
