@@ -131,7 +131,7 @@ def _add_train_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("evaluation, logging, checkpoints")
     _flag(g, "--eval-every", type=_nonneg_int, default=d.eval_every, help=f"validate every N steps; 0 = only at the end (default {d.eval_every})")
     _flag(g, "--eval-tokens", type=_positive_int, default=d.eval_tokens, help=f"validation tokens per evaluation (default {d.eval_tokens})")
-    _flag(g, "--sample-every", type=_nonneg_int, default=d.sample_every, help="print samples every N steps; 0 = with every evaluation")
+    _flag(g, "--sample-every", type=_nonneg_int, default=d.sample_every, help="print samples at evaluations on multiples of N steps; 0 = at every evaluation")
     _flag(g, "--log-every", type=_positive_int, default=d.log_every, help=f"progress line every N steps (default {d.log_every})")
     _flag(g, "--save-every", type=_nonneg_int, default=d.save_every, help="checkpoint every N steps; 0 = only at the end")
     _flag(g, "--keep-last", type=_nonneg_int, default=d.keep_last, help=f"checkpoints kept per stage; 0 = all (default {d.keep_last})")

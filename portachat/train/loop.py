@@ -23,6 +23,7 @@ from portachat.checkpoint import save_checkpoint
 from portachat.checkpoint.model_dir import check_tokenizer_matches, load_model_dir, read_meta
 from portachat.checkpoint.trainer_state import load_optimizers, load_rng
 from portachat.device import Device, DistEnv
+from portachat.eval.bpb import evaluate_bpb
 from portachat.model import GPT, generate
 from portachat.tokenizer import Tokenizer
 from portachat.train.logger import RunLogger, format_progress
@@ -160,9 +161,9 @@ def train(
         fused=dev.fused_optimizer,
     )
     scaler = dev.grad_scaler()
-    start_step = 0
+    start_step, total_time = 0, 0.0
     if resume_from is not None:
-        start_step = _resume(resume_from, model, tokenizer, optimizers, scaler, streams, dev, env, accum, say)
+        start_step, total_time = _resume(resume_from, model, tokenizer, optimizers, scaler, streams, dev, env, accum, say)
 
     train_model: torch.nn.Module = model
     if dev.compile:
@@ -191,14 +192,10 @@ def train(
     samples: list[str] = []
     bad_steps = 0
     dt_ema: float | None = None
-    final: Path | None = None
-    total_time = 0.0
     step = start_step
 
     def evaluate(step: int) -> None:
         nonlocal val_bpb, samples
-        from portachat.eval.bpb import evaluate_bpb
-
         val_bpb = evaluate_bpb(model, data.val_batches(env.rank, world), token_bytes, dev.torch_device, dev.autocast)
         say(f"[portachat] step {step}: validation bits/byte {val_bpb:.4f}")
         logger.log(step, {"val/bpb": val_bpb})
@@ -404,8 +401,9 @@ def _resume(
     env: DistEnv,
     accum: int,
     say: Callable[[str], None],
-) -> int:
-    """Load weights, optimizer, RNG and data positions from a checkpoint; returns its step."""
+) -> tuple[int, float]:
+    """Load weights, optimizer, RNG and data positions from a checkpoint; returns its step and the
+    training time spent so far."""
     meta = read_meta(path)
     check_tokenizer_matches(tokenizer, model.config, meta, where=str(path))
     loaded = load_model_dir(path, device=dev.torch_device)
@@ -431,4 +429,4 @@ def _resume(
             f"[portachat] warning: the checkpoint read data as {positions.get('num_streams')} streams, this run uses "
             f"{num_streams} (devices x accumulation changed); data restarts from the beginning of each stream."
         )
-    return int(meta["step"])
+    return int(meta["step"]), float((meta.get("metrics") or {}).get("total_training_time_s") or 0.0)
