@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from portachat.cli import int_at_least
 from portachat.device import Device, DeviceError, get_device
 from portachat.model import GPT, ConfigError, GPTConfig
 from portachat.train.optim import OptimConfig, build_optimizers
@@ -200,24 +201,8 @@ def split_steps(total: int, rounds: int) -> list[int]:
 # ------------------------------------------------------------------------------------------------
 # Command line
 # ------------------------------------------------------------------------------------------------
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
+positive_int = int_at_least(1)
+non_negative_int = int_at_least(0)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

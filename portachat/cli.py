@@ -25,7 +25,7 @@ def _flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup, name: str, 
     parser.add_argument(*names, **kwargs)
 
 
-def _int_at_least(minimum: int):
+def int_at_least(minimum: int):
     """An argparse type: an integer >= `minimum`, with a message that says so."""
 
     def parse(text: str) -> int:
@@ -40,8 +40,8 @@ def _int_at_least(minimum: int):
     return parse
 
 
-_positive_int = _int_at_least(1)
-_nonneg_int = _int_at_least(0)
+_positive_int = int_at_least(1)
+_nonneg_int = int_at_least(0)
 
 
 # ----------------------------------------------------------------------------------------- doctor

@@ -1,0 +1,25 @@
+"""Benchmarks are not tests, but they must keep running: a tiny smoke run of each."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+
+def test_train_throughput_prints_a_ratio():
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "train_throughput.py"), "--depth", "1", "--seq-len", "32",
+         "--batch-size", "2", "--steps", "2", "--warmup", "1", "--vocab-size", "512", "--json"],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "ratio (ours / reference tok/s):" in proc.stdout
+    record = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert record["ratio"] > 0 and record["results"]["portachat"]["tok_per_s"] > 0
