@@ -95,3 +95,22 @@ def test_batch_size_mismatch_is_explained():
     cfg = TrainConfig(device_batch_size=4, max_seq_len=16, total_batch_size=100)
     with pytest.raises(TrainingError, match="multiple of 64"):
         cfg.grad_accum_steps(1)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_mixed_precision_paths_train(small_tokenizer, tmp_path, dtype):
+    """fp16 goes through GradScaler (unscale, clip, step, update) as on Ascend 910A / DCU gfx906;
+    bf16 through plain autocast. Both must still learn, and the scaler state must be checkpointed."""
+    from portachat.device import reset_device_cache
+
+    model, data, tc = _setup(small_tokenizer, steps=25)
+    dev = get_device("cpu", dtype=dtype)
+    try:
+        train(model, small_tokenizer, data, tc, dev, dist_env(), tmp_path / dtype, print_fn=lambda _: None)
+    finally:
+        reset_device_cache()
+    log = [json.loads(x) for x in (tmp_path / dtype / "log.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in log if "loss" in r]
+    assert losses[-1] < 0.5 * losses[0]
+    saved = json.loads((tmp_path / dtype / "step_000025" / "trainer_state" / "optimizer.json").read_text())
+    assert (saved["grad_scaler"] is not None) == (dtype == "fp16")
