@@ -107,7 +107,7 @@ def _add_train_flags(p: argparse.ArgumentParser) -> None:
     _flag(g, "--overwrite", action="store_true", help="delete this run's existing checkpoints for the stage and start over")
     _flag(g, "--seed", type=int, default=d.seed, help=f"random seed (default {d.seed})")
     g = p.add_argument_group("device")
-    _flag(g, "--device", default=None, help="cpu|cuda|npu|xpu|mps (default: auto-detect)")
+    _flag(g, "--device", default=None, help="cpu|cuda|rocm|dcu|npu|xpu|mps (default: auto-detect)")
     _flag(g, "--dtype", default=None, help="bf16|fp16|fp32 compute dtype (default: the device's best; see `portachat doctor`)")
     _flag(g, "--compile", default=None, choices=["0", "1"], help="torch.compile the model (default: per device policy)")
     g = p.add_argument_group("batch and horizon")

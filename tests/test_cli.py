@@ -65,9 +65,14 @@ def test_tokenizer_checkpoint_mismatch_on_resume(capsys, shakespeare_path, tmp_p
     assert main(args) == 0
     other = train_tokenizer(["completely different text " * 50, "zebra quartz"] * 20, vocab_size=290, verbose=False)
     other.save(tmp_path / "other_tok")
-    err = _fail(capsys, [*args[:-4], "--num-iterations", "4", "--eval-every", "0", "--resume",
+    resume = [a for a in args[:-4] if a not in ("--vocab-size", "300")]
+    err = _fail(capsys, [*resume, "--num-iterations", "4", "--eval-every", "0", "--resume",
                          "--tokenizer", str(tmp_path / "other_tok")])
     assert "mismatch" in err
+    err = _fail(capsys, [*args, "--tokenizer", str(tmp_path / "other_tok")])
+    assert "--vocab-size" in err
+    err = _fail(capsys, [*args, "--resume", "--overwrite"])
+    assert "not both" in err
 
 
 def test_disk_full_while_saving_keeps_latest_on_a_complete_checkpoint(capsys, shakespeare_path, monkeypatch, tmp_path):

@@ -57,6 +57,7 @@ def save_checkpoint(
     num_streams: int = 1,
     rng: dict[str, torch.Tensor] | None = None,
     env=None,
+    device: torch.device | None = None,
     keep_last: int = 0,
 ) -> Path:
     """Write `<stage_path>/step_<N>/` atomically from every rank, then point `latest` at it.
@@ -83,7 +84,7 @@ def save_checkpoint(
             prepare_tmp(final)
         except BaseException as exc:  # noqa: BLE001 - reported to all ranks below
             error = exc
-    _agree(error)
+    _agree(error, device=device)
     tmp = tmp_dir_for(final)
     try:
         if rng is not None:
@@ -94,7 +95,7 @@ def save_checkpoint(
                 save_optimizers(tmp, model, optimizers, scaler.state_dict() if scaler is not None else None)
     except BaseException as exc:  # noqa: BLE001
         error = exc
-    _agree(error, cleanup=tmp if is_main else None, final=final)
+    _agree(error, device=device, cleanup=tmp if is_main else None, final=final)
     if is_main:
         try:
             commit_tmp(tmp, final)
@@ -103,19 +104,22 @@ def save_checkpoint(
         except BaseException as exc:  # noqa: BLE001
             shutil.rmtree(tmp, ignore_errors=True)
             error = exc
-    _agree(error, final=final)
+    _agree(error, device=device, final=final)
     return final
 
 
-def _agree(error: BaseException | None, cleanup: Path | None = None, final: Path | None = None) -> None:
+def _agree(
+    error: BaseException | None,
+    device: torch.device | None = None,
+    cleanup: Path | None = None,
+    final: Path | None = None,
+) -> None:
     """All ranks learn whether any rank failed, so none waits forever at the next collective."""
     failed = error is not None
     if _distributed():
-        flag = torch.tensor([1.0 if failed else 0.0])
-        if dist.get_backend() != "gloo":
-            from portachat.device import get_device
-
-            flag = flag.to(get_device().torch_device)
+        # gloo reduces CPU tensors; device collectives (nccl, hccl, xccl) need the rank's device.
+        on = device if device is not None and dist.get_backend() != "gloo" else torch.device("cpu")
+        flag = torch.tensor([1.0 if failed else 0.0], device=on)
         dist.all_reduce(flag)
         failed = flag.item() > 0
     if not failed:

@@ -24,6 +24,9 @@ from torch import nn
 from portachat.checkpoint.atomic import CheckpointError
 
 STATE_DIR = "trainer_state"
+# Hyper-parameters the command line sets: on resume they come from the new run, not the checkpoint.
+# (The per-step `lr` and Muon `momentum` are recomputed by the schedule every step anyway.)
+CONFIGURED_KEYS = frozenset({"lr", "initial_lr", "weight_decay", "betas", "eps"})
 
 
 def _param_names(model: nn.Module) -> dict[int, str]:
@@ -83,6 +86,8 @@ def load_optimizers(directory: Path, model: nn.Module, optimizers: list[torch.op
                 state[idx] = pstate
         for group, saved_group in zip(sd["param_groups"], saved["param_groups"], strict=True):
             for key, value in saved_group.items():
+                if key in CONFIGURED_KEYS:  # the resuming run's flags win (e.g. a lower lr after divergence)
+                    continue
                 group[key] = tuple(value) if isinstance(group.get(key), tuple) else value
         sd["state"] = state
         opt.load_state_dict(sd)

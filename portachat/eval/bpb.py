@@ -22,8 +22,8 @@ def evaluate_bpb(
     Special tokens spell 0 bytes and are left out of both sums. Sums are all-reduced across ranks.
     """
     token_bytes = token_bytes.to(device)
-    total_nats = torch.zeros((), dtype=torch.float64, device=device)
-    total_bytes = torch.zeros((), dtype=torch.float64, device=device)
+    # Per-batch sums in fp32 on the device, the running total in Python floats: MPS has no float64.
+    total_nats, total_bytes = 0.0, 0
     was_training = model.training
     model.eval()
     for inputs, targets in batches:
@@ -34,15 +34,16 @@ def evaluate_bpb(
         valid = flat >= 0
         nbytes = torch.where(valid, token_bytes[flat.clamp(min=0)], torch.zeros_like(flat))
         counted = nbytes > 0
-        total_nats += (loss * counted).sum().double()
-        total_bytes += nbytes.sum().double()
+        total_nats += (loss * counted).sum().item()
+        total_bytes += int(nbytes.sum().item())
     model.train(was_training)
     if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(total_nats)
-        dist.all_reduce(total_bytes)
-    if total_bytes.item() == 0:
+        totals = torch.tensor([total_nats, float(total_bytes)], dtype=torch.float64, device=device)
+        dist.all_reduce(totals)
+        total_nats, total_bytes = totals[0].item(), int(totals[1].item())
+    if total_bytes == 0:
         raise ValueError("validation data spelled 0 bytes: nothing to evaluate")
-    return total_nats.item() / (math.log(2) * total_bytes.item())
+    return total_nats / (math.log(2) * total_bytes)
 
 
 def unigram_bpb(

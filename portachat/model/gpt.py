@@ -192,7 +192,9 @@ class GPT(nn.Module):
         self._set_rotary(cfg.max_seq_len, self.rope_cos.device)
 
     def _set_rotary(self, length: int, device: torch.device) -> None:
-        cos, sin = rotary_tables(self.config.head_dim, length, self.config.rope_theta, device=device)
+        # Tables grown during generation (inference mode) must stay usable by training afterwards.
+        with torch.inference_mode(False), torch.no_grad():
+            cos, sin = rotary_tables(self.config.head_dim, length, self.config.rope_theta, device=device)
         self.rope_cos, self.rope_sin = cos, sin
 
     def _rotary(self, needed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,6 +18,7 @@ import torch
 
 from portachat.checkpoint import CheckpointError, latest_checkpoint, resolve_model_path, stage_dir
 from portachat.checkpoint.atomic import atomic_directory
+from portachat.checkpoint.model_dir import read_meta
 from portachat.checkpoint.runs import list_steps
 from portachat.data.loader import PackedLoader, iter_val_batches
 from portachat.data.sources import DocumentSource, open_source
@@ -73,9 +74,20 @@ def prepare_tokenizer(opts: BaseOptions, source: DocumentSource, run_path: Path,
                 tok.save(tmp)
                 (tmp / stamp.name).write_text(json.dumps(wanted) + "\n", encoding="utf-8")
             say(f"[portachat] tokenizer: {tok.vocab_size} tokens in {time.perf_counter() - t0:.1f}s -> {tok_dir}")
-    if env.is_distributed:
-        torch.distributed.barrier()
+    else:
+        _wait_for_tokenizer(stamp, wanted, say)
     return Tokenizer.load(tok_dir)
+
+
+def _wait_for_tokenizer(stamp: Path, wanted: dict, say, poll_s: float = 2.0) -> None:
+    """Other ranks poll for rank 0's tokenizer instead of sitting in a collective: training one on a
+    big corpus can outlast the process group's timeout. torchrun stops every rank if rank 0 fails."""
+    waited = 0.0
+    while not (stamp.is_file() and json.loads(stamp.read_text(encoding="utf-8")) == wanted):
+        time.sleep(poll_s)
+        waited += poll_s
+        if waited % 300 < poll_s:
+            say(f"[portachat] waiting for rank 0 to train the tokenizer ({waited:.0f}s)")
 
 
 def _sample_prompts(val: DocumentSource, n: int = 3) -> list[str]:
@@ -107,6 +119,10 @@ def run_base(opts: BaseOptions, dev: Device | None = None, print_fn=print) -> Tr
 
     if opts.depth < 1:
         raise TrainingError(f"--depth must be at least 1 (the number of transformer layers), got {opts.depth}")
+    if opts.resume and opts.overwrite:
+        raise TrainingError("--resume continues a run and --overwrite deletes it: pass one of them, not both")
+    if opts.tokenizer and opts.vocab_size:
+        raise TrainingError("--vocab-size sizes a tokenizer portachat trains; it cannot apply to --tokenizer DIR")
     resume_from = _resume_target(opts, path)
     if resume_from is None and list_steps(path):
         if not opts.overwrite:
@@ -138,11 +154,18 @@ def run_base(opts: BaseOptions, dev: Device | None = None, print_fn=print) -> Tr
     model.init_weights(seed=cfg.seed)
     if opts.num_iterations is not None:
         cfg.num_iterations = opts.num_iterations
+    elif resume_from is not None:  # keep the horizon the run was planned with, whatever the batch now
+        cfg.num_iterations = int(read_meta(resume_from)["train_config"]["num_iterations"])
     else:
         tokens_per_step = cfg.total_batch_size or cfg.device_batch_size * cfg.max_seq_len * env.world_size
         cfg.num_iterations = max(1, training_tokens(model_cfg, opts.target_param_data_ratio) // tokens_per_step)
-    if cfg.num_iterations < 1:
-        raise TrainingError(f"--num-iterations must be at least 1, got {cfg.num_iterations}")
+    if resume_from is not None:
+        saved = read_meta(resume_from)
+        if saved.get("final") and cfg.num_iterations > int(saved["step"]):
+            say(
+                f"[portachat] note: extending a finished run from step {saved['step']} to {cfg.num_iterations}: the "
+                "learning-rate schedule is laid out for the new horizon, so the rate rises again after the warmdown."
+            )
 
     B, T = cfg.device_batch_size, cfg.max_seq_len
     val_tokens_per_batch = B * T * env.world_size

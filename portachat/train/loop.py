@@ -161,9 +161,16 @@ def train(
         fused=dev.fused_optimizer,
     )
     scaler = dev.grad_scaler()
-    start_step, total_time = 0, 0.0
+    start_step, total_time, rng_state = 0, 0.0, None
     if resume_from is not None:
-        start_step, total_time = _resume(resume_from, model, tokenizer, optimizers, scaler, streams, dev, env, accum, say)
+        start_step, total_time, rng_state = _resume(
+            resume_from, model, tokenizer, optimizers, scaler, streams, dev, env, accum, say
+        )
+        if start_step > cfg.num_iterations:
+            raise TrainingError(
+                f"{resume_from} is at step {start_step}, past this run's horizon of {cfg.num_iterations} steps. "
+                f"Pass --num-iterations larger than {start_step} to train on."
+            )
 
     train_model: torch.nn.Module = model
     if dev.compile:
@@ -173,7 +180,9 @@ def train(
         device_ids = [dev.index] if dev.type != "cpu" else None
         train_model = DistributedDataParallel(train_model, device_ids=device_ids)
 
-    peak = dev.peak_flops(dev.dtype)
+    peak = dev.peak_flops(dev.dtype)  # may measure with random matrices: before the RNG is restored
+    if rng_state is not None:
+        dev.set_rng_state(rng_state)
     flops_per_token = model.flops_per_token(cfg.max_seq_len)
     logger = RunLogger(stage_path, enabled=env.is_main)
     token_bytes = tokenizer.token_bytes()
@@ -225,6 +234,7 @@ def train(
             num_streams=num_streams,
             rng=dev.get_rng_state(),
             env=env,
+            device=dev.torch_device,
             keep_last=cfg.keep_last,
         )
         say(f"[portachat] saved checkpoint {path}")
@@ -234,7 +244,7 @@ def train(
     with _StopRequest() as stop:
         train_model.train()
         while True:
-            last = step == cfg.num_iterations
+            last = step >= cfg.num_iterations
             if cfg.eval_every > 0 and (step % cfg.eval_every == 0 or last) or (last and cfg.eval_every <= 0):
                 evaluate(step)
             if last:
@@ -267,11 +277,16 @@ def train(
                     group["lr"] = group["initial_lr"] * lrm
                     if "momentum" in group:
                         group["momentum"] = muon_momentum(step)
-            grad_norm = _clip_and_step(model, optimizers, scaler, cfg.grad_clip, step_loss)
+            applied, grad_norm = _clip_and_step(model, optimizers, scaler, cfg.grad_clip, step_loss)
             for opt in optimizers:
                 opt.zero_grad(set_to_none=True)
 
-            if not math.isfinite(step_loss) or (grad_norm is not None and not math.isfinite(grad_norm)):
+            # An fp16 gradient overflow is routine (the scaler backs off) until even a scale below 1
+            # overflows; a non-finite loss or an unscaled non-finite gradient is a real problem.
+            overflow_only = scaler is not None and math.isfinite(step_loss) and scaler.get_scale() >= 1.0
+            if not applied and overflow_only:
+                say(f"[portachat] step {step}: fp16 gradient overflow, update skipped; loss scale now {scaler.get_scale():g}")
+            elif not applied:
                 bad_steps += 1
                 say(f"[portachat] step {step}: non-finite loss/gradient ({step_loss}); update skipped ({bad_steps} in a row)")
                 if bad_steps >= cfg.max_bad_steps:
@@ -345,28 +360,32 @@ class _nullcontext:
         return None
 
 
-def _clip_and_step(model, optimizers, scaler, grad_clip: float, step_loss: float) -> float | None:
-    """Unscale (fp16), clip, and step every optimizer unless the loss is already non-finite."""
-    if not math.isfinite(step_loss):
-        if scaler:
-            scaler.update()  # lets the fp16 scale back off
-        return None
-    if scaler:
+def _clip_and_step(model, optimizers, scaler, grad_clip: float, step_loss: float) -> tuple[bool, float | None]:
+    """Clip and step every optimizer; returns (update applied, gradient norm).
+
+    Without a scaler a non-finite loss or gradient skips the update here. With fp16's GradScaler the
+    scaler itself skips an update whose gradients hold inf/NaN and lowers the loss scale, so the
+    step always goes through it (calling update() without a step would be an error).
+    """
+    if scaler is None and not math.isfinite(step_loss):
+        return False, None
+    if scaler is not None:
         for opt in optimizers:
             scaler.unscale_(opt)
     grad_norm = None
     if grad_clip > 0:
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip).item()
-        if not math.isfinite(grad_norm) and not scaler:
-            return grad_norm
-    if scaler:
-        for opt in optimizers:
-            scaler.step(opt)
-        scaler.update()
-    else:
+    if scaler is None:
+        if grad_norm is not None and not math.isfinite(grad_norm):
+            return False, grad_norm
         for opt in optimizers:
             opt.step()
-    return grad_norm
+        return True, grad_norm
+    scale_before = scaler.get_scale()
+    for opt in optimizers:
+        scaler.step(opt)
+    scaler.update()
+    return scaler.get_scale() >= scale_before, grad_norm  # a skipped step always lowers the scale
 
 
 @torch.no_grad()
@@ -401,9 +420,9 @@ def _resume(
     env: DistEnv,
     accum: int,
     say: Callable[[str], None],
-) -> tuple[int, float]:
-    """Load weights, optimizer, RNG and data positions from a checkpoint; returns its step and the
-    training time spent so far."""
+) -> tuple[int, float, dict[str, torch.Tensor] | None]:
+    """Load weights, optimizer and data positions from a checkpoint; returns its step, the training
+    time spent so far and this rank's saved RNG state (applied by the caller just before training)."""
     meta = read_meta(path)
     check_tokenizer_matches(tokenizer, model.config, meta, where=str(path))
     loaded = load_model_dir(path, device=dev.torch_device)
@@ -417,8 +436,6 @@ def _resume(
     if scaler is not None and saved_scaler:
         scaler.load_state_dict(saved_scaler)
     rng = load_rng(path, env.rank)
-    if rng is not None:
-        dev.set_rng_state(rng)
     positions = meta.get("data_position", {})
     num_streams = env.world_size * accum
     if positions.get("num_streams") == num_streams:
@@ -429,4 +446,5 @@ def _resume(
             f"[portachat] warning: the checkpoint read data as {positions.get('num_streams')} streams, this run uses "
             f"{num_streams} (devices x accumulation changed); data restarts from the beginning of each stream."
         )
-    return int(meta["step"]), float((meta.get("metrics") or {}).get("total_training_time_s") or 0.0)
+    spent = float((meta.get("metrics") or {}).get("total_training_time_s") or 0.0)
+    return int(meta["step"]), spent, rng

@@ -11,7 +11,7 @@ def lr_multiplier(step: int, total_steps: int, warmup_ratio: float, warmdown_rat
         return (step + 1) / warmup
     if step <= total_steps - warmdown:
         return 1.0
-    progress = (total_steps - step) / max(warmdown, 1)
+    progress = max(0.0, (total_steps - step) / max(warmdown, 1))
     return progress + (1 - progress) * final_frac
 
 

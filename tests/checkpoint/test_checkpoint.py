@@ -115,3 +115,17 @@ def test_keep_last_prunes_old_checkpoints(tmp_path, small_tokenizer):
     for step in (1, 2, 3, 4):
         save_checkpoint(tmp_path / "base", step, model, small_tokenizer, {"step": step}, keep_last=2)
     assert [s for s, _ in list_steps(tmp_path / "base")] == [3, 4]
+
+
+def test_resume_takes_learning_rates_from_the_new_run(tmp_path, small_tokenizer):
+    vocab = small_tokenizer.vocab_size
+    model = _model(vocab)
+    opts = build_optimizers(model, OptimConfig(), 32, torch.float32, fused=False)
+    _train_a_bit(model, opts, vocab)
+    path = save_checkpoint(tmp_path / "base", 2, model, small_tokenizer, {"step": 2}, optimizers=opts)
+    lower = OptimConfig(matrix_lr=0.001, embedding_lr=0.01, unembedding_lr=0.0001, scalar_lr=0.001)
+    fresh_opts = build_optimizers(model, lower, 32, torch.float32, fused=False)
+    wanted = [[g["initial_lr"] for g in o.param_groups] for o in fresh_opts]
+    load_optimizers(path, model, fresh_opts)
+    assert [[g["initial_lr"] for g in o.param_groups] for o in fresh_opts] == wanted
+    assert fresh_opts[0].state  # the moments were still restored

@@ -42,8 +42,8 @@ def _setup(small_tokenizer, steps: int, **overrides):
         val_batches=lambda rank, world: iter([RepeatingStream(vocab, 4, 16, 99).next_batch()]),
         sample_prompts=["the"],
     )
-    tc = TrainConfig(device_batch_size=4, max_seq_len=16, num_iterations=steps, eval_every=steps, log_every=1,
-                     sample_tokens=4, **overrides)
+    settings = dict(eval_every=steps, log_every=1, sample_tokens=4) | overrides
+    tc = TrainConfig(device_batch_size=4, max_seq_len=16, num_iterations=steps, **settings)
     return model, data, tc
 
 
@@ -69,8 +69,12 @@ def test_grad_accumulation_reads_one_stream_per_micro_step(small_tokenizer, tmp_
     assert meta["data_position"]["num_streams"] == 2
 
 
-def test_nan_steps_are_skipped_then_abort_with_diagnosis(small_tokenizer, tmp_path):
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_nan_steps_are_skipped_then_abort_with_diagnosis(small_tokenizer, tmp_path, dtype):
+    from portachat.device import reset_device_cache
+
     model, data, tc = _setup(small_tokenizer, steps=20, max_bad_steps=3)
+    dev = get_device("cpu", dtype=dtype)
     real_forward = model.forward
     calls = {"n": 0}
 
@@ -84,8 +88,11 @@ def test_nan_steps_are_skipped_then_abort_with_diagnosis(small_tokenizer, tmp_pa
 
     model.forward = flaky_forward
     lines: list[str] = []
-    with pytest.raises(TrainingError, match="diverged: 3 steps in a row"):
-        train(model, small_tokenizer, data, tc, get_device("cpu"), dist_env(), tmp_path / "n", print_fn=lines.append)
+    try:
+        with pytest.raises(TrainingError, match="diverged: 3 steps in a row"):
+            train(model, small_tokenizer, data, tc, dev, dist_env(), tmp_path / "n", print_fn=lines.append)
+    finally:
+        reset_device_cache()
     skipped = [x for x in lines if "update skipped" in x]
     assert len(skipped) == 4  # step 2 once, then three in a row
     assert all(torch.isfinite(p).all() for p in model.parameters())  # NaN never reached the weights
@@ -114,3 +121,21 @@ def test_mixed_precision_paths_train(small_tokenizer, tmp_path, dtype):
     assert losses[-1] < 0.5 * losses[0]
     saved = json.loads((tmp_path / dtype / "step_000025" / "trainer_state" / "optimizer.json").read_text())
     assert (saved["grad_scaler"] is not None) == (dtype == "fp16")
+
+
+def test_resume_past_the_horizon_is_refused(small_tokenizer, tmp_path):
+    model, data, tc = _setup(small_tokenizer, steps=6)
+    dev = get_device("cpu")
+    result = train(model, small_tokenizer, data, tc, dev, dist_env(), tmp_path / "h", print_fn=lambda _: None)
+    model2, data2, tc2 = _setup(small_tokenizer, steps=4)
+    with pytest.raises(TrainingError, match="past this run's horizon"):
+        train(model2, small_tokenizer, data2, tc2, dev, dist_env(), tmp_path / "h",
+              resume_from=result.final_checkpoint, print_fn=lambda _: None)
+
+
+def test_samples_longer_than_the_context_do_not_break_training(small_tokenizer, tmp_path):
+    """Generation past max_seq_len grows the rotary tables in inference mode; training must go on."""
+    model, data, tc = _setup(small_tokenizer, steps=4, eval_every=2, sample_tokens=40)
+    result = train(model, small_tokenizer, data, tc, get_device("cpu"), dist_env(), tmp_path / "s",
+                   print_fn=lambda _: None)
+    assert result.steps == 4 and result.samples
