@@ -178,7 +178,7 @@ def _device_from_args(args: argparse.Namespace):
 
 
 def cmd_train_base(args: argparse.Namespace) -> int:
-    from portachat.device import destroy_distributed
+    from portachat.device import destroy_distributed, dist_env
     from portachat.train.base import BaseOptions, run_base
 
     dev = _device_from_args(args)
@@ -198,7 +198,7 @@ def cmd_train_base(args: argparse.Namespace) -> int:
         result = run_base(opts, dev=dev)
     finally:
         destroy_distributed()
-    if result.final_checkpoint is not None:
+    if result.final_checkpoint is not None and dist_env().is_main:
         print(f"[portachat] done: {result.steps} steps, validation bits/byte {result.val_bpb:.4f}")
         print(f"[portachat] model: {result.final_checkpoint}")
     return 0

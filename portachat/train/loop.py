@@ -7,6 +7,7 @@ the NaN guard, validation, samples, logging, checkpoints and exact resume.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
 import time
@@ -172,14 +173,16 @@ def train(
                 f"Pass --num-iterations larger than {start_step} to train on."
             )
 
+    # DDP first, then compile: the compiled graph is split at DDP's gradient buckets (DDPOptimizer), so
+    # all-reduces overlap the backward pass instead of waiting for all of it.
+    ddp = None
     train_model: torch.nn.Module = model
+    if world > 1:
+        ddp = DistributedDataParallel(model, device_ids=[dev.index] if dev.type != "cpu" else None)
+        train_model = ddp
     if dev.compile:
         say(f"[portachat] compiling the model ({dev.compile_reason})")
-        train_model = torch.compile(model)
-    if world > 1:
-        device_ids = [dev.index] if dev.type != "cpu" else None
-        train_model = DistributedDataParallel(train_model, device_ids=device_ids)
-
+        train_model = torch.compile(train_model)
     peak = dev.peak_flops(dev.dtype)  # may measure with random matrices: before the RNG is restored
     if rng_state is not None:
         dev.set_rng_state(rng_state)
@@ -258,7 +261,7 @@ def train(
                 inputs = inputs.to(dev.torch_device, non_blocking=True)
                 targets = targets.to(dev.torch_device, non_blocking=True)
                 sync_now = micro == accum - 1
-                ctx = train_model.no_sync() if (world > 1 and not sync_now) else _nullcontext()
+                ctx = ddp.no_sync() if (ddp is not None and not sync_now) else contextlib.nullcontext()
                 with ctx:
                     with dev.autocast():
                         loss = train_model(inputs, targets)
@@ -350,14 +353,6 @@ def _check_replicas_in_sync(model: GPT, world: int, dev: Device, say: Callable[[
     if not all(torch.equal(gathered[0], g) for g in gathered[1:]):
         raise TrainingError("the ranks' weights diverged: data-parallel replicas are out of sync (please report this)")
     say(f"[portachat] weights identical on all {world} ranks (checksum {gathered[0].sum().item():.6e})")
-
-
-class _nullcontext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc) -> None:
-        return None
 
 
 def _clip_and_step(model, optimizers, scaler, grad_clip: float, step_loss: float) -> tuple[bool, float | None]:
