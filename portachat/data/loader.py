@@ -2,17 +2,19 @@
 
 Packing is nanochat's best-fit: every document is tokenized with a leading BOS; a row of T+1 tokens
 is filled by repeatedly taking, from a buffer of tokenized documents, the largest one that still
-fits; when none fits, the shortest is cropped to fill the row exactly (the rest of it is dropped).
-So there is no padding and every row starts with BOS.
+fits; when none fits, the shortest is cropped to fill the row exactly. So there is no padding and
+every row starts with BOS. The rest of a cropped document is not dropped: it goes back into the
+buffer as a *fragment* that starts with a fresh BOS and competes for rows like any document, so a
+long document (a 64 KiB block of a .txt file) is trained on in full, not just its first T tokens.
 
 Sharding is by *stream*: stream `s` of `n` reads the source's units `u % n == s`, in order, epoch
 after epoch. The training loop makes one stream per (rank, micro-step), `s = rank * accum + micro`,
 so the rows of a step depend only on world_size * grad_accum, not on how they are split.
 
 Exact resume: the position is the (epoch, unit, document) cursor plus the buffer. The buffer holds
-only whole documents (cropped ones leave it), so it is saved as (unit, document index) references,
-a few KB of JSON, and re-tokenized on load; the tokenizer is deterministic, so the rows that follow
-are the same as if the run had never stopped.
+documents and fragments of them, saved as (unit, document index, token offset) references, a few
+KB of JSON, and re-tokenized on load; the tokenizer is deterministic, so the rows that follow are
+the same as if the run had never stopped.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch
 
 from portachat.data.sources import DataError, DocumentSource
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: buffer references carry a token offset (fragments of cropped documents)
 _NO_SEQ = 1 << 62  # larger than any buffer sequence number, for bisect
 
 
@@ -77,8 +79,10 @@ class PackedLoader:
         self._doc_offset = 0  # documents of the current unit already taken
         self.batches = 0
         self._cached_unit: tuple[int, list[str]] | None = None
-        # the buffer: seq -> (tokens, (unit, doc index)); _by_len is sorted (len, seq) for best-fit lookups
-        self._docs: dict[int, tuple[list[int], tuple[int, int]]] = {}
+        # the buffer: seq -> (tokens of the whole document, (unit, doc index, offset)); the entry stands
+        # for the fragment tokens[:1] + tokens[1 + offset:], i.e. BOS then the content tokens not yet
+        # packed, so a fragment costs no copy. _by_len is sorted (fragment len, seq) for best-fit lookups
+        self._docs: dict[int, tuple[list[int], tuple[int, int, int]]] = {}
         self._by_len: list[tuple[int, int]] = []
         self._next_seq = 0
 
@@ -127,32 +131,27 @@ class PackedLoader:
     # ------------------------------------------------------------------------------------------
     # the buffer
 
-    def _push(self, tokens: list[int], ref: tuple[int, int]) -> None:
+    def _push(self, tokens: list[int], unit: int, index: int, offset: int = 0) -> None:
         seq = self._next_seq
         self._next_seq += 1
-        self._docs[seq] = (tokens, ref)
-        bisect.insort(self._by_len, (len(tokens), seq))
+        self._docs[seq] = (tokens, (unit, index, offset))
+        bisect.insort(self._by_len, (len(tokens) - offset, seq))
 
     def _fill_buffer(self) -> None:
         while len(self._docs) < self.buffer_docs:
             texts, refs = self._read_next_documents()
             if not texts:
                 return  # single pass finished
-            for tokens, ref in zip(self._encode(texts), refs, strict=True):
-                self._push(tokens, ref)
+            for tokens, (unit, index) in zip(self._encode(texts), refs, strict=True):
+                self._push(tokens, unit, index)
 
-    def _pop_largest_fitting(self, space: int) -> list[int] | None:
+    def _largest_fitting(self, space: int) -> int | None:
+        """Position in _by_len of the largest fragment of at most `space` tokens, or None."""
         i = bisect.bisect_right(self._by_len, (space, _NO_SEQ))
         if i == 0:
             return None
-        # among equally long documents take the oldest, as a scan of the buffer in order would
-        j = bisect.bisect_left(self._by_len, (self._by_len[i - 1][0], -1))
-        _, seq = self._by_len.pop(j)
-        return self._docs.pop(seq)[0]
-
-    def _pop_shortest(self) -> list[int]:
-        _, seq = self._by_len.pop(0)
-        return self._docs.pop(seq)[0]
+        # among equally long fragments take the oldest, as a scan of the buffer in order would
+        return bisect.bisect_left(self._by_len, (self._by_len[i - 1][0], -1))
 
     def _next_row(self) -> list[int] | None:
         """T+1 tokens, or None when a single pass has run out of documents."""
@@ -163,8 +162,20 @@ class PackedLoader:
             if not self._docs:
                 return None
             space = capacity - len(row)
-            doc = self._pop_largest_fitting(space)
-            row.extend(doc if doc is not None else self._pop_shortest()[:space])
+            fitting = self._largest_fitting(space)
+            _, seq = self._by_len.pop(0 if fitting is None else fitting)  # none fits: crop the shortest
+            tokens, (unit, index, offset) = self._docs.pop(seq)
+            start = 1 + offset  # first content token not packed yet
+            take = len(tokens) - start if fitting is not None else space - 1
+            row.append(tokens[0])
+            row.extend(tokens[start : start + take])
+            if fitting is None:
+                # The crop ends the row, so its last token is a target (never an input) and the
+                # remainder starts right after it, behind a fresh BOS: tokens[start + take] is then
+                # predicted from BOS alone (its context is lost, the price of BOS-aligned rows), but
+                # every content token of the document is a target exactly once, none lost, none
+                # repeated. (With space 1 only the BOS is taken and the fragment goes back whole.)
+                self._push(tokens, unit, index, offset + take)
         return row
 
     # ------------------------------------------------------------------------------------------
@@ -210,8 +221,14 @@ class PackedLoader:
     def load_state_dict(self, state: dict) -> None:
         """Continue exactly where `state` was taken. The loader must be built with the same stream,
         num_streams, seq_len and data; batch_size may differ (rows come in the same order)."""
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+        if not isinstance(state, dict) or "version" not in state:
             raise DataError(f"not a data loader state (version {STATE_VERSION}): {str(state)[:200]}")
+        if state["version"] != STATE_VERSION:
+            raise DataError(
+                f"the data loader state has version {state['version']!r}, this portachat reads version "
+                f"{STATE_VERSION} (version 1 dropped the rest of cropped documents, so its position cannot be "
+                "continued exactly); start the run again, or resume from a checkpoint saved by this version"
+            )
         expected = {
             "stream": self.stream,
             "num_streams": self.num_streams,
@@ -234,10 +251,13 @@ class PackedLoader:
         self.batches = int(state["batches"])
         self._unit_pos = int(state["unit_pos"])
         self._doc_offset = int(state["doc_offset"])
-        refs = [(int(u), int(i)) for u, i in state["buffer"]]
+        try:
+            refs = [(int(u), int(i), int(o)) for u, i, o in state["buffer"]]
+        except (TypeError, ValueError) as e:
+            raise DataError(f"loader state buffer must be [unit, document, offset] triples: {e}") from e
         by_unit: dict[int, list[str]] = {}
         texts = []
-        for unit, index in refs:
+        for unit, index, _ in refs:
             if unit not in by_unit:
                 if not 0 <= unit < self.source.num_units or unit % self.num_streams != self.stream:
                     raise DataError(f"loader state refers to unit {unit}, not one of stream {self.stream}")
@@ -247,9 +267,14 @@ class PackedLoader:
             texts.append(by_unit[unit][index])
         for start in range(0, len(texts), self.tokenizer_batch_docs):
             chunk = slice(start, start + self.tokenizer_batch_docs)
-            for tokens, ref in zip(self._encode(texts[chunk]), refs[chunk], strict=True):
-                self._push(tokens, ref)
-
+            for tokens, (unit, index, offset) in zip(self._encode(texts[chunk]), refs[chunk], strict=True):
+                # a fragment keeps at least one content token; offset 0 is the whole document
+                if offset != 0 and not 0 < offset < len(tokens) - 1:
+                    raise DataError(
+                        f"loader state refers to token offset {offset} of document {index} of unit {unit}, "
+                        f"which has {len(tokens) - 1} tokens; the data or the tokenizer changed"
+                    )
+                self._push(tokens, unit, index, offset)
 
 def iter_val_batches(
     source: DocumentSource,
@@ -262,7 +287,12 @@ def iter_val_batches(
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Validation batches: one deterministic pass over `source` (or `max_batches`, if fewer), packed
     like training. The last batch may have fewer rows. With fewer units than streams (a small val
-    split), every stream packs all the data and keeps the rows `r % num_streams == stream`."""
+    split), every stream packs all the data and keeps the rows `r % num_streams == stream`.
+
+    A stream may get no rows at all. With one stream that is an error (DataError: there is no
+    validation data). With several, the stream just yields nothing: raising on some ranks only would
+    leave the others waiting in a collective, so the caller all-reduces what it measured and fails
+    on all ranks together when the total is empty."""
     row_sharded = source.num_units < num_streams
     loader = PackedLoader(source, tokenizer, batch_size=1, seq_len=seq_len,
                           stream=0 if row_sharded else stream, num_streams=1 if row_sharded else num_streams)
@@ -270,13 +300,11 @@ def iter_val_batches(
     rows: list[list[int]] = []
     produced = 0
     row_index = 0
-    any_rows = False
     while max_batches is None or produced < max_batches:
         row = loader._next_row()
         if row is not None:
             mine = not row_sharded or row_index % num_streams == stream
             row_index += 1
-            any_rows = True
             if not mine:
                 continue
             rows.append(row)
@@ -287,8 +315,8 @@ def iter_val_batches(
             rows = []
         if row is None:
             break
-    if not any_rows:
+    if row_index == 0 and num_streams == 1:
         raise DataError(
-            f"{source.name}: validation data of stream {stream} of {num_streams} has fewer than "
-            f"seq_len + 1 = {seq_len + 1} tokens; use a smaller seq_len or more validation data"
+            f"{source.name}: validation data has fewer than seq_len + 1 = {seq_len + 1} tokens; "
+            "use a smaller seq_len or more validation data"
         )
