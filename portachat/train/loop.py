@@ -204,6 +204,7 @@ def train(
     samples: list[str] = []
     bad_steps = 0
     dt_ema: float | None = None
+    warned_mfu = False
     step = start_step
 
     def evaluate(step: int) -> None:
@@ -310,6 +311,12 @@ def train(
                 dt_ema = dt if dt_ema is None else 0.9 * dt_ema + 0.1 * dt
             tok_per_s = tokens_per_step / dt
             mfu = flops_per_token * tok_per_s / (peak.value * world) if peak.value > 0 else None
+            if mfu is not None and mfu > 1.0 and not warned_mfu:
+                warned_mfu = True
+                say(
+                    f"[portachat] MFU above 100% means the {peak.source} peak ({peak.value / 1e12:.2f} TFLOPS) is too low, "
+                    "e.g. measured while the machine was busy: run `portachat doctor --calibrate` on an idle machine."
+                )
             mem = dev.memory()
             record = {
                 "loss": step_loss,
