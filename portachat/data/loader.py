@@ -200,17 +200,23 @@ class PackedLoader:
             except StopIteration:
                 return
 
-    def state_dict(self) -> dict:
-        """The exact position, JSON-serializable (ints and lists only)."""
-        ordered = sorted(self._docs)  # buffer order = insertion order
+    def _settings(self) -> dict:
+        """What a saved position is only valid for: resuming checks these match."""
         return {
-            "version": STATE_VERSION,
             "stream": self.stream,
             "num_streams": self.num_streams,
             "num_units": self.source.num_units,
             "seq_len": self.seq_len,
             "tokenizer_batch_docs": self.tokenizer_batch_docs,
             "buffer_docs": self.buffer_docs,
+        }
+
+    def state_dict(self) -> dict:
+        """The exact position, JSON-serializable (ints and lists only)."""
+        ordered = sorted(self._docs)  # buffer order = insertion order
+        return {
+            "version": STATE_VERSION,
+            **self._settings(),
             "epoch": self.epoch,
             "unit_pos": self._unit_pos,
             "doc_offset": self._doc_offset,
@@ -229,14 +235,7 @@ class PackedLoader:
                 f"{STATE_VERSION} (version 1 dropped the rest of cropped documents, so its position cannot be "
                 "continued exactly); start the run again, or resume from a checkpoint saved by this version"
             )
-        expected = {
-            "stream": self.stream,
-            "num_streams": self.num_streams,
-            "num_units": self.source.num_units,
-            "seq_len": self.seq_len,
-            "tokenizer_batch_docs": self.tokenizer_batch_docs,
-            "buffer_docs": self.buffer_docs,
-        }
+        expected = self._settings()
         mismatched = [f"{k}: saved {state.get(k)!r}, now {v!r}" for k, v in expected.items() if state.get(k) != v]
         if mismatched:
             raise DataError(
