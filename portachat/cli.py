@@ -59,14 +59,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def cmd_tokenizer_train(args: argparse.Namespace) -> int:
     from portachat.data.sources import open_source
     from portachat.tokenizer import train_tokenizer
-    from portachat.train.base import auto_vocab_size
+    from portachat.train.base import vocab_size_for
 
     source = open_source(args.data, split="train")
     out = Path(args.output)
-    vocab = args.vocab_size
-    if vocab is None:
-        chars = sum(len(d) for d in source.iter_documents(limit_chars=args.max_chars))
-        vocab = auto_vocab_size(chars)
+    vocab = args.vocab_size or vocab_size_for(source, args.max_chars)
     print(f"[portachat] training a {vocab}-token tokenizer on {source.name} (up to {args.max_chars:,} chars)")
     t0 = time.perf_counter()
     tok = train_tokenizer(source.iter_documents(limit_chars=args.max_chars), vocab_size=vocab, doc_cap=args.doc_cap, verbose=False)

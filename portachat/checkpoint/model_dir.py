@@ -78,29 +78,40 @@ def load_model_dir(path: str | Path, device: torch.device | str = "cpu") -> Load
     for name in ("config.json", WEIGHTS, "tokenizer.json"):
         if not (path / name).is_file():
             raise CheckpointError(f"{path} is not a complete model directory: {name} is missing")
-    try:
-        cfg = from_hf_config(json.loads((path / "config.json").read_text(encoding="utf-8")))
-    except (json.JSONDecodeError, KeyError, ValueError) as exc:
-        raise CheckpointError(f"{path / 'config.json'} is not a usable model config: {exc}") from exc
+    cfg = read_config(path)
     tokenizer = Tokenizer.load(path)
     meta = read_meta(path)
     check_tokenizer_matches(tokenizer, cfg, meta, where=str(path))
-    try:
-        state = load_file(str(path / WEIGHTS), device="cpu")
-    except (SafetensorError, OSError) as exc:
-        raise CheckpointError(f"{path / WEIGHTS} cannot be read ({exc}); the checkpoint is damaged") from exc
     with torch.device("meta"):
         model = GPT(cfg)
     model.to_empty(device=device)
     model.init_weights()  # fills non-persistent buffers (rotary tables); weights are overwritten below
-    if cfg.tie_embeddings:
+    load_weights_into(model, path)
+    return LoadedModel(model=model, tokenizer=tokenizer, meta=meta, path=path)
+
+
+def read_config(path: Path) -> GPTConfig:
+    try:
+        return from_hf_config(json.loads((Path(path) / "config.json").read_text(encoding="utf-8")))
+    except (OSError, json.JSONDecodeError, KeyError, ValueError) as exc:
+        raise CheckpointError(f"{Path(path) / 'config.json'} is not a usable model config: {exc}") from exc
+
+
+def load_weights_into(model: GPT, path: Path) -> None:
+    """Copy a checkpoint's safetensors weights into an existing model of the same config."""
+    try:
+        state = load_file(str(Path(path) / WEIGHTS), device="cpu")
+    except (SafetensorError, OSError) as exc:
+        raise CheckpointError(f"{Path(path) / WEIGHTS} cannot be read ({exc}); the checkpoint is damaged") from exc
+    if model.config.tie_embeddings:
         state.pop("lm_head.weight", None)
     missing, unexpected = model.load_state_dict(state, strict=False)
-    if cfg.tie_embeddings:
+    if model.config.tie_embeddings:
         missing = [k for k in missing if k != "lm_head.weight"]
     if missing or unexpected:
-        raise CheckpointError(f"{path / WEIGHTS} does not match its config: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    return LoadedModel(model=model, tokenizer=tokenizer, meta=meta, path=path)
+        raise CheckpointError(
+            f"{Path(path) / WEIGHTS} does not match its config: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
 
 
 def check_tokenizer_matches(tokenizer: Tokenizer, cfg: GPTConfig, meta: dict[str, Any], where: str) -> None:

@@ -50,11 +50,9 @@ def auto_vocab_size(num_chars: int) -> int:
     return int(min(32768, max(512, 2 ** round(math.log2(num_chars / 256)))))
 
 
-def _count_chars(source: DocumentSource, limit: int) -> int:
-    total = 0
-    for doc in source.iter_documents(limit_chars=limit):
-        total += len(doc)
-    return total
+def vocab_size_for(source: DocumentSource, max_chars: int) -> int:
+    """The automatic vocabulary size for training a tokenizer on (up to `max_chars` of) `source`."""
+    return auto_vocab_size(sum(len(doc) for doc in source.iter_documents(limit_chars=max_chars)))
 
 
 def prepare_tokenizer(opts: BaseOptions, source: DocumentSource, run_path: Path, env: DistEnv, say) -> Tokenizer:
@@ -66,7 +64,7 @@ def prepare_tokenizer(opts: BaseOptions, source: DocumentSource, run_path: Path,
     if env.is_main:
         reuse = stamp.is_file() and json.loads(stamp.read_text(encoding="utf-8")) == wanted
         if not reuse:
-            vocab = opts.vocab_size or auto_vocab_size(_count_chars(source, opts.tokenizer_max_chars))
+            vocab = opts.vocab_size or vocab_size_for(source, opts.tokenizer_max_chars)
             say(f"[portachat] training a {vocab}-token BPE tokenizer on {source.name} ...")
             t0 = time.perf_counter()
             tok = train_tokenizer(source.iter_documents(limit_chars=opts.tokenizer_max_chars), vocab_size=vocab)
@@ -103,7 +101,7 @@ def _sample_prompts(val: DocumentSource, n: int = 3) -> list[str]:
     return prompts
 
 
-def _first_tokens(batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> Iterator[torch.Tensor]:
+def _targets(batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> Iterator[torch.Tensor]:
     for _inputs, targets in batches:
         yield targets
 
@@ -152,20 +150,19 @@ def run_base(opts: BaseOptions, dev: Device | None = None, print_fn=print) -> Tr
     with torch.device(dev.torch_device):
         model = GPT(model_cfg)
     model.init_weights(seed=cfg.seed)
+    saved = read_meta(resume_from) if resume_from is not None else {}
     if opts.num_iterations is not None:
         cfg.num_iterations = opts.num_iterations
-    elif resume_from is not None:  # keep the horizon the run was planned with, whatever the batch now
-        cfg.num_iterations = int(read_meta(resume_from)["train_config"]["num_iterations"])
+    elif saved:  # keep the horizon the run was planned with, whatever the batch now
+        cfg.num_iterations = int(saved["train_config"]["num_iterations"])
     else:
         tokens_per_step = cfg.total_batch_size or cfg.device_batch_size * cfg.max_seq_len * env.world_size
         cfg.num_iterations = max(1, training_tokens(model_cfg, opts.target_param_data_ratio) // tokens_per_step)
-    if resume_from is not None:
-        saved = read_meta(resume_from)
-        if saved.get("final") and cfg.num_iterations > int(saved["step"]):
-            say(
-                f"[portachat] note: extending a finished run from step {saved['step']} to {cfg.num_iterations}: the "
-                "learning-rate schedule is laid out for the new horizon, so the rate rises again after the warmdown."
-            )
+    if saved.get("final") and cfg.num_iterations > int(saved["step"]):
+        say(
+            f"[portachat] note: extending a finished run from step {saved['step']} to {cfg.num_iterations}: the "
+            "learning-rate schedule is laid out for the new horizon, so the rate rises again after the warmdown."
+        )
 
     B, T = cfg.device_batch_size, cfg.max_seq_len
     val_tokens_per_batch = B * T * env.world_size
@@ -182,8 +179,8 @@ def run_base(opts: BaseOptions, dev: Device | None = None, print_fn=print) -> Tr
     baseline = None
     if env.is_main:
         sample_loader = PackedLoader(train_src, tokenizer, B, T)
-        train_targets = _first_tokens(itertools.islice(iter(sample_loader), max(1, 200_000 // (B * T))))
-        baseline = unigram_bpb(train_targets, _first_tokens(val_batches(0, 1)), tokenizer.token_bytes())
+        train_targets = _targets(itertools.islice(iter(sample_loader), max(1, 200_000 // (B * T))))
+        baseline = unigram_bpb(train_targets, _targets(val_batches(0, 1)), tokenizer.token_bytes())
         say(f"[portachat] unigram baseline: {baseline:.4f} bits/byte (the model must get well below this)")
     extra = {"data": train_src.name, "unigram_bpb": baseline, "depth": opts.depth}
     return train(model, tokenizer, data, cfg, dev, env, path, resume_from=resume_from, extra_meta=extra, print_fn=print_fn)

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from portachat.checkpoint import save_checkpoint
-from portachat.checkpoint.model_dir import check_tokenizer_matches, load_model_dir, read_meta
+from portachat.checkpoint.model_dir import check_tokenizer_matches, load_weights_into, read_config, read_meta
 from portachat.checkpoint.trainer_state import load_optimizers, load_rng
 from portachat.device import Device, DistEnv
 from portachat.eval.bpb import evaluate_bpb
@@ -427,13 +427,13 @@ def _resume(
     time spent so far and this rank's saved RNG state (applied by the caller just before training)."""
     meta = read_meta(path)
     check_tokenizer_matches(tokenizer, model.config, meta, where=str(path))
-    loaded = load_model_dir(path, device=dev.torch_device)
-    if loaded.model.config != model.config:
+    saved_cfg = read_config(path)
+    if saved_cfg != model.config:
         raise TrainingError(
-            f"cannot resume from {path}: it holds a different model ({loaded.model.config}) than this run asks for "
+            f"cannot resume from {path}: it holds a different model ({saved_cfg}) than this run asks for "
             f"({model.config}). Drop --resume or use the same --depth / --max-seq-len as the run you continue."
         )
-    model.load_state_dict(loaded.model.state_dict())
+    load_weights_into(model, path)  # straight into the training model: no second copy on the device
     saved_scaler = load_optimizers(path, model, optimizers)
     if scaler is not None and saved_scaler:
         scaler.load_state_dict(saved_scaler)
