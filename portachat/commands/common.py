@@ -1,0 +1,42 @@
+"""Helpers every command module shares: flag spelling, integer parsing, device from flags."""
+
+from __future__ import annotations
+
+import argparse
+
+EPILOG = "Docs: README.md. Environment: PORTACHAT_HOME (runs, caches), PORTACHAT_DEVICE, PORTACHAT_DTYPE, PORTACHAT_COMPILE."
+
+
+def flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup, name: str, **kwargs) -> None:
+    """Add `--some-flag`, also accepting `--some_flag`."""
+    names = [name]
+    if "-" in name[2:]:
+        names.append("--" + name[2:].replace("-", "_"))
+    parser.add_argument(*names, **kwargs)
+
+
+def int_at_least(minimum: int):
+    """An argparse type: an integer >= `minimum`, with a message that says so."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+positive_int = int_at_least(1)
+nonneg_int = int_at_least(0)
+
+
+def device_from_args(args: argparse.Namespace):
+    """The Device for --device / --dtype / --compile (each None = auto / environment)."""
+    from portachat.device import get_device
+
+    compile_flag = None if getattr(args, "compile", None) is None else args.compile == "1"
+    return get_device(kind=getattr(args, "device", None), dtype=getattr(args, "dtype", None), compile=compile_flag)

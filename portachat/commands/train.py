@@ -1,0 +1,130 @@
+"""`portachat train base|...`: the training stages."""
+
+from __future__ import annotations
+
+import argparse
+
+from portachat.commands.common import EPILOG, device_from_args, flag, nonneg_int, positive_int
+
+
+def add_train_flags(p: argparse.ArgumentParser) -> None:
+    from portachat.train.loop import TrainConfig
+    from portachat.train.optim import OptimConfig
+
+    d, o = TrainConfig(), OptimConfig()
+    g = p.add_argument_group("run")
+    # `--run` alone is ambiguous under torchrun (its parser prefix-matches --run-path), hence --run-name.
+    g.add_argument("--run-name", "--run_name", "--run", dest="run", default="default",
+                   help="run name: checkpoints go to <home>/runs/<run>/<stage>/ (default: default)")
+    flag(g, "--runs-root", default=None, help="directory holding runs (default: $PORTACHAT_HOME/runs)")
+    flag(g, "--resume", nargs="?", const="auto", default=None,
+          help="continue from this run's latest checkpoint, or from the checkpoint PATH given")
+    flag(g, "--overwrite", action="store_true", help="delete this run's existing checkpoints for the stage and start over")
+    flag(g, "--seed", type=int, default=d.seed, help=f"random seed (default {d.seed})")
+    g = p.add_argument_group("device")
+    flag(g, "--device", default=None, help="cpu|cuda|rocm|dcu|npu|xpu|mps (default: auto-detect)")
+    flag(g, "--dtype", default=None, help="bf16|fp16|fp32 compute dtype (default: the device's best; see `portachat doctor`)")
+    flag(g, "--compile", default=None, choices=["0", "1"], help="torch.compile the model (default: per device policy)")
+    g = p.add_argument_group("batch and horizon")
+    flag(g, "--device-batch-size", type=positive_int, default=None, help="rows per device per micro-step (default: 32 on accelerators, 4 on CPU)")
+    flag(g, "--total-batch-size", type=positive_int, default=None,
+          help="tokens per optimizer step; gradient accumulation makes up the difference (default: one micro-step)")
+    flag(g, "--max-seq-len", type=positive_int, default=None, help="tokens per row (default: 2048 on accelerators, 256 on CPU)")
+    flag(g, "--num-iterations", type=positive_int, default=None, help="optimizer steps (default: from --target-param-data-ratio)")
+    g = p.add_argument_group("optimization")
+    flag(g, "--matrix-lr", type=float, default=o.matrix_lr, help=f"Muon lr for hidden matrices (default {o.matrix_lr})")
+    flag(g, "--embedding-lr", type=float, default=o.embedding_lr, help=f"AdamW lr for embeddings (default {o.embedding_lr})")
+    flag(g, "--unembedding-lr", type=float, default=o.unembedding_lr, help=f"AdamW lr for the LM head (default {o.unembedding_lr})")
+    flag(g, "--scalar-lr", type=float, default=o.scalar_lr, help=f"AdamW lr for norm gains (default {o.scalar_lr})")
+    flag(g, "--weight-decay", type=float, default=o.weight_decay, help="AdamW weight decay (default 0)")
+    flag(g, "--warmup-ratio", type=float, default=d.warmup_ratio, help=f"fraction of steps warming up (default {d.warmup_ratio})")
+    flag(g, "--warmdown-ratio", type=float, default=d.warmdown_ratio, help=f"fraction of steps decaying to the end (default {d.warmdown_ratio})")
+    flag(g, "--final-lr-frac", type=float, default=d.final_lr_frac, help="lr at the end, as a fraction (default 0)")
+    flag(g, "--grad-clip", type=float, default=d.grad_clip, help=f"clip gradient norm; 0 = off (default {d.grad_clip})")
+    flag(g, "--max-bad-steps", type=positive_int, default=d.max_bad_steps,
+          help=f"abort after this many non-finite steps in a row (default {d.max_bad_steps})")
+    g = p.add_argument_group("evaluation, logging, checkpoints")
+    flag(g, "--eval-every", type=nonneg_int, default=d.eval_every, help=f"validate every N steps; 0 = only at the end (default {d.eval_every})")
+    flag(g, "--eval-tokens", type=positive_int, default=d.eval_tokens, help=f"validation tokens per evaluation (default {d.eval_tokens})")
+    flag(g, "--sample-every", type=nonneg_int, default=d.sample_every, help="print samples at evaluations on multiples of N steps; 0 = at every evaluation")
+    flag(g, "--log-every", type=positive_int, default=d.log_every, help=f"progress line every N steps (default {d.log_every})")
+    flag(g, "--save-every", type=nonneg_int, default=d.save_every, help="checkpoint every N steps; 0 = only at the end")
+    flag(g, "--keep-last", type=nonneg_int, default=d.keep_last, help=f"checkpoints kept per stage; 0 = all (default {d.keep_last})")
+
+
+def train_config(args: argparse.Namespace, dev) -> object:
+    from portachat.train.loop import TrainConfig
+    from portachat.train.optim import OptimConfig
+
+    accel = dev.type != "cpu"
+    return TrainConfig(
+        run=args.run,
+        runs_root=args.runs_root,
+        device_batch_size=args.device_batch_size or (32 if accel else 4),
+        total_batch_size=args.total_batch_size,
+        max_seq_len=args.max_seq_len or (2048 if accel else 256),
+        warmup_ratio=args.warmup_ratio,
+        warmdown_ratio=args.warmdown_ratio,
+        final_lr_frac=args.final_lr_frac,
+        grad_clip=args.grad_clip,
+        eval_every=args.eval_every,
+        eval_tokens=args.eval_tokens,
+        sample_every=args.sample_every,
+        save_every=args.save_every,
+        keep_last=args.keep_last,
+        log_every=args.log_every,
+        seed=args.seed,
+        max_bad_steps=args.max_bad_steps,
+        optim=OptimConfig(
+            matrix_lr=args.matrix_lr,
+            embedding_lr=args.embedding_lr,
+            unembedding_lr=args.unembedding_lr,
+            scalar_lr=args.scalar_lr,
+            weight_decay=args.weight_decay,
+        ),
+    )
+
+
+def cmd_train_base(args: argparse.Namespace) -> int:
+    from portachat.device import destroy_distributed, dist_env
+    from portachat.train.base import BaseOptions, run_base
+
+    dev = device_from_args(args)
+    opts = BaseOptions(
+        data=args.data,
+        tokenizer=args.tokenizer,
+        vocab_size=args.vocab_size,
+        tokenizer_max_chars=args.tokenizer_max_chars,
+        depth=args.depth if args.depth is not None else (20 if dev.type != "cpu" else 4),
+        target_param_data_ratio=args.target_param_data_ratio,
+        num_iterations=args.num_iterations,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        train=train_config(args, dev),
+    )
+    try:
+        result = run_base(opts, dev=dev)
+    finally:
+        destroy_distributed()
+    if result.final_checkpoint is not None and dist_env().is_main:
+        print(f"[portachat] done: {result.steps} steps, validation bits/byte {result.val_bpb:.4f}")
+        print(f"[portachat] model: {result.final_checkpoint}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("train", help="training stages (base pretraining)")
+    tsub = p.add_subparsers(dest="stage", metavar="STAGE")
+    tsub.required = True
+    t = tsub.add_parser("base", help="pretrain a GPT on raw text", epilog=EPILOG,
+                        description="Pretrain a GPT from raw text. Checkpoints are Hugging Face model directories under "
+                                    "<home>/runs/<run>/base/step_<N>/. Runs under torchrun for multiple devices.")
+    g = t.add_argument_group("data and model")
+    flag(g, "--data", default=None, help="file or directory of .parquet/.txt/.jsonl (default: built-in synthetic curriculum)")
+    flag(g, "--tokenizer", default=None, help="existing tokenizer directory (default: train one on --data)")
+    flag(g, "--vocab-size", type=positive_int, default=None, help="vocabulary size when training the tokenizer (default: sized from the data)")
+    flag(g, "--tokenizer-max-chars", type=positive_int, default=2_000_000_000, help="characters to train the tokenizer on")
+    flag(g, "--depth", type=int, default=None, help="transformer layers; width, heads and horizon follow (default: 20 on accelerators, 4 on CPU)")
+    flag(g, "--target-param-data-ratio", type=float, default=20.0, help="training tokens per parameter when --num-iterations is not given (default 20)")
+    add_train_flags(t)
+    t.set_defaults(func=cmd_train_base)
