@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -10,12 +11,30 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
+def under_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def missing_reference(what: str) -> None:
+    """A test's reference data or model is absent: skip on a laptop, FAIL under CI (CI=true), where a
+    silently skipped test would hide that the check never ran."""
+    message = f"{what} is missing (put it there, or run without CI=true to skip these tests)"
+    if under_ci():
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+def require_shared(name: str) -> Path:
+    """Path of a file under ../shared/data, or skip/fail (see missing_reference) when it is absent."""
+    path = SHARED_DATA / name
+    if not path.exists():
+        missing_reference(f"reference data {path}")
+    return path
+
+
 @pytest.fixture(scope="session")
 def shakespeare_path() -> Path:
-    path = SHARED_DATA / "tinyshakespeare.txt"
-    if not path.is_file():
-        pytest.skip(f"reference data not found at {path}")
-    return path
+    return require_shared("tinyshakespeare.txt")
 
 
 @pytest.fixture(scope="session")

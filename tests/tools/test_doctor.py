@@ -4,7 +4,6 @@ import io
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from portachat.device import reset_device_cache
@@ -32,9 +31,7 @@ def _clean(monkeypatch, tmp_path):
 def test_doctor_json_on_cpu_is_healthy(monkeypatch, tmp_path):
     _clean(monkeypatch, tmp_path)
     out = io.StringIO()
-    start = time.perf_counter()
     code = run_doctor(as_json=True, stream=out)
-    elapsed = time.perf_counter() - start
     report = json.loads(out.getvalue())
     assert code == 0 and report["ok"]
     assert report["device"]["kind"] == "cpu"
@@ -46,7 +43,6 @@ def test_doctor_json_on_cpu_is_healthy(monkeypatch, tmp_path):
     assert report["probes"]["allreduce"] is None
     assert report["versions"]["torch"] and report["versions"]["python"]
     assert all({"name", "ok", "severity", "message", "fix"} <= set(c) for c in report["checks"])
-    assert elapsed < 5
 
 
 def test_bad_dtype_is_a_finding_with_exit_1(monkeypatch, tmp_path):
