@@ -1,0 +1,202 @@
+"""Batch inference over a JSONL file: `portachat generate --input prompts.jsonl --output out.jsonl`.
+
+Every input row is a prompt (`{"prompt": "..."}`, continued as plain text) or a conversation
+(`{"messages": [...]}`, answered as the assistant), with an optional `id` and optional per-row
+sampling fields (max_tokens, temperature, top_p, top_k, seed, stop). All rows go through one
+engine, so they are batched continuously.
+
+The output is written one row at a time (append + flush + fsync), so an interrupted run keeps
+every finished row; running the same command again skips the rows already in the output and
+repairs a last line cut short by a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from portachat.serve.engine.types import EngineError, SamplingParams
+from portachat.tokenizer.protocol import ChatTokenizer
+
+ROW_PARAMS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+
+
+class BatchInputError(ValueError):
+    """An input row that cannot be generated from; the message names the line."""
+
+
+@dataclass
+class BatchRow:
+    line: int  # 1-based line number in the input
+    row_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass
+class BatchSummary:
+    total: int
+    skipped: int  # already in the output from an earlier run
+    written: int
+    completion_tokens: int
+    seconds: float
+
+
+def read_rows(path: Path, tokenizer: ChatTokenizer, defaults: SamplingParams) -> list[BatchRow]:
+    """Parse and validate the whole input before anything runs: a bad line 9000 should not cost
+    an hour of generation first."""
+    rows: list[BatchRow] = []
+    seen: set[str] = set()
+    with open(path, encoding="utf-8") as f:
+        for n, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise BatchInputError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
+            rows.append(_parse_row(obj, n, path, tokenizer, defaults))
+            if rows[-1].row_id in seen:
+                raise BatchInputError(f"{path}:{n}: id {rows[-1].row_id!r} repeats an earlier row; ids must be unique")
+            seen.add(rows[-1].row_id)
+    if not rows:
+        raise BatchInputError(f"{path} has no rows: expected one JSON object per line with 'prompt' or 'messages'")
+    return rows
+
+
+def _parse_row(obj: Any, n: int, path: Path, tokenizer: ChatTokenizer, defaults: SamplingParams) -> BatchRow:
+    where = f"{path}:{n}"
+    if not isinstance(obj, dict):
+        raise BatchInputError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    row_id = str(obj.get("id", n))
+    if "messages" in obj:
+        try:
+            prompt_ids = tokenizer.render_prompt(obj["messages"])
+        except (ValueError, TypeError, KeyError) as exc:
+            raise BatchInputError(f"{where}: bad 'messages': {exc}") from None
+    elif isinstance(obj.get("prompt"), str) and obj["prompt"]:
+        bos = [tokenizer.bos_id] if tokenizer.bos_id is not None else []
+        prompt_ids = bos + tokenizer.encode(obj["prompt"])
+    else:
+        raise BatchInputError(f"{where}: each row needs a non-empty 'prompt' string or a 'messages' list")
+    overrides = {k: obj[k] for k in ROW_PARAMS if k in obj}
+    if isinstance(overrides.get("stop"), str):
+        overrides["stop"] = [overrides["stop"]]
+    try:
+        params = replace(defaults, **overrides)
+    except TypeError as exc:
+        raise BatchInputError(f"{where}: bad sampling field: {exc}") from None
+    return BatchRow(line=n, row_id=row_id, prompt_ids=prompt_ids, params=params)
+
+
+def done_ids(output: Path) -> set[str]:
+    """Ids already written; a trailing partial line (the process died mid-write) is cut off."""
+    if not output.exists():
+        return set()
+    data = output.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if end < len(data):  # incomplete last row: drop it so it is generated again
+        with open(output, "r+b") as f:
+            f.truncate(end)
+            f.flush()
+            os.fsync(f.fileno())
+        data = data[:end]
+    ids = set()
+    for raw in data.decode("utf-8").splitlines():
+        if raw.strip():
+            ids.add(str(json.loads(raw)["id"]))
+    return ids
+
+
+class RowWriter:
+    """Appends one JSON line per finished row, durably, so a crash loses at most the row in flight."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def run_batch(
+    engine,
+    tokenizer: ChatTokenizer,
+    input_path: Path,
+    output_path: Path,
+    defaults: SamplingParams,
+    max_in_flight: int = 64,
+    progress: Callable[[int, int, int, float], None] | None = None,
+) -> BatchSummary:
+    """Generate every row of `input_path` not yet in `output_path`.
+
+    `engine` is an LLMEngine; `progress(done, total, completion_tokens, seconds)` is called as rows finish.
+    """
+    rows = read_rows(input_path, tokenizer, defaults)
+    done = done_ids(output_path)
+    todo: Iterator[BatchRow] = iter([r for r in rows if r.row_id not in done])
+    skipped = sum(1 for r in rows if r.row_id in done)
+    writer = RowWriter(output_path)
+    in_flight: dict[str, tuple[BatchRow, list[str], list[int]]] = {}
+    written = tokens = 0
+    t0 = time.perf_counter()
+    exhausted = False
+    try:
+        while True:
+            while not exhausted and len(in_flight) < max_in_flight:
+                row = next(todo, None)
+                if row is None:
+                    exhausted = True
+                    break
+                try:
+                    rid = engine.add_request(row.prompt_ids, row.params, request_id=f"row-{row.row_id}")
+                except EngineError as exc:
+                    if exc.kind == "queue_full":  # come back after a step frees room
+                        todo = _prepend(row, todo)
+                        break
+                    raise BatchInputError(f"{input_path}:{row.line}: {exc}") from None
+                in_flight[rid] = (row, [], [])
+            if not in_flight:
+                break
+            for out in engine.step():
+                if out.request_id not in in_flight:
+                    continue
+                row, texts, ids = in_flight[out.request_id]
+                texts.append(out.text)
+                ids.extend(out.token_ids)
+                if out.finished:
+                    del in_flight[out.request_id]
+                    record = {
+                        "id": row.row_id,
+                        "output": "".join(texts),
+                        "finish_reason": out.finish_reason,
+                        "prompt_tokens": len(row.prompt_ids),
+                        "completion_tokens": len(ids),
+                    }
+                    if out.error:
+                        record["error"] = out.error
+                    writer.write(record)
+                    written += 1
+                    tokens += len(ids)
+                    if progress is not None:
+                        progress(skipped + written, len(rows), tokens, time.perf_counter() - t0)
+    finally:
+        for rid in list(in_flight):
+            engine.abort(rid)
+        writer.close()
+    return BatchSummary(len(rows), skipped, written, tokens, time.perf_counter() - t0)
+
+
+def _prepend(row: BatchRow, rest: Iterator[BatchRow]) -> Iterator[BatchRow]:
+    yield row
+    yield from rest

@@ -1,0 +1,168 @@
+"""`portachat chat`: a multi-turn chat in the terminal, streamed token by token.
+
+Commands: /clear (forget the conversation), /temperature X, /max-tokens N, /system TEXT, /help,
+/quit. Ctrl-C while the model answers stops that answer (its partial text stays in the
+conversation) and returns to the prompt; Ctrl-C or Ctrl-D at the prompt quits.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, TextIO
+
+from portachat.serve.engine.types import EngineError, SamplingParams
+from portachat.tokenizer.protocol import ChatTokenizer
+
+HELP = """commands:
+  /clear            start a new conversation
+  /temperature X    sampling temperature (0 = greedy)
+  /max-tokens N     longest reply, in tokens
+  /system TEXT      set a system prompt (empty TEXT removes it); starts a new conversation
+  /help             this text
+  /quit             leave (also Ctrl-D)
+Ctrl-C while the model answers stops the answer."""
+
+
+@dataclass
+class ChatSession:
+    """The conversation so far plus the settings the slash commands change."""
+
+    params: SamplingParams
+    system: str | None = None
+    messages: list[dict[str, Any]] = field(default_factory=list)
+
+    def history(self) -> list[dict[str, Any]]:
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        return head + self.messages
+
+
+def reply_parts(tokenizer: ChatTokenizer, ids: list[int]) -> list[dict[str, str]] | str:
+    """An assistant reply's ids as message content: plain text, or parts when it used the calculator
+    (so the next turn renders the tool call and its output exactly as the model saw them)."""
+    tools = tokenizer.tool_tokens
+    stops = tokenizer.stop_ids
+    ids = [t for t in ids if t not in stops]
+    if tools is None or not any(t in (tools.python_start, tools.output_start) for t in ids):
+        return tokenizer.decode(ids)
+    parts: list[dict[str, str]] = []
+    kind, current = "text", []
+
+    def flush() -> None:
+        if current or kind != "text":
+            parts.append({"type": kind, "text": tokenizer.decode(current)})
+
+    for t in ids:
+        if t in (tools.python_start, tools.output_start):
+            flush()
+            kind, current = ("python" if t == tools.python_start else "python_output"), []
+        elif t in (tools.python_end, tools.output_end):
+            flush()
+            kind, current = "text", []
+        else:
+            current.append(t)
+    if current:
+        flush()
+    return [p for p in parts if p["text"] or p["type"] != "text"]
+
+
+def handle_command(line: str, session: ChatSession, out: TextIO) -> bool:
+    """Apply a slash command; returns False when the user asked to quit."""
+    name, _, arg = line.strip().partition(" ")
+    arg = arg.strip()
+    if name in ("/quit", "/exit"):
+        return False
+    if name == "/clear":
+        session.messages.clear()
+        print("(conversation cleared)", file=out)
+    elif name == "/temperature":
+        try:
+            value = float(arg)
+            if value < 0:
+                raise ValueError
+        except ValueError:
+            print(f"/temperature needs a number >= 0, e.g. /temperature 0.7 (now {session.params.temperature})", file=out)
+        else:
+            session.params = replace(session.params, temperature=value)
+            print(f"(temperature {value})", file=out)
+    elif name == "/max-tokens":
+        if not arg.isdigit() or int(arg) < 1:
+            print(f"/max-tokens needs a positive integer (now {session.params.max_tokens})", file=out)
+        else:
+            session.params = replace(session.params, max_tokens=int(arg))
+            print(f"(max tokens {arg})", file=out)
+    elif name == "/system":
+        session.system = arg or None
+        session.messages.clear()
+        print("(system prompt set; conversation cleared)" if arg else "(system prompt removed)", file=out)
+    elif name == "/help":
+        print(HELP, file=out)
+    else:
+        print(f"unknown command {name}; /help lists them", file=out)
+    return True
+
+
+def stream_reply(engine, tokenizer: ChatTokenizer, session: ChatSession, out: TextIO) -> tuple[str, list[int], str]:
+    """Run one assistant turn, printing text as it arrives. Returns (text, ids, finish reason);
+    Ctrl-C aborts the request and returns what was produced so far with reason "abort"."""
+    prompt = tokenizer.render_prompt(session.history())
+    rid = engine.add_request(prompt, session.params)
+    texts: list[str] = []
+    ids: list[int] = []
+    try:
+        while True:
+            for o in engine.step():
+                if o.request_id != rid:
+                    continue
+                texts.append(o.text)
+                ids.extend(o.token_ids)
+                out.write(o.text)
+                out.flush()
+                if o.finished:
+                    if o.error:
+                        out.write(f"\n[error] {o.error}")
+                    return "".join(texts), ids, o.finish_reason or "stop"
+    except KeyboardInterrupt:
+        engine.abort(rid)
+        while engine.has_unfinished():  # let the engine settle so the next turn starts clean
+            engine.step()
+        out.write(" [stopped]")
+        return "".join(texts), ids, "abort"
+
+
+def chat_loop(
+    engine,
+    tokenizer: ChatTokenizer,
+    params: SamplingParams,
+    system: str | None = None,
+    read_line: Callable[[str], str] = input,
+    out: TextIO = sys.stdout,
+) -> None:
+    session = ChatSession(params=params, system=system)
+    print("portachat chat - /help for commands, Ctrl-C stops a reply, /quit or Ctrl-D leaves", file=out)
+    while True:
+        try:
+            line = read_line("\nyou> ")
+        except (EOFError, KeyboardInterrupt):
+            print(file=out)
+            return
+        if not line.strip():
+            continue
+        if line.startswith("/"):
+            if not handle_command(line, session, out):
+                return
+            continue
+        session.messages.append({"role": "user", "content": line})
+        out.write("assistant> ")
+        out.flush()
+        try:
+            _text, ids, reason = stream_reply(engine, tokenizer, session, out)
+        except EngineError as exc:
+            session.messages.pop()
+            print(f"\n[error] {exc}" + (" (try /clear)" if exc.kind == "too_long" else ""), file=out)
+            continue
+        print(file=out)
+        if reason == "length":
+            print(f"[reply cut at {session.params.max_tokens} tokens; /max-tokens N for longer]", file=out)
+        session.messages.append({"role": "assistant", "content": reply_parts(tokenizer, ids)})
