@@ -1,0 +1,1 @@
+"""`portachat speedrun`: tokenizer -> base -> mid -> SFT -> RL -> evals -> report.md, resumable."""
