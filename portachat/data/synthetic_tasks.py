@@ -1,0 +1,326 @@
+"""The synthetic task curriculum for the chat stages (mid, SFT, RL) and its held-out evaluation.
+
+Each task draws a question from a generator `rng -> TaskExample`: the conversation in our chat
+format (portachat/tokenizer/chat.py, assistant content as parts, tool calls included) and the
+expected final answer, which `TaskExample.verify(reply)` / `.reward(reply)` check. The tasks are
+designed to be LEARNABLE by a tiny model in minutes of CPU training: short prompts, a few phrasing
+templates, and one final form for every answer, "The answer is X.". Where the work is beyond a tiny
+model (multi-digit arithmetic, counting letters) the assistant calls the calculator tool and copies
+its output, which only needs attention to copy; the tool-free tasks are built from steps that all
+occur in training (column addition digit by digit, comparing two numbers, spelling known words).
+
+Tasks:
+  calc_arithmetic     "What is 23+58?"            python `23+58` -> 81 -> "The answer is 81."
+  mental_arithmetic   "What is 47 + 35 without the calculator?"  column addition spelled out
+  letter_count        "How many r's are in strawberry?"  python `'strawberry'.count('r')` -> 3
+  comparison          "Which is larger, 47 or 52?" / "Is 47 less than 52?"
+  spelling            "How do you spell apple?"  -> "The answer is a-p-p-l-e."
+
+Splits: every question has a canonical key (the task and its content, not its phrasing); a hash of
+the key puts it in "train" or "heldout" (~10%), so the held-out split is disjoint from the train
+split by construction, whatever the seed, and no phrasing of a held-out question is ever trained on.
+Everything is deterministic in the seed (Python's `random.Random` seeded with a string).
+
+The tool calls use the forms the calculator of the inference engine evaluates (nanochat's): plain
+arithmetic over integers, and `'word'.count('letter')`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from portachat.data.synthetic import WORDS
+
+SPLITS = ("train", "heldout")
+HELDOUT_PER_MILLE = 100  # ~10% of questions are held out
+ANSWER_PREFIX = "The answer is "
+
+
+# ----------------------------------------------------------------------------------------------
+# answers: one final form, one normaliser, one checker
+
+
+def final_segment(reply: str) -> str:
+    """The assistant's text after its last tool result (tool calls and outputs are not the answer)."""
+    for marker in ("<|output_end|>", "<|python_end|>"):
+        if marker in reply:
+            reply = reply.rsplit(marker, 1)[1]
+    return re.sub(r"<\|[a-z_]+\|>", "", reply).strip()
+
+
+def extract_answer(reply: str) -> str | None:
+    """The X of the last "The answer is X." in the reply's final segment, or None if it has none."""
+    text = final_segment(reply)
+    idx = text.lower().rfind(ANSWER_PREFIX.lower())
+    if idx < 0:
+        return None
+    answer = text[idx + len(ANSWER_PREFIX):].strip().split("\n", 1)[0].strip()
+    return answer[:-1].strip() if answer.endswith(".") else answer
+
+
+def normalize_answer(text: str) -> str:
+    """Case, surrounding spaces/quotes and thousands separators do not matter."""
+    text = text.strip().strip("\"'`").strip().lower()
+    if re.fullmatch(r"-?[\d,]+(\.\d+)?", text):
+        text = text.replace(",", "")
+    return text
+
+
+# ----------------------------------------------------------------------------------------------
+# examples
+
+
+@dataclass(frozen=True)
+class TaskExample:
+    task: str
+    key: str  # canonical content of the question: decides the split
+    question: str
+    answer: str  # the expected final answer (what follows "The answer is ")
+    assistant: list[dict[str, str]] = field(default_factory=list)  # the reference reply, as parts
+
+    @property
+    def split(self) -> str:
+        return split_of(self.key)
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        """The full conversation (for SFT): the user's question and the reference reply."""
+        return [{"role": "user", "content": self.question}, {"role": "assistant", "content": list(self.assistant)}]
+
+    @property
+    def prompt(self) -> list[dict[str, Any]]:
+        """The conversation up to the reply (for RL rollouts and evaluation)."""
+        return [{"role": "user", "content": self.question}]
+
+    def verify(self, reply: str) -> bool:
+        """True when the reply's final answer equals the expected one."""
+        got = extract_answer(reply)
+        return got is not None and normalize_answer(got) == normalize_answer(self.answer)
+
+    def reward(self, reply: str) -> float:
+        """RL reward: 1 for a correct final answer, else 0."""
+        return 1.0 if self.verify(reply) else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: a `messages` conversation plus what a verifier needs."""
+        return {"task": self.task, "question": self.question, "answer": self.answer, "messages": self.messages}
+
+
+def split_of(key: str) -> str:
+    """'heldout' for ~10% of keys, else 'train'; a pure function of the key."""
+    h = int.from_bytes(hashlib.sha256(f"portachat-task:{key}".encode()).digest()[:8], "big")
+    return "heldout" if h % 1000 < HELDOUT_PER_MILLE else "train"
+
+
+def _text(text: str) -> dict[str, str]:
+    return {"type": "text", "text": text}
+
+
+def _answer(answer: str) -> dict[str, str]:
+    return _text(f"{ANSWER_PREFIX}{answer}.")
+
+
+def _tool(expr: str, output: str) -> list[dict[str, str]]:
+    return [{"type": "python", "text": expr}, {"type": "python_output", "text": output}]
+
+
+# ----------------------------------------------------------------------------------------------
+# task generators: rng -> TaskExample
+
+_OPS = {"+": ("plus", lambda a, b: a + b), "-": ("minus", lambda a, b: a - b), "*": ("times", lambda a, b: a * b)}
+
+
+def calc_arithmetic(rng: random.Random) -> TaskExample:
+    """Multi-digit +, -, * through the calculator: the model copies the operands and the result."""
+    op = rng.choice("++-*")
+    if op == "*":
+        a, b = rng.randint(2, 99), rng.randint(2, 99)
+    else:
+        a, b = rng.randint(10, 999), rng.randint(10, 999)
+        if op == "-" and b > a:
+            a, b = b, a
+    word, fn = _OPS[op]
+    result = str(fn(a, b))
+    question = rng.choice((
+        f"What is {a}{op}{b}?",
+        f"What is {a}{op}{b}?",
+        f"What is {a} {op} {b}?",
+        f"Calculate {a}{op}{b}.",
+        f"What is {a} {word} {b}?",
+    ))
+    return TaskExample("calc_arithmetic", f"calc:{a}{op}{b}", question, result,
+                       [*_tool(f"{a}{op}{b}", result), _answer(result)])
+
+
+def mental_arithmetic(rng: random.Random) -> TaskExample:
+    """Two-digit addition without the tool, worked column by column; every step is a one-digit sum."""
+    a, b = rng.randint(10, 99), rng.randint(10, 99)
+    question = rng.choice((
+        f"What is {a} + {b} without the calculator?",
+        f"Without the calculator, what is {a} + {b}?",
+        f"Add {a} and {b} in your head.",
+    ))
+    ones = a % 10 + b % 10
+    carry = ones // 10
+    tens = a // 10 + b // 10 + carry
+    result = str(a + b)
+    if carry:
+        steps = f"{a % 10} + {b % 10} = {ones}, write {ones % 10} and carry 1. {a // 10} + {b // 10} + 1 = {tens}. "
+    else:
+        steps = f"{a % 10} + {b % 10} = {ones}, write {ones}. {a // 10} + {b // 10} = {tens}. "
+    return TaskExample("mental_arithmetic", f"mental:{a}+{b}", question, result,
+                       [_text(steps + f"{ANSWER_PREFIX}{result}.")])
+
+
+def letter_count(rng: random.Random) -> TaskExample:
+    """Occurrences of a letter in a word through the calculator's str.count."""
+    word = rng.choice(WORDS)
+    letter = rng.choice(word) if rng.random() < 0.85 else rng.choice("abcdefghijklmnopqrstuvwxyz")
+    question = rng.choice((
+        f"How many times does the letter {letter} appear in {word}?",
+        f"How many {letter}'s are in {word}?",
+        f"Count the letter {letter} in {word}.",
+    ))
+    result = str(word.count(letter))
+    return TaskExample("letter_count", f"count:{word}:{letter}", question, result,
+                       [*_tool(f"'{word}'.count('{letter}')", result), _answer(result)])
+
+
+def comparison(rng: random.Random) -> TaskExample:
+    """Which of two numbers is larger/smaller, or is one less/greater than the other."""
+    a, b = rng.sample(range(0, 100), 2)
+    kind = rng.choice(("larger", "smaller", "less", "greater"))
+    if kind in ("larger", "smaller"):
+        answer = str(max(a, b) if kind == "larger" else min(a, b))
+        question = rng.choice((f"Which is {kind}, {a} or {b}?", f"Which number is {kind}: {a} or {b}?"))
+    else:
+        answer = "yes" if (a < b if kind == "less" else a > b) else "no"
+        question = f"Is {a} {kind} than {b}?"
+    return TaskExample("comparison", f"compare:{kind}:{a}:{b}", question, answer, [_answer(answer)])
+
+
+def spelling(rng: random.Random) -> TaskExample:
+    """Spell a known word letter by letter."""
+    word = rng.choice(WORDS)
+    question = rng.choice((f"How do you spell {word}?", f"Spell the word {word}.", f"Spell {word}."))
+    spelled = "-".join(word)
+    return TaskExample("spelling", f"spell:{word}", question, spelled, [_answer(spelled)])
+
+
+TASKS: dict[str, Callable[[random.Random], TaskExample]] = {
+    "calc_arithmetic": calc_arithmetic,
+    "mental_arithmetic": mental_arithmetic,
+    "letter_count": letter_count,
+    "comparison": comparison,
+    "spelling": spelling,
+}
+
+# How often each task is drawn by default: most weight on what a tiny model learns reliably.
+DEFAULT_WEIGHTS: dict[str, float] = {
+    "calc_arithmetic": 0.35,
+    "mental_arithmetic": 0.15,
+    "letter_count": 0.2,
+    "comparison": 0.2,
+    "spelling": 0.1,
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# sampling
+
+
+def sample_task(name: str, rng: random.Random, split: str) -> TaskExample:
+    """One example of task `name` from `split` (rejection sampling on the key's split)."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if name not in TASKS:
+        raise ValueError(f"unknown synthetic task {name!r}; known: {sorted(TASKS)}")
+    for _ in range(10_000):
+        ex = TASKS[name](rng)
+        if ex.split == split:
+            return ex
+    raise RuntimeError(f"task {name!r} produced no {split} example in 10000 draws")  # never for these tasks
+
+
+def task_examples(
+    n: int,
+    split: str = "train",
+    seed: int | str = 0,
+    tasks: Sequence[str] | None = None,
+    weights: dict[str, float] | None = None,
+) -> list[TaskExample]:
+    """n examples of `split`, tasks drawn by `weights` (default DEFAULT_WEIGHTS), deterministic in seed.
+
+    The held-out split never shares a question key with the train split, whatever the seeds.
+    """
+    names = list(tasks) if tasks is not None else list(TASKS)
+    unknown = [t for t in names if t not in TASKS]
+    if unknown:
+        raise ValueError(f"unknown synthetic task(s) {unknown}; known: {sorted(TASKS)}")
+    w = weights or DEFAULT_WEIGHTS
+    probs = [float(w.get(t, 1.0 / len(names))) for t in names]
+    if any(p < 0 for p in probs) or sum(probs) <= 0:
+        raise ValueError(f"task weights must be >= 0 with a positive sum, got {dict(zip(names, probs, strict=True))}")
+    rng = random.Random(f"portachat-tasks:{split}:{seed}")
+    return [sample_task(rng.choices(names, probs)[0], rng, split) for _ in range(n)]
+
+
+def heldout_set(n: int = 200, seed: int | str = 0, tasks: Sequence[str] | None = None) -> list[TaskExample]:
+    """The held-out evaluation set: `n` distinct held-out questions (distinct keys), deterministic in seed."""
+    out: dict[str, TaskExample] = {}
+    batch_seed = 0
+    while len(out) < n:
+        for ex in task_examples(n, "heldout", f"{seed}:{batch_seed}", tasks):
+            if ex.key not in out and len(out) < n:
+                out[ex.key] = ex
+        batch_seed += 1
+        if batch_seed > 50:
+            break  # the held-out space of the chosen tasks is smaller than n: return what exists
+    return list(out.values())
+
+
+def conversations(
+    n: int,
+    split: str = "train",
+    seed: int | str = 0,
+    tasks: Sequence[str] | None = None,
+    weights: dict[str, float] | None = None,
+) -> list[dict[str, Any]]:
+    """n conversations `{"messages": [...]}` for SFT / mid-training."""
+    return [{"messages": ex.messages} for ex in task_examples(n, split, seed, tasks, weights)]
+
+
+# ----------------------------------------------------------------------------------------------
+# pretraining documents in the same phrasing (train split only, so held-out questions stay unseen)
+
+
+def render_text(ex: TaskExample) -> str:
+    """The example as plain text: the question, the tool call written as `expr = output`, the answer."""
+    out = []
+    parts = ex.assistant
+    i = 0
+    while i < len(parts):
+        part = parts[i]
+        if part["type"] == "python":
+            result = parts[i + 1]["text"] if i + 1 < len(parts) and parts[i + 1]["type"] == "python_output" else ""
+            out.append(f"{part['text']} = {result}".strip())
+            i += 2 if result else 1
+            continue
+        out.append(part["text"])
+        i += 1
+    return f"{ex.question}\n" + " ".join(out)
+
+
+def task_documents(n: int, seed: int | str = 0, per_doc: tuple[int, int] = (1, 6)) -> list[str]:
+    """n pretraining documents, each `per_doc` train-split examples in chat phrasing, one per paragraph."""
+    rng = random.Random(f"portachat-task-docs:{seed}")
+    docs = []
+    for i in range(n):
+        k = rng.randint(*per_doc)
+        docs.append("\n\n".join(render_text(ex) for ex in task_examples(k, "train", f"doc:{seed}:{i}")))
+    return docs

@@ -1,0 +1,133 @@
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import pytest
+
+from portachat.data import synthetic_tasks as st
+from portachat.tokenizer.chat import render_conversation
+
+
+def solve(question: str) -> str:
+    """An independent solver for every question form the task curriculum asks."""
+    if m := re.fullmatch(r"(?:What is|Calculate) (\d+) ?([+\-*]) ?(\d+)[?.]", question):
+        a, op, b = int(m[1]), m[2], int(m[3])
+        return str({"+": a + b, "-": a - b, "*": a * b}[op])
+    if m := re.fullmatch(r"What is (\d+) (plus|minus|times) (\d+)\?", question):
+        a, b = int(m[1]), int(m[3])
+        return str({"plus": a + b, "minus": a - b, "times": a * b}[m[2]])
+    if m := re.search(r"(\d+) \+ (\d+)|Add (\d+) and (\d+)", question):
+        nums = [int(x) for x in m.groups() if x is not None]
+        return str(sum(nums))
+    if m := re.fullmatch(r"How many times does the letter (\w) appear in (\w+)\?|How many (\w)'s are in (\w+)\?"
+                         r"|Count the letter (\w) in (\w+)\.", question):
+        letter, word = [x for x in m.groups() if x is not None]
+        return str(word.count(letter))
+    if m := re.fullmatch(r"Which (?:number )?is (larger|smaller)[,:] (\d+) or (\d+)\?", question):
+        pick = max if m[1] == "larger" else min
+        return str(pick(int(m[2]), int(m[3])))
+    if m := re.fullmatch(r"Is (\d+) (less|greater) than (\d+)\?", question):
+        a, b = int(m[1]), int(m[3])
+        return "yes" if (a < b if m[2] == "less" else a > b) else "no"
+    if m := re.fullmatch(r"(?:How do you spell|Spell the word|Spell) (\w+)[?.]", question):
+        return "-".join(m[1])
+    raise AssertionError(f"unknown question form: {question!r}")
+
+
+def reply_text(ex: st.TaskExample) -> str:
+    """The reference reply as a model's decoded output reads (tool tokens as literal strings)."""
+    out = []
+    for part in ex.assistant:
+        if part["type"] == "python":
+            out.append(f"<|python_start|>{part['text']}<|python_end|>")
+        elif part["type"] == "python_output":
+            out.append(f"<|output_start|>{part['text']}<|output_end|>")
+        else:
+            out.append(part["text"])
+    return "".join(out) + "<|assistant_end|>"
+
+
+def run_tool(expr: str) -> str:
+    """An independent evaluator of the two tool-call forms the curriculum writes."""
+    if m := re.fullmatch(r"'(\w+)'\.count\('(\w)'\)", expr):
+        return str(m[1].count(m[2]))
+    assert re.fullmatch(r"\d+[+\-*]\d+", expr), expr
+    return str(eval(expr, {"__builtins__": {}}))  # digits and one operator only (checked above)
+
+
+def test_every_answer_is_correct_and_every_reference_reply_verifies():
+    examples = st.task_examples(600, "train", seed=1) + st.task_examples(300, "heldout", seed=1)
+    assert set(Counter(ex.task for ex in examples)) == set(st.TASKS)
+    for ex in examples:
+        assert solve(ex.question) == ex.answer, ex
+        assert ex.verify(reply_text(ex)), ex
+        assert ex.reward(reply_text(ex)) == 1.0
+        for i, part in enumerate(ex.assistant):
+            if part["type"] == "python":
+                assert ex.assistant[i + 1] == {"type": "python_output", "text": run_tool(part["text"])}
+
+
+def test_verifier_rejects_wrong_missing_and_tool_only_answers():
+    ex = next(e for e in st.task_examples(50, seed=2) if e.task == "calc_arithmetic")
+    wrong = str(int(ex.answer) + 1)
+    assert not ex.verify(f"The answer is {wrong}.")
+    assert not ex.verify(ex.answer)  # no final form
+    assert not ex.verify("")
+    # the right number inside the tool output but a wrong final answer is wrong
+    assert not ex.verify(f"<|python_start|>1+1<|python_end|><|output_start|>{ex.answer}<|output_end|>"
+                         f"The answer is {wrong}.")
+    assert ex.verify(f"the answer is {ex.answer}")  # case and the final period do not matter
+    assert ex.reward("nonsense") == 0.0
+    assert st.extract_answer("x. The answer is a-p-p-l-e.") == "a-p-p-l-e"
+    assert st.normalize_answer("1,234") == "1234"
+
+
+def test_splits_are_disjoint_and_deterministic():
+    train = st.task_examples(3000, "train", seed=0)
+    held = st.heldout_set(300, seed=0)
+    assert len({ex.key for ex in held}) == len(held) == 300
+    assert all(ex.split == "train" for ex in train) and all(ex.split == "heldout" for ex in held)
+    assert not {ex.key for ex in train} & {ex.key for ex in held}
+    assert not {ex.question for ex in train} & {ex.question for ex in held}
+    assert st.task_examples(50, "train", seed=0) == train[:50]
+    assert st.task_examples(50, "train", seed=5) != train[:50]
+    assert st.heldout_set(300, seed=0) == held
+    # roughly 10% of keys are held out
+    frac = sum(st.split_of(f"calc:{i}+{i + 1}") == "heldout" for i in range(5000)) / 5000
+    assert 0.07 < frac < 0.13
+
+
+def test_weights_and_task_selection():
+    only = st.task_examples(200, seed=3, tasks=["comparison", "spelling"])
+    assert {ex.task for ex in only} == {"comparison", "spelling"}
+    counts = Counter(ex.task for ex in st.task_examples(4000, seed=3))
+    assert counts["calc_arithmetic"] > counts["spelling"] * 2
+    with pytest.raises(ValueError, match="unknown synthetic task"):
+        st.task_examples(1, tasks=["nope"])
+    with pytest.raises(ValueError, match="split"):
+        st.task_examples(1, split="val")
+
+
+def test_conversations_render_short_with_tool_output_masked(small_tokenizer):
+    convs = st.conversations(100, seed=4)
+    lengths = []
+    for conv in convs:
+        ids, mask = render_conversation(small_tokenizer, conv)
+        lengths.append(len(ids))
+        assert sum(mask) > 0
+        out_start = small_tokenizer.special_ids["<|output_start|>"]
+        if out_start in ids:
+            assert mask[ids.index(out_start)] == 0
+    assert max(lengths) < 160  # short enough for a tiny model's context and a quick SFT
+
+
+def test_documents_use_only_train_questions():
+    docs = st.task_documents(200, seed=0)
+    assert len(docs) == 200 and all(docs)
+    held_questions = {ex.question for ex in st.heldout_set(400, seed=0)}
+    text = "\n".join(docs)
+    assert "The answer is" in text and " = " in text
+    paragraphs = [p.split("\n")[0] for d in docs for p in d.split("\n\n")]
+    assert not held_questions & set(paragraphs)
+    assert st.task_documents(5, seed=0) == docs[:5]
