@@ -8,8 +8,8 @@ from portachat.commands.common import EPILOG, device_from_args, flag, nonneg_int
 
 
 def add_train_flags(p: argparse.ArgumentParser) -> None:
-    from portachat.train.loop import TrainConfig
     from portachat.train.optim import OptimConfig
+    from portachat.train.trainer import TrainConfig
 
     d, o = TrainConfig(), OptimConfig()
     g = p.add_argument_group("run")
@@ -53,8 +53,8 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
 
 
 def train_config(args: argparse.Namespace, dev) -> object:
-    from portachat.train.loop import TrainConfig
     from portachat.train.optim import OptimConfig
+    from portachat.train.trainer import TrainConfig
 
     accel = dev.type != "cpu"
     return TrainConfig(

@@ -26,7 +26,7 @@ from portachat.device import Device, DistEnv, get_device, init_distributed
 from portachat.eval.bpb import unigram_bpb
 from portachat.model import GPT, GPTConfig, training_tokens
 from portachat.tokenizer import Tokenizer, train_tokenizer
-from portachat.train.loop import StageData, TrainConfig, TrainingError, TrainResult, train
+from portachat.train.trainer import Stage, TrainConfig, TrainingError, TrainResult, train
 
 
 @dataclass
@@ -171,7 +171,7 @@ def run_base(opts: BaseOptions, dev: Device | None = None, print_fn=print) -> Tr
     def val_batches(rank: int, world: int):
         return iter_val_batches(val_src, tokenizer, B, T, max_val_batches, stream=rank, num_streams=world)
 
-    data = StageData(
+    data = Stage(
         make_stream=lambda s, n: PackedLoader(train_src, tokenizer, B, T, stream=s, num_streams=n),
         val_batches=val_batches,
         sample_prompts=_sample_prompts(val_src),

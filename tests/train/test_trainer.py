@@ -9,7 +9,7 @@ import torch
 
 from portachat.device import dist_env, get_device
 from portachat.model import GPT, GPTConfig
-from portachat.train.loop import StageData, TrainConfig, TrainingError, train
+from portachat.train.trainer import Stage, TrainConfig, TrainingError, train
 
 
 class RepeatingStream:
@@ -37,7 +37,7 @@ def _setup(small_tokenizer, steps: int, **overrides):
                     intermediate_size=64, max_seq_len=16)
     torch.manual_seed(0)
     model = GPT(cfg)
-    data = StageData(
+    data = Stage(
         make_stream=lambda s, n: RepeatingStream(vocab, 4, 16, s * 1000),
         val_batches=lambda rank, world: iter([RepeatingStream(vocab, 4, 16, 99).next_batch()]),
         sample_prompts=["the"],

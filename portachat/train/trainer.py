@@ -1,0 +1,547 @@
+"""The Trainer every stage shares (base, mid, sft, rl).
+
+A stage supplies the model, the tokenizer and a `Stage`: its data streams, a loss hook, evaluators.
+The Trainer owns everything else: device placement, data parallelism, gradient accumulation, mixed
+precision, schedules, the NaN guard, evaluation, logging, checkpoints and exact resume.
+
+Loss normalisation: a loss hook returns the SUMMED loss of a micro-batch; the Trainer divides by the
+number of supervised tokens of the whole optimizer step, counted over every micro-batch and every
+rank before the first backward. So a masked batch weighs each supervised token equally however the
+batch is split across accumulation steps and devices.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from portachat.checkpoint import save_checkpoint
+from portachat.checkpoint.model_dir import check_tokenizer_matches, load_weights_into, read_config, read_meta
+from portachat.checkpoint.trainer_state import load_optimizers, load_rng
+from portachat.device import Device, DistEnv
+from portachat.eval.bpb import evaluate_bpb
+from portachat.model import GPT
+from portachat.tokenizer import Tokenizer
+from portachat.train.batch import Batch, as_batch
+from portachat.train.logger import RunLogger, format_progress
+from portachat.train.optim import OptimConfig, build_optimizers
+from portachat.train.samples import greedy_samples
+from portachat.train.schedule import lr_multiplier, muon_momentum
+from portachat.train.signals import StopRequest
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on; the message says what happened and what to do."""
+
+
+class BatchStream(Protocol):
+    def next_batch(self) -> Batch | tuple[torch.Tensor, torch.Tensor]: ...
+    def state_dict(self) -> dict: ...
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+# (model, batch on the device) -> summed loss over the batch's supervised tokens
+LossHook = Callable[[torch.nn.Module, Batch], torch.Tensor]
+# (model, step) -> metrics; runs on every rank (collectives allowed), logged by rank 0
+Evaluator = Callable[[GPT, int], dict[str, float]]
+
+
+def token_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """Sum of next-token cross-entropies over supervised targets, each times its weight if given
+    (RL: the advantage, so the sum is -sum(adv * logprob))."""
+    per_token = model(batch.inputs, batch.targets, loss_reduction="none").float()  # 0 where target is -1
+    if batch.weights is not None:
+        per_token = per_token * batch.weights
+    return per_token.sum()
+
+
+@dataclass
+class Stage:
+    """What a stage gives the Trainer."""
+
+    make_stream: Callable[[int, int], BatchStream]  # (stream index, number of streams) -> stream
+    # (rank, world) -> validation batches for bits-per-byte over supervised targets; None = no val/bpb
+    val_batches: Callable[[int, int], Iterator[tuple[torch.Tensor, torch.Tensor]]] | None = None
+    sample_prompts: list[str] = field(default_factory=list)
+    loss: LossHook = token_loss
+    evaluators: list[Evaluator] = field(default_factory=list)
+
+
+StageData = Stage  # the name stages used before the Trainer split
+
+
+@dataclass
+class TrainConfig:
+    run: str = "default"
+    stage: str = "base"
+    runs_root: str | None = None  # default <PORTACHAT_HOME>/runs
+    device_batch_size: int = 4
+    total_batch_size: int | None = None  # tokens per optimizer step; None = one micro-batch per rank
+    max_seq_len: int = 256
+    num_iterations: int = 100
+    warmup_ratio: float = 0.0
+    warmdown_ratio: float = 0.2
+    final_lr_frac: float = 0.0
+    muon_momentum_warmup: int = 300  # steps; 0 = full momentum from the start (a stage that starts from trained weights)
+    grad_clip: float = 1.0  # 0 disables clipping
+    eval_every: int = 100
+    eval_tokens: int = 65536
+    sample_every: int = 0  # 0 = with every evaluation
+    sample_tokens: int = 48
+    save_every: int = 0  # 0 = only at the end
+    keep_last: int = 2
+    log_every: int = 10
+    seed: int = 42
+    max_bad_steps: int = 5
+    optim: OptimConfig = field(default_factory=OptimConfig)
+
+    def grad_accum_steps(self, world_size: int) -> int:
+        per_step = self.device_batch_size * self.max_seq_len * world_size
+        total = self.total_batch_size or per_step
+        if total % per_step:
+            raise TrainingError(
+                f"--total-batch-size {total} is not a multiple of device batch x sequence x devices "
+                f"= {self.device_batch_size} x {self.max_seq_len} x {world_size} = {per_step}. "
+                f"Use a multiple of {per_step}, e.g. {per_step * max(1, round(total / per_step))}."
+            )
+        return total // per_step
+
+
+@dataclass
+class TrainResult:
+    final_checkpoint: Path | None
+    steps: int
+    val_bpb: float | None
+    samples: list[str]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class StepStats:
+    loss: float  # global summed loss / global supervised tokens
+    tokens: int  # global supervised tokens
+    stop: bool  # some rank asked to stop
+
+
+def _barrier(world: int) -> None:
+    if world > 1:
+        dist.barrier()
+
+
+def load_init_weights(model: GPT, tokenizer: Tokenizer, path: Path) -> dict[str, Any]:
+    """Start from another checkpoint's weights (e.g. the previous stage's), without its optimizer state
+    or data position. Returns that checkpoint's meta."""
+    meta = read_meta(path)
+    check_tokenizer_matches(tokenizer, model.config, meta, where=str(path))
+    saved_cfg = read_config(path)
+    if saved_cfg.vocab_size != model.config.vocab_size or saved_cfg.n_layer != model.config.n_layer:
+        raise TrainingError(f"--init {path}: it holds a different model ({saved_cfg}) than this stage builds")
+    load_weights_into(model, path)
+    return meta
+
+
+class Trainer:
+    """setup() once, then fit(); step(), evaluate() and save() are the pieces fit() is made of."""
+
+    def __init__(
+        self,
+        model: GPT,
+        tokenizer: Tokenizer,
+        stage: Stage,
+        cfg: TrainConfig,
+        dev: Device,
+        env: DistEnv,
+        stage_path: Path,
+        extra_meta: dict[str, Any] | None = None,
+        print_fn: Callable[[str], None] = print,
+    ) -> None:
+        self.model, self.tokenizer, self.stage, self.cfg = model, tokenizer, stage, cfg
+        self.dev, self.env, self.stage_path = dev, env, Path(stage_path)
+        self.say = print_fn if env.is_main else (lambda _msg: None)
+        self.world = env.world_size
+        self.accum = cfg.grad_accum_steps(self.world)
+        self.num_streams = self.world * self.accum
+        self.streams = [stage.make_stream(env.rank * self.accum + m, self.num_streams) for m in range(self.accum)]
+        self.meta_base = dict(extra_meta or {})
+        self.step_count = 0
+        self.start_step = 0
+        self.total_time = 0.0
+        self.metrics: dict[str, float] = {}
+        self.samples: list[str] = []
+        self.last_loss: float | None = None
+        self.logger: RunLogger | None = None
+
+    # ---- setup ---------------------------------------------------------------------------
+
+    def setup(self, resume_from: Path | None = None, init_from: Path | None = None) -> None:
+        cfg, dev, model = self.cfg, self.dev, self.model
+        if resume_from is not None and init_from is not None:
+            raise TrainingError("--resume continues this stage and --init starts it from other weights: pass one")
+        model.to(dev.torch_device)
+        if init_from is not None:
+            load_init_weights(model, self.tokenizer, init_from)
+            self.say(f"[portachat] {cfg.stage}: starting from the weights of {init_from} (fresh optimizer state)")
+        self.optimizers = build_optimizers(
+            model,
+            cfg.optim,
+            model_dim=model.config.n_embd,
+            ns_dtype=torch.bfloat16 if dev.dtype == torch.bfloat16 else torch.float32,
+            fused=dev.fused_optimizer,
+        )
+        self.scaler = dev.grad_scaler()
+        rng_state = None
+        if resume_from is not None:
+            rng_state = self._resume(resume_from)
+            if self.start_step > cfg.num_iterations:
+                raise TrainingError(
+                    f"{resume_from} is at step {self.start_step}, past this run's horizon of {cfg.num_iterations} "
+                    f"steps. Pass --num-iterations larger than {self.start_step} to train on."
+                )
+        self.step_count = self.start_step
+
+        # DDP first, then compile: the compiled graph is split at DDP's gradient buckets (DDPOptimizer), so
+        # all-reduces overlap the backward pass. broadcast_buffers=False: the only buffers are rotary tables,
+        # derived from the config on every rank; re-broadcasting them each forward is wasted traffic.
+        self.ddp = None
+        self.train_model: torch.nn.Module = model
+        if self.world > 1:
+            self.ddp = DistributedDataParallel(
+                model, device_ids=[dev.index] if dev.type != "cpu" else None, broadcast_buffers=False
+            )
+            self.train_model = self.ddp
+        if dev.compile:
+            self.say(f"[portachat] compiling the model ({dev.compile_reason})")
+            self.train_model = torch.compile(self.train_model)
+        self.peak = dev.peak_flops(dev.dtype)  # may measure with random matrices: before the RNG is restored
+        if rng_state is not None:
+            dev.set_rng_state(rng_state)
+        self.flops_per_token = model.flops_per_token(cfg.max_seq_len)
+        self.tokens_per_step = cfg.device_batch_size * cfg.max_seq_len * self.num_streams
+        self.meta_base.update(
+            stage=cfg.stage, run=cfg.run, train_config=_config_dict(cfg), device=dev.describe(), world_size=self.world
+        )
+        self.say(
+            f"[portachat] {cfg.stage}: {model.num_params():,} params | {cfg.num_iterations} steps x "
+            f"{self.tokens_per_step:,} tokens (batch {cfg.device_batch_size} x seq {cfg.max_seq_len} x {self.world} "
+            f"device(s) x {self.accum} accum) | {dev.kind} {str(dev.dtype).removeprefix('torch.')} | "
+            f"peak {self.peak.value / 1e12:.2f} TFLOPS ({self.peak.source})"
+        )
+        if self.start_step:
+            self.say(f"[portachat] resumed from {resume_from} at step {self.start_step}")
+
+    def _resume(self, path: Path) -> dict[str, torch.Tensor] | None:
+        """Load weights, optimizer state and data positions; returns this rank's saved RNG state
+        (applied just before training, after anything that draws random numbers)."""
+        model, env = self.model, self.env
+        meta = read_meta(path)
+        check_tokenizer_matches(self.tokenizer, model.config, meta, where=str(path))
+        saved_cfg = read_config(path)
+        if saved_cfg != model.config:
+            raise TrainingError(
+                f"cannot resume from {path}: it holds a different model ({saved_cfg}) than this run asks for "
+                f"({model.config}). Drop --resume or use the same --depth / --max-seq-len as the run you continue."
+            )
+        load_weights_into(model, path)  # straight into the training model: no second copy on the device
+        # The implementation flags are this device's choice, not the saving machine's (fused AdamW on a
+        # CUDA run resumed on a CPU would fail).
+        impl = [[{k: g[k] for k in ("fused", "foreach") if k in g} for g in opt.param_groups] for opt in self.optimizers]
+        saved_scaler = load_optimizers(path, model, self.optimizers)
+        for opt, groups in zip(self.optimizers, impl, strict=True):
+            for group, flags in zip(opt.param_groups, groups, strict=True):
+                group.update(flags)
+        if self.scaler is not None and saved_scaler:
+            self.scaler.load_state_dict(saved_scaler)
+        rng = load_rng(path, env.rank)
+        positions = meta.get("data_position", {})
+        if positions.get("num_streams") == self.num_streams:
+            for m, stream in enumerate(self.streams):
+                stream.load_state_dict(positions["streams"][str(env.rank * self.accum + m)])
+        else:
+            self.say(
+                f"[portachat] warning: the checkpoint read data as {positions.get('num_streams')} streams, this run "
+                f"uses {self.num_streams} (devices x accumulation changed); data restarts at each stream's beginning."
+            )
+        self.start_step = int(meta["step"])
+        self.total_time = float((meta.get("metrics") or {}).get("total_training_time_s") or 0.0)
+        self.metrics = {k: v for k, v in (meta.get("metrics") or {}).items() if k != "total_training_time_s"}
+        return rng
+
+    # ---- one optimizer step ----------------------------------------------------------------
+
+    def next_micro_batches(self) -> list[Batch]:
+        return [as_batch(stream.next_batch()) for stream in self.streams]
+
+    def forward_backward(self, micro_batches: list[Batch], stop_requested: bool = False) -> StepStats:
+        """Accumulate the gradient of sum(loss) / (global supervised tokens) over `micro_batches`.
+
+        Counting first costs one small all-reduce and makes the weighting exact: with DDP averaging
+        gradients over ranks, each rank scales by world / global_count."""
+        dev = self.dev
+        local = sum(b.num_supervised() for b in micro_batches)
+        counts = torch.tensor([float(local)], device=dev.torch_device)
+        if self.world > 1:
+            dist.all_reduce(counts)
+        global_tokens = int(counts.item())
+        scale = self.world / max(global_tokens, 1)
+        loss_sum = torch.zeros((), device=dev.torch_device)
+        for micro, batch in enumerate(micro_batches):
+            batch = batch.to(dev.torch_device)
+            last = micro == len(micro_batches) - 1
+            ctx = self.ddp.no_sync() if (self.ddp is not None and not last) else contextlib.nullcontext()
+            with ctx:
+                with dev.autocast():
+                    loss = self.stage.loss(self.train_model, batch)
+                loss_sum += loss.detach().float()
+                scaled = loss * scale
+                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+        # One collective carries the loss and the stop request.
+        packed = torch.stack([loss_sum, torch.tensor(float(stop_requested), device=dev.torch_device)])
+        if self.world > 1:
+            dist.all_reduce(packed)
+        return StepStats(loss=packed[0].item() / max(global_tokens, 1), tokens=global_tokens, stop=packed[1].item() > 0)
+
+    def step(self, stop_requested: bool = False) -> tuple[dict[str, Any], bool]:
+        """One optimizer step; returns (the step's log record, whether any rank asked to stop)."""
+        cfg, dev, step = self.cfg, self.dev, self.step_count
+        dev.synchronize()
+        t0 = time.perf_counter()
+        stats = self.forward_backward(self.next_micro_batches(), stop_requested)
+        lrm = lr_multiplier(step, cfg.num_iterations, cfg.warmup_ratio, cfg.warmdown_ratio, cfg.final_lr_frac)
+        for opt in self.optimizers:
+            for group in opt.param_groups:
+                group["lr"] = group["initial_lr"] * lrm
+                if "momentum" in group:
+                    group["momentum"] = muon_momentum(step, warmup_steps=cfg.muon_momentum_warmup)
+        applied, grad_norm = _clip_and_step(self.model, self.optimizers, self.scaler, cfg.grad_clip, stats.loss)
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+        self._guard(applied, stats.loss)
+        dev.synchronize()
+        dt = time.perf_counter() - t0
+        self.total_time += dt
+        self.step_count += 1
+        self.last_loss = stats.loss
+        tok_per_s = self.tokens_per_step / dt
+        peak = self.peak.value
+        mfu = self.flops_per_token * tok_per_s / (peak * self.world) if peak > 0 else None
+        mem = dev.memory()
+        record = {
+            "loss": stats.loss,
+            "lr_mult": lrm,
+            "tok_per_s": tok_per_s,
+            "mfu": mfu,
+            "dt_s": dt,
+            "grad_norm": grad_norm,
+            "supervised_tokens": stats.tokens,
+            "mem_bytes": mem.peak_allocated or mem.allocated,
+        }
+        return record, stats.stop
+
+    def _guard(self, applied: bool, step_loss: float) -> None:
+        # An fp16 gradient overflow is routine (the scaler backs off) until even a scale below 1
+        # overflows; a non-finite loss or an unscaled non-finite gradient is a real problem.
+        step, scaler = self.step_count, self.scaler
+        overflow_only = scaler is not None and math.isfinite(step_loss) and scaler.get_scale() >= 1.0
+        if applied:
+            self.bad_steps = 0
+        elif overflow_only:
+            self.say(f"[portachat] step {step}: fp16 gradient overflow, update skipped; loss scale now {scaler.get_scale():g}")
+        else:
+            self.bad_steps = getattr(self, "bad_steps", 0) + 1
+            self.say(f"[portachat] step {step}: non-finite loss/gradient ({step_loss}); update skipped "
+                     f"({self.bad_steps} in a row)")
+            if self.bad_steps >= self.cfg.max_bad_steps:
+                raise TrainingError(
+                    f"training diverged: {self.bad_steps} steps in a row had a non-finite loss or gradient. "
+                    "Lower the learning rates (e.g. --matrix-lr, --embedding-lr by 2-4x), keep gradient clipping on "
+                    "(--grad-clip 1.0), prefer bf16 or fp32 over fp16 (--dtype), and check the data for "
+                    f"garbage. The last good checkpoint is under {self.stage_path}; resume with --resume."
+                )
+
+    # ---- evaluation and checkpoints ------------------------------------------------------------
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Validation bits/byte, the stage's evaluators, and (rank 0) samples; logged at `step`."""
+        dev, env, cfg = self.dev, self.env, self.cfg
+        results: dict[str, float] = {}
+        if self.stage.val_batches is not None:
+            bpb = evaluate_bpb(self.model, self.stage.val_batches(env.rank, self.world), self.tokenizer.token_bytes(),
+                               dev.torch_device, dev.autocast)
+            results["val_bpb"] = bpb
+            self.say(f"[portachat] step {step}: validation bits/byte {bpb:.4f}")
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for evaluator in self.stage.evaluators:
+                found = evaluator(self.model, step)
+                results.update(found)
+                if found:
+                    self.say(f"[portachat] step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in found.items()))
+        finally:
+            self.model.train(was_training)
+        self.metrics.update(results)
+        if self.logger is not None:
+            self.logger.log(step, {("val/bpb" if k == "val_bpb" else f"eval/{k}"): v for k, v in results.items()})
+        if env.is_main and self.stage.sample_prompts and (cfg.sample_every == 0 or step % cfg.sample_every == 0):
+            self.samples = greedy_samples(self.model, self.tokenizer, self.stage.sample_prompts, cfg.sample_tokens,
+                                          dev, cfg.seed)
+            for text in self.samples:
+                self.say("  sample | " + text.replace("\n", "\n         | "))
+            if self.logger is not None:
+                self.logger.log_text(step, "samples", "\n\n".join(self.samples))
+        return results
+
+    def save(self, step: int, final: bool) -> Path:
+        """A checkpoint of `step`, carrying the metrics measured at that step (evaluate first)."""
+        meta = dict(self.meta_base)
+        metrics = {**self.metrics, "train_loss": self.last_loss, "total_training_time_s": self.total_time}
+        metrics.setdefault("val_bpb", None)
+        meta.update(step=step, final=final, metrics=metrics)
+        path = save_checkpoint(
+            self.stage_path,
+            step,
+            self.model,
+            self.tokenizer,
+            meta,
+            optimizers=self.optimizers,
+            scaler=self.scaler,
+            streams=self.streams,
+            stream_offset=self.env.rank * self.accum,
+            num_streams=self.num_streams,
+            rng=self.dev.get_rng_state(),
+            env=self.env,
+            device=self.dev.torch_device,
+            keep_last=self.cfg.keep_last,
+        )
+        self.say(f"[portachat] saved checkpoint {path}")
+        return path
+
+    # ---- the loop ----------------------------------------------------------------------------
+
+    def _eval_due(self, step: int) -> bool:
+        every = self.cfg.eval_every
+        return step == self.cfg.num_iterations or (every > 0 and step % every == 0)
+
+    def fit(self) -> TrainResult:
+        cfg, env = self.cfg, self.env
+        self.logger = RunLogger(self.stage_path, enabled=env.is_main)
+        dt_ema: float | None = None
+        warned_mfu = False
+        try:
+            with StopRequest() as stop:
+                self.train_model.train()
+                if self.start_step == 0 and cfg.eval_every > 0 and cfg.num_iterations > 0:
+                    self.evaluate(0)  # where the stage starts from
+                while self.step_count < cfg.num_iterations:
+                    record, stop_now = self.step(stop.requested)
+                    step = self.step_count
+                    if step > self.start_step + 1:  # the first step pays compilation and warm-up
+                        dt_ema = record["dt_s"] if dt_ema is None else 0.9 * dt_ema + 0.1 * record["dt_s"]
+                    mfu = record["mfu"]
+                    if mfu is not None and mfu > 1.0 and not warned_mfu:
+                        warned_mfu = True
+                        self.say(
+                            f"[portachat] MFU above 100% means the {self.peak.source} peak "
+                            f"({self.peak.value / 1e12:.2f} TFLOPS) is too low, e.g. measured while the machine was "
+                            "busy: run `portachat doctor --calibrate` on an idle machine."
+                        )
+                    show = env.is_main and (step % cfg.log_every == 0 or step == self.start_step + 1
+                                            or step == cfg.num_iterations)
+                    if show:  # telemetry may shell out to a vendor tool: only on logged steps
+                        tel = self.dev.telemetry()
+                        record.update(util_pct=tel.utilization_pct, temp_c=tel.temperature_c, power_w=tel.power_w)
+                    self.logger.log(step, record)
+                    if show:
+                        eta = (dt_ema or record["dt_s"]) * (cfg.num_iterations - step)
+                        self.say(format_progress(step, cfg.num_iterations, record, eta))
+                    if step == cfg.num_iterations:
+                        break
+                    if self._eval_due(step):
+                        self.evaluate(step)
+                    if (cfg.save_every > 0 and step % cfg.save_every == 0) or stop_now:
+                        self.save(step, final=False)
+                    if stop_now:
+                        raise KeyboardInterrupt(f"stopped at step {step}; resume with --resume")
+            step = self.step_count
+            self.evaluate(step)
+            if self.world > 1:
+                _check_replicas_in_sync(self.model, self.world, self.say)
+            final = self.save(step, final=True)
+        finally:
+            self.logger.close()
+        _barrier(self.world)
+        return TrainResult(final_checkpoint=final, steps=step, val_bpb=self.metrics.get("val_bpb"),
+                           samples=self.samples, metrics=dict(self.metrics))
+
+
+def train(
+    model: GPT,
+    tokenizer: Tokenizer,
+    data: Stage,
+    cfg: TrainConfig,
+    dev: Device,
+    env: DistEnv,
+    stage_path: Path,
+    resume_from: Path | None = None,
+    init_from: Path | None = None,
+    extra_meta: dict[str, Any] | None = None,
+    print_fn: Callable[[str], None] = print,
+) -> TrainResult:
+    """Run (or resume) a training stage and return where its final checkpoint is."""
+    trainer = Trainer(model, tokenizer, data, cfg, dev, env, stage_path, extra_meta=extra_meta, print_fn=print_fn)
+    trainer.setup(resume_from=resume_from, init_from=init_from)
+    return trainer.fit()
+
+
+def _check_replicas_in_sync(model: GPT, world: int, say: Callable[[str], None]) -> None:
+    """Data parallelism must keep every rank's weights bit-identical; verify it instead of assuming it."""
+    with torch.no_grad():
+        local = torch.stack([p.detach().double().sum() for p in model.parameters()])
+    gathered = [torch.empty_like(local) for _ in range(world)]
+    dist.all_gather(gathered, local)
+    if not all(torch.equal(gathered[0], g) for g in gathered[1:]):
+        raise TrainingError("the ranks' weights diverged: data-parallel replicas are out of sync (please report this)")
+    say(f"[portachat] weights identical on all {world} ranks (checksum {gathered[0].sum().item():.6e})")
+
+
+def _clip_and_step(model, optimizers, scaler, grad_clip: float, step_loss: float) -> tuple[bool, float | None]:
+    """Clip and step every optimizer; returns (update applied, gradient norm).
+
+    Without a scaler a non-finite loss or gradient skips the update here. With fp16's GradScaler the
+    scaler itself skips an update whose gradients hold inf/NaN and lowers the loss scale, so the
+    step always goes through it (calling update() without a step would be an error).
+    """
+    if scaler is None and not math.isfinite(step_loss):
+        return False, None
+    if scaler is not None:
+        for opt in optimizers:
+            scaler.unscale_(opt)
+    grad_norm = None
+    if grad_clip > 0:
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip).item()
+    if scaler is None:
+        if grad_norm is not None and not math.isfinite(grad_norm):
+            return False, grad_norm
+        for opt in optimizers:
+            opt.step()
+        return True, grad_norm
+    scale_before = scaler.get_scale()
+    for opt in optimizers:
+        scaler.step(opt)
+    scaler.update()
+    return scaler.get_scale() >= scale_before, grad_norm  # a skipped step always lowers the scale
+
+
+def _config_dict(cfg: TrainConfig) -> dict[str, Any]:
+    d = asdict(cfg)
+    d["optim"]["adam_betas"] = list(cfg.optim.adam_betas)
+    return d
