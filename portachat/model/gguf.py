@@ -1,0 +1,369 @@
+"""Read a `.gguf` file (llama.cpp's format) into the parts a Hugging Face model directory has.
+
+`read_gguf(path)` returns, in memory, what `config.json`, `model.safetensors` (float32, HF parameter
+names), `tokenizer.json`, `tokenizer_config.json` and `generation_config.json` would hold, so the
+same loader builds our model from either. Quantized tensors are dequantized on load with the `gguf`
+package; what llama.cpp's converter (convert_hf_to_gguf.py) changed on the way in is undone here:
+tensor names, and the Q/K row order of the "llama" architecture.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from portachat.model.gguf_tokenizer import GGUFTokenizerError, build_tokenizer, tokenizer_config
+from portachat.model.hf import UnsupportedConfigError
+
+# general.architecture -> the transformers class that loads the same weights.
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+class GGUFError(ValueError):
+    """A file that is not a readable GGUF."""
+
+
+class UnsupportedGGUFError(GGUFError, UnsupportedConfigError):
+    """A readable GGUF this model cannot run: other architecture, tensor type or tokenizer."""
+
+
+@dataclass
+class GGUFParts:
+    """What an HF model directory holds, read from one GGUF file."""
+
+    config: dict[str, Any]
+    state_dict: dict[str, torch.Tensor]
+    tokenizer: Tokenizer
+    tokenizer_config: dict[str, Any]
+    generation_config: dict[str, Any]
+    metadata: dict[str, Any] = field(
+        default_factory=dict
+    )  # the file's scalar metadata (name, file_type, ...)
+
+
+def is_gguf(path: str | Path) -> bool:
+    """Whether `path` is a file starting with GGUF's magic bytes."""
+    path = Path(path)
+    if not path.is_file():
+        return False
+    with path.open("rb") as f:
+        return f.read(4) == b"GGUF"
+
+
+def _open(path: str | Path) -> Any:
+    import gguf
+
+    path = Path(path)
+    if not path.is_file():
+        raise GGUFError(f"no GGUF file at {path}: pass the path of an existing .gguf file")
+    try:
+        return gguf.GGUFReader(path)
+    except Exception as e:  # the reader raises ValueError, struct.error, IndexError on a damaged file
+        raise GGUFError(f"{path} is not a readable GGUF file ({e}); re-download or re-convert it") from e
+
+
+def _metadata(reader: Any) -> dict[str, Any]:
+    out = {}
+    for key, fld in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        out[key] = fld.contents()
+    return out
+
+
+def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
+    """All metadata key/values of a GGUF file (vocabulary included), without touching its tensors."""
+    return _metadata(_open(path))
+
+
+def _check_architecture(metadata: dict[str, Any], path: Path) -> str:
+    arch = metadata.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise UnsupportedGGUFError(
+            f"{path.name}: GGUF architecture {arch!r} is not supported; supported: {', '.join(ARCHITECTURES)} "
+            "(Llama and SmolLM2, Qwen2/Qwen2.5, Qwen3)"
+        )
+    return arch
+
+
+def _single(value: Any, what: str) -> Any:
+    """A per-model value that some files store per layer: accept it only when every layer agrees."""
+    if isinstance(value, list):
+        if len(set(value)) != 1:
+            raise UnsupportedGGUFError(
+                f"{what} differs between layers ({sorted(set(value))}); only uniform layers are supported"
+            )
+        return value[0]
+    return value
+
+
+def _rope_scaling(
+    metadata: dict[str, Any], arch: str, freq_factors: np.ndarray | None, head_dim: int, rope_theta: float
+) -> dict[str, Any] | None:
+    """HF's rope_scaling dict from llama.cpp's `rope.scaling.*` keys (or Llama 3's `rope_freqs` tensor)."""
+    key = f"{arch}.rope.scaling."
+    kind = metadata.get(key + "type", "none")
+    if freq_factors is not None:
+        if kind not in ("none", None):
+            raise UnsupportedGGUFError(
+                f"rope scaling {kind!r} together with a rope_freqs tensor is not supported"
+            )
+        return _llama3_rope_scaling(freq_factors, head_dim, rope_theta)
+    if kind in ("none", None):
+        return None
+    factor = float(metadata.get(key + "factor", 1.0))
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": factor}
+    if kind == "yarn":
+        out: dict[str, Any] = {"rope_type": "yarn", "factor": factor}
+        if key + "original_context_length" in metadata:
+            out["original_max_position_embeddings"] = int(metadata[key + "original_context_length"])
+        for name in ("beta_fast", "beta_slow"):
+            if key + "yarn_" + name in metadata:
+                out[name] = float(metadata[key + "yarn_" + name])
+        return out
+    raise UnsupportedGGUFError(
+        f"rope scaling type {kind!r} is not supported; supported: none, linear, yarn, llama3"
+    )
+
+
+def _llama3_factors(
+    head_dim: int, theta: float, factor: float, low: float, high: float, original: int
+) -> np.ndarray:
+    """The per-frequency divisors convert_hf_to_gguf writes as `rope_freqs` for rope_type "llama3"."""
+    freqs = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < original / high:
+            out.append(1.0)
+        elif wavelen > original / low:
+            out.append(factor)
+        else:
+            smooth = (original / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, dtype=np.float32)
+
+
+def _llama3_rope_scaling(freq_factors: np.ndarray, head_dim: int, theta: float) -> dict[str, Any]:
+    # The file keeps only the resulting factors; the parameters behind them are recovered by
+    # recomputing candidates (Llama 3.1/3.2/3.3 use low=1, high=4, original=8192) until one matches.
+    factor = float(freq_factors.max())
+    for original in (8192, 4096, 2048, 16384, 32768, 131072):
+        for low in (1.0, 2.0):
+            for high in (4.0, 8.0, 2.0):
+                candidate = _llama3_factors(head_dim, theta, factor, low, high, original)
+                if candidate.shape == freq_factors.shape and np.allclose(
+                    candidate, freq_factors, rtol=1e-4, atol=1e-5
+                ):
+                    return {
+                        "rope_type": "llama3",
+                        "factor": factor,
+                        "low_freq_factor": low,
+                        "high_freq_factor": high,
+                        "original_max_position_embeddings": original,
+                    }
+    raise UnsupportedGGUFError(
+        "this GGUF's rope_freqs tensor does not match Llama 3 rope scaling; it is not supported"
+    )
+
+
+def gguf_config(
+    metadata: dict[str, Any], shapes: dict[str, tuple[int, ...]], freq_factors: np.ndarray | None = None
+) -> dict[str, Any]:
+    """The HF `config.json` dict for a GGUF with this metadata and these tensor shapes (torch order)."""
+    arch = metadata["general.architecture"]
+
+    def key(name: str, default: Any = None) -> Any:
+        return metadata.get(f"{arch}.{name}", default)
+
+    hidden = int(key("embedding_length"))
+    n_head = int(_single(key("attention.head_count"), "attention.head_count"))
+    n_kv_head = int(_single(key("attention.head_count_kv", n_head), "attention.head_count_kv"))
+    head_dim = int(key("attention.key_length", key("rope.dimension_count", hidden // n_head)))
+    rotary_dim = int(key("rope.dimension_count", head_dim))
+    if rotary_dim != head_dim:
+        raise UnsupportedGGUFError(
+            f"partial rotary embedding ({rotary_dim} of {head_dim} dims) is not supported"
+        )
+    if int(key("attention.value_length", head_dim)) != head_dim:
+        raise UnsupportedGGUFError("different key and value head sizes are not supported")
+    n_layer = int(key("block_count"))
+    rope_theta = float(key("rope.freq_base", 10000.0))
+    vocab_size = shapes["token_embd.weight"][0]
+    tied = "output.weight" not in shapes
+    attention_bias = "blk.0.attn_q.bias" in shapes
+    rope_scaling = _rope_scaling(metadata, arch, freq_factors, head_dim, rope_theta)
+    rope_parameters = {"rope_type": "default", "rope_theta": rope_theta}
+    if rope_scaling is not None:
+        rope_parameters = {**rope_scaling, "rope_theta": rope_theta}
+
+    def token_id(name: str) -> int | None:
+        value = metadata.get(f"tokenizer.ggml.{name}")
+        return None if value is None else int(value)
+
+    config: dict[str, Any] = {
+        "architectures": [ARCHITECTURES[arch]],
+        "model_type": arch,
+        "vocab_size": vocab_size,
+        "hidden_size": hidden,
+        "intermediate_size": int(_single(key("feed_forward_length"), "feed_forward_length")),
+        "num_hidden_layers": n_layer,
+        "num_attention_heads": n_head,
+        "num_key_value_heads": n_kv_head,
+        "head_dim": head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": int(key("context_length", 2048)),
+        "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": rope_theta,
+        "rope_scaling": rope_scaling,
+        "rope_parameters": rope_parameters,
+        "tie_word_embeddings": tied,
+        "attention_bias": attention_bias,
+        "attention_dropout": 0.0,
+        "bos_token_id": token_id("bos_token_id"),
+        "eos_token_id": token_id("eos_token_id"),
+        "pad_token_id": token_id("padding_token_id"),
+        "torch_dtype": "float32",
+        "dtype": "float32",
+    }
+    if arch == "llama":
+        config["mlp_bias"] = "blk.0.ffn_up.bias" in shapes
+    if arch == "qwen2" and not attention_bias:
+        raise UnsupportedGGUFError("a qwen2 GGUF without q/k/v biases is not a Qwen2 model; not supported")
+    if arch in ("qwen2", "qwen3"):
+        config.update(use_sliding_window=False, sliding_window=None, max_window_layers=n_layer)
+    return config
+
+
+def generation_config(metadata: dict[str, Any]) -> dict[str, Any]:
+    """Which ids start, stop and pad: eos plus llama.cpp's end-of-turn ids when the file names them."""
+    eos = [
+        int(metadata[k])
+        for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+        if metadata.get(k) is not None
+    ]
+    eos = list(dict.fromkeys(eos))
+    out: dict[str, Any] = {"bos_token_id": metadata.get("tokenizer.ggml.bos_token_id")}
+    out["eos_token_id"] = eos[0] if len(eos) == 1 else (eos or None)
+    if metadata.get("tokenizer.ggml.padding_token_id") is not None:
+        out["pad_token_id"] = int(metadata["tokenizer.ggml.padding_token_id"])
+    return out
+
+
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+    "ffn_gate.bias": "mlp.gate_proj.bias",
+    "ffn_up.bias": "mlp.up_proj.bias",
+    "ffn_down.bias": "mlp.down_proj.bias",
+    **{
+        f"attn_{g}.{kind}": f"self_attn.{h}_proj.{kind}"
+        for g, h in (("q", "q"), ("k", "k"), ("v", "v"), ("output", "o"))
+        for kind in ("weight", "bias")
+    },
+}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER = re.compile(r"blk\.(\d+)\.(.+)")
+
+
+def hf_name(gguf_name: str) -> str:
+    """HF parameter name of a GGUF tensor (`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`)."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    m = _LAYER.fullmatch(gguf_name)
+    if m and m.group(2) in _LAYER_NAMES:
+        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+    raise UnsupportedGGUFError(
+        f"unexpected tensor {gguf_name!r} in the GGUF; this architecture's loader does not know it"
+    )
+
+
+def unpermute_qk(weight: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo convert_hf_to_gguf's LlamaModel.permute: llama.cpp's rotary pairs adjacent dimensions,
+    HF's pairs the two halves of each head, so the converter interleaved each head's rows."""
+    rows = weight.shape[0]
+    half = rows // n_head // 2
+    return weight.reshape(n_head, half, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def _dequantizable() -> set[str]:
+    import gguf.quants
+
+    traits = getattr(gguf.quants, "_type_traits", {})
+    return {"F32", "F16", *(t.name for t in traits)}
+
+
+def _check_tensor_types(reader: Any, path: Path) -> None:
+    supported = _dequantizable()
+    bad = sorted({t.tensor_type.name for t in reader.tensors} - supported)
+    if bad:
+        raise UnsupportedGGUFError(
+            f"{path.name} holds tensors of type {', '.join(bad)}, which the installed gguf package cannot dequantize; "
+            f"supported: {', '.join(sorted(supported))}. Upgrade it (pip install -U gguf) or use another quantization."
+        )
+
+
+def _dequantize(tensor: Any) -> np.ndarray:
+    from gguf.quants import dequantize
+
+    shape = tuple(int(d) for d in reversed(tensor.shape))  # ggml lists the fastest-moving dimension first
+    return np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32).reshape(shape)
+
+
+def read_gguf(path: str | Path) -> GGUFParts:
+    """Config, float32 state dict (HF names), tokenizer and its config, generation config of a GGUF file."""
+    path = Path(path)
+    reader = _open(path)
+    metadata = _metadata(reader)
+    arch = _check_architecture(metadata, path)
+    _check_tensor_types(reader, path)
+    tensors = {t.name: t for t in reader.tensors}
+    if "token_embd.weight" not in tensors:
+        raise GGUFError(f"{path.name} has no token_embd.weight tensor; it is not a complete model")
+    shapes = {name: tuple(int(d) for d in reversed(t.shape)) for name, t in tensors.items()}
+
+    freq_factors = _dequantize(tensors.pop("rope_freqs.weight")) if "rope_freqs.weight" in tensors else None
+    config = gguf_config(metadata, shapes, freq_factors)
+
+    state_dict: dict[str, torch.Tensor] = {}
+    for name, tensor in tensors.items():
+        weight = _dequantize(tensor)
+        # Only "llama" files were permuted: llama.cpp runs qwen2/qwen3 with NeoX-style rotary.
+        if arch == "llama" and re.fullmatch(r"blk\.\d+\.attn_q\.(weight|bias)", name):
+            weight = unpermute_qk(weight, config["num_attention_heads"])
+        elif arch == "llama" and re.fullmatch(r"blk\.\d+\.attn_k\.(weight|bias)", name):
+            weight = unpermute_qk(weight, config["num_key_value_heads"])
+        state_dict[hf_name(name)] = torch.from_numpy(np.ascontiguousarray(weight))
+
+    try:
+        tokenizer = build_tokenizer(metadata)
+    except GGUFTokenizerError as e:
+        raise UnsupportedGGUFError(f"{path.name}: {e}") from e
+    tok_config = tokenizer_config(metadata, tokenizer)
+    tok_config["model_max_length"] = config["max_position_embeddings"]
+    scalars = {k: v for k, v in metadata.items() if not isinstance(v, list)}
+    return GGUFParts(
+        config=config,
+        state_dict=state_dict,
+        tokenizer=tokenizer,
+        tokenizer_config=tok_config,
+        generation_config=generation_config(metadata),
+        metadata=scalars,
+    )
