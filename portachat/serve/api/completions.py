@@ -1,0 +1,356 @@
+"""POST /v1/chat/completions and /v1/completions: request -> prompt ids -> engine -> OpenAI JSON or SSE."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from portachat.serve.api.errors import APIError, error_body
+from portachat.serve.api.protocol import ChatCompletionRequest, CompletionRequest, check_supported, parse_body
+from portachat.serve.api.sse import SSE_DONE, GuardedStream, sse_event
+from portachat.serve.api.state import ServerState
+from portachat.serve.async_engine import EngineShutdown, RequestStream
+from portachat.serve.engine.types import EngineError, RequestOutput, SamplingParams
+
+
+class ClientGone(Exception):
+    """The client disconnected before its (non-streamed) answer was ready."""
+
+
+# ------------------------------------------------------------------------------------------ prompt
+
+
+def chat_prompt(state: ServerState, req: ChatCompletionRequest) -> list[int]:
+    settings = state.settings
+    if not req.messages:
+        raise APIError(400, "'messages' is empty: send at least one message, e.g. "
+                            '[{"role": "user", "content": "Hello"}].', param="messages")
+    if len(req.messages) > settings.max_messages:
+        raise APIError(400, f"Too many messages: {len(req.messages)} (this server's limit is "
+                            f"{settings.max_messages}, `portachat serve --max-messages`).", param="messages")
+    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
+    try:
+        return state.model.tokenizer.render_prompt(messages)
+    except Exception as exc:  # noqa: BLE001 - a template's raise_exception or our format's checks
+        raise APIError(400, f"The conversation cannot be rendered with this model's chat template: {exc}",
+                       param="messages") from None
+
+
+def completion_prompt(state: ServerState, req: CompletionRequest) -> list[int]:
+    prompt: Any = req.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        if len(prompt) != 1:
+            raise APIError(400, f"Batched prompts are not supported (got {len(prompt)}): send one request per "
+                                "prompt; the server batches concurrent requests itself.", param="prompt")
+        prompt = prompt[0]
+    tokenizer = state.model.tokenizer
+    if isinstance(prompt, str):
+        ids = tokenizer.encode(prompt)
+        if state.model.bos_for_completions and tokenizer.bos_id is not None:
+            ids = [tokenizer.bos_id, *ids]
+    else:
+        ids = list(prompt)
+        bad = [t for t in ids if not 0 <= t < tokenizer.vocab_size]
+        if bad:
+            raise APIError(400, f"Token id {bad[0]} is outside this model's vocabulary (0..{tokenizer.vocab_size - 1}).",
+                           param="prompt")
+    if not ids:
+        raise APIError(400, "The prompt is empty: send some text or token ids.", param="prompt")
+    return ids
+
+
+# ------------------------------------------------------------------------------------------ params
+
+
+def sampling_params(state: ServerState, req: ChatCompletionRequest | CompletionRequest, prompt_len: int,
+                    prompt_param: str) -> SamplingParams:
+    """OpenAI fields -> SamplingParams; 400 when the prompt plus max_tokens cannot fit the context."""
+    limit = state.model.max_model_len
+    if prompt_len >= limit:
+        raise APIError(400, f"This model's maximum context length is {limit} tokens, but the {prompt_param} "
+                            f"has {prompt_len} tokens. Shorten the {prompt_param}.",
+                       param=prompt_param, code="context_length_exceeded")
+    max_tokens = req.max_tokens
+    param = "max_tokens"
+    if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
+        max_tokens, param = req.max_completion_tokens, "max_completion_tokens"
+    if max_tokens is None:
+        max_tokens = limit - prompt_len  # as vLLM: whatever room the context leaves
+    elif prompt_len + max_tokens > limit:
+        raise APIError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
+                            f"{prompt_len + max_tokens} tokens ({prompt_len} in the {prompt_param}, {max_tokens} "
+                            f"for the completion). Reduce the {prompt_param} or {param} (at most "
+                            f"{limit - prompt_len} here).", param=param, code="context_length_exceeded")
+    defaults = state.model.generation_defaults
+    top_k = req.top_k if req.top_k is not None else defaults.get("top_k", 0)
+    logprobs = bool(req.logprobs) if isinstance(req, ChatCompletionRequest) else req.logprobs is not None
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=req.temperature if req.temperature is not None else defaults.get("temperature", 1.0),
+        top_p=req.top_p if req.top_p is not None else defaults.get("top_p", 1.0),
+        top_k=max(0, top_k or 0),
+        seed=req.seed,
+        stop=req.stop_list(),
+        stop_token_ids=list(req.stop_token_ids or []),
+        ignore_eos=req.ignore_eos,
+        repetition_penalty=req.repetition_penalty if req.repetition_penalty is not None
+        else defaults.get("repetition_penalty", 1.0),
+        presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty,
+        logprobs=logprobs,
+    )
+
+
+# ------------------------------------------------------------------------------------------ engine
+
+
+async def submit(state: ServerState, prompt_ids: list[int], params: SamplingParams, request_id: str,
+                 max_tokens_param: str) -> RequestStream:
+    try:
+        return await state.engine.add(prompt_ids, params, request_id)
+    except EngineError as exc:
+        if exc.kind == "queue_full":
+            raise APIError(429, f"The server is at capacity ({exc}). Retry after a short wait, or start the server "
+                                "with a larger `portachat serve --max-waiting`.", code="queue_full") from None
+        if exc.kind == "too_long":
+            raise APIError(400, str(exc), param=max_tokens_param, code="context_length_exceeded") from None
+        if exc.kind == "invalid":
+            raise APIError(400, str(exc)) from None
+        raise APIError(500, str(exc), code="engine_error") from None
+    except EngineShutdown as exc:
+        raise APIError(503, f"{exc}. Retry against another replica or after the restart.",
+                       code="shutting_down") from None
+
+
+@dataclass
+class Collected:
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float | None] = field(default_factory=list)
+    finish_reason: str | None = None
+    error: str | None = None
+
+    def add(self, output: RequestOutput) -> None:
+        self.text += output.text
+        self.token_ids += output.token_ids
+        self.logprobs += _logprobs_of(output)
+        if output.finished:
+            self.finish_reason = output.finish_reason
+            self.error = output.error
+
+
+def _logprobs_of(output: RequestOutput) -> list[float | None]:
+    values = list(output.logprobs or [])
+    return values + [None] * (len(output.token_ids) - len(values))  # forced tool tokens have none
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def collect(request: Request, handle: RequestStream) -> Collected:
+    """Run a request to the end, unless its client goes away first (then abort it and raise ClientGone)."""
+
+    async def consume() -> Collected:
+        result = Collected()
+        async for output in handle:
+            result.add(output)
+        return result
+
+    work = asyncio.ensure_future(consume())
+    gone = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not work.done():
+            work.cancel()
+    if work.cancelled():
+        raise ClientGone
+    return work.result()
+
+
+def _error_for(output_error: str | None) -> APIError:
+    return APIError(500, output_error or "the engine failed on this request", code="engine_error")
+
+
+# ------------------------------------------------------------------------------------------ responses
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _token_text(state: ServerState, token_id: int) -> tuple[str, list[int]]:
+    raw = state.model.tokenizer.token_bytes(token_id)
+    try:
+        return raw.decode("utf-8"), list(raw)
+    except UnicodeDecodeError:  # part of a character split across tokens: show bytes, as vLLM does
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw), list(raw)
+
+
+def chat_logprobs(state: ServerState, token_ids: list[int], logprobs: list[float | None]) -> dict[str, Any]:
+    content = []
+    for token_id, lp in zip(token_ids, logprobs, strict=True):
+        token, raw = _token_text(state, token_id)
+        content.append({"token": token, "logprob": lp if lp is not None else 0.0, "bytes": raw, "top_logprobs": []})
+    return {"content": content}
+
+
+def completion_logprobs(state: ServerState, token_ids: list[int], logprobs: list[float | None],
+                        offset: int) -> dict[str, Any]:
+    tokens, offsets = [], []
+    for token_id in token_ids:
+        token, _ = _token_text(state, token_id)
+        tokens.append(token)
+        offsets.append(offset)
+        offset += len(state.model.tokenizer.decode([token_id]))
+    return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": None, "text_offset": offsets}
+
+
+async def chat_completions(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    state.require_ready()
+    req = parse_body(await request.body(), ChatCompletionRequest)
+    check_supported(req)
+    state.check_model(req.model)
+    prompt_ids = await run_in_threadpool(chat_prompt, state, req)
+    max_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    params = sampling_params(state, req, len(prompt_ids), "messages")
+    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    handle = await submit(state, prompt_ids, params, request_id, max_param)
+    if req.stream:
+        options = req.stream_options
+        return GuardedStream(
+            _chat_stream(state, handle, request_id, created, len(prompt_ids), req.logprobs,
+                         bool(options and options.include_usage), bool(options and options.continuous_usage_stats)),
+            on_close=handle.abort,
+        )
+    try:
+        result = await collect(request, handle)
+    finally:
+        handle.abort()
+    if result.finish_reason == "error":
+        raise _error_for(result.error)
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": result.text},
+        "logprobs": chat_logprobs(state, result.token_ids, result.logprobs) if req.logprobs else None,
+        "finish_reason": result.finish_reason,
+    }
+    return JSONResponse({
+        "id": request_id, "object": "chat.completion", "created": created, "model": state.model_name,
+        "choices": [choice], "usage": _usage(len(prompt_ids), len(result.token_ids)),
+    })
+
+
+async def _chat_stream(state: ServerState, handle: RequestStream, request_id: str, created: int, prompt_len: int,
+                       logprobs: bool, include_usage: bool, continuous_usage: bool) -> AsyncIterator[bytes]:
+    base = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": state.model_name}
+    completion_tokens = 0
+
+    def chunk(delta: dict, finish_reason: str | None = None, lp: dict | None = None) -> bytes:
+        payload = {**base, "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish_reason}]}
+        if include_usage:  # OpenAI: null on every chunk but the last
+            payload["usage"] = _usage(prompt_len, completion_tokens) if continuous_usage else None
+        return sse_event(payload)
+
+    yield chunk({"role": "assistant", "content": ""})
+    async for output in handle:
+        completion_tokens += len(output.token_ids)
+        if output.text or output.token_ids:
+            lp = chat_logprobs(state, output.token_ids, _logprobs_of(output)) if logprobs else None
+            yield chunk({"content": output.text}, lp=lp)
+        if output.finished:
+            if output.finish_reason == "error":
+                yield sse_event(error_body(500, output.error or "the engine failed on this request", code="engine_error"))
+                yield SSE_DONE
+                return
+            yield chunk({}, output.finish_reason)
+    if include_usage:
+        yield sse_event({**base, "choices": [], "usage": _usage(prompt_len, completion_tokens)})
+    yield SSE_DONE
+
+
+async def completions(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    state.require_ready()
+    req = parse_body(await request.body(), CompletionRequest)
+    check_supported(req)
+    state.check_model(req.model)
+    prompt_ids = await run_in_threadpool(completion_prompt, state, req)
+    params = sampling_params(state, req, len(prompt_ids), "prompt")
+    request_id = f"cmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    echo = state.model.tokenizer.decode(prompt_ids) if req.echo else ""
+    handle = await submit(state, prompt_ids, params, request_id, "max_tokens")
+    want_logprobs = req.logprobs is not None
+    if req.stream:
+        options = req.stream_options
+        return GuardedStream(
+            _completion_stream(state, handle, request_id, created, len(prompt_ids), echo, want_logprobs,
+                               bool(options and options.include_usage),
+                               bool(options and options.continuous_usage_stats)),
+            on_close=handle.abort,
+        )
+    try:
+        result = await collect(request, handle)
+    finally:
+        handle.abort()
+    if result.finish_reason == "error":
+        raise _error_for(result.error)
+    choice = {
+        "index": 0,
+        "text": echo + result.text,
+        "logprobs": completion_logprobs(state, result.token_ids, result.logprobs, len(echo)) if want_logprobs else None,
+        "finish_reason": result.finish_reason,
+    }
+    return JSONResponse({
+        "id": request_id, "object": "text_completion", "created": created, "model": state.model_name,
+        "choices": [choice], "usage": _usage(len(prompt_ids), len(result.token_ids)),
+    })
+
+
+async def _completion_stream(state: ServerState, handle: RequestStream, request_id: str, created: int,
+                             prompt_len: int, echo: str, logprobs: bool, include_usage: bool,
+                             continuous_usage: bool) -> AsyncIterator[bytes]:
+    base = {"id": request_id, "object": "text_completion", "created": created, "model": state.model_name}
+    completion_tokens = 0
+    offset = len(echo)
+
+    def chunk(text: str, finish_reason: str | None = None, lp: dict | None = None) -> bytes:
+        payload = {**base, "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": finish_reason}]}
+        if include_usage:
+            payload["usage"] = _usage(prompt_len, completion_tokens) if continuous_usage else None
+        return sse_event(payload)
+
+    if echo:
+        yield chunk(echo)
+    async for output in handle:
+        completion_tokens += len(output.token_ids)
+        if output.text or output.token_ids:
+            lp = completion_logprobs(state, output.token_ids, _logprobs_of(output), offset) if logprobs else None
+            offset += len(output.text)
+            yield chunk(output.text, lp=lp)
+        if output.finished:
+            if output.finish_reason == "error":
+                yield sse_event(error_body(500, output.error or "the engine failed on this request", code="engine_error"))
+                yield SSE_DONE
+                return
+            yield chunk("", output.finish_reason)
+    if include_usage:
+        yield sse_event({**base, "choices": [], "usage": _usage(prompt_len, completion_tokens)})
+    yield SSE_DONE

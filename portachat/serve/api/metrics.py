@@ -1,0 +1,68 @@
+"""Prometheus metrics, named after vLLM's (`vllm:` becomes `portachat:`) so dashboards carry over.
+
+One registry per app (tests start several apps in one process). Latencies are measured on the
+engine thread when outputs leave a step, the moment a client could first see them.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from portachat.serve.async_engine import RequestTiming
+from portachat.serve.engine.types import RequestOutput
+
+# vLLM's buckets, trimmed: CPU serving is slower, so the long tail matters more than sub-ms detail.
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+_ITL_BUCKETS = (0.001, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+_E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0)
+
+
+class ServerMetrics:
+    """The metrics /metrics serves; also the AsyncEngine's observer."""
+
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["model_name"]
+        r = self.registry
+        self.running = Gauge("portachat:num_requests_running", "Requests in the running batch.", labels, registry=r)
+        self.waiting = Gauge("portachat:num_requests_waiting", "Requests waiting to be scheduled.", labels, registry=r)
+        self.kv_usage = Gauge("portachat:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full).", labels, registry=r)
+        self.ttft = Histogram("portachat:time_to_first_token_seconds", "Time to first token.", labels,
+                              buckets=_TTFT_BUCKETS, registry=r)
+        self.itl = Histogram("portachat:inter_token_latency_seconds", "Time between output tokens.", labels,
+                             buckets=_ITL_BUCKETS, registry=r)
+        self.e2e = Histogram("portachat:e2e_request_latency_seconds", "Request latency from arrival to last output.",
+                             labels, buckets=_E2E_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("portachat:prompt_tokens", "Prompt tokens processed.", labels, registry=r)
+        self.generation_tokens = Counter("portachat:generation_tokens", "Tokens generated.", labels, registry=r)
+        self.success = Counter("portachat:request_success", "Finished requests, by finish reason.",
+                               [*labels, "finished_reason"], registry=r)
+        self.http_errors = Counter("portachat:http_request_errors", "Requests answered with an error status.",
+                                   [*labels, "status"], registry=r)
+        self.model_name = model_name
+
+    def on_output(self, request: RequestTiming, output: RequestOutput, now: float) -> None:
+        name = self.model_name
+        n = len(output.token_ids)
+        if n:
+            if request.first_token == now and request.last_token is None:
+                self.ttft.labels(name).observe(now - request.arrival)
+            elif request.last_token is not None:
+                # Several tokens in one output (e.g. a forced tool result) share the gap between them.
+                gap = (now - request.last_token) / n
+                for _ in range(n):
+                    self.itl.labels(name).observe(gap)
+            self.generation_tokens.labels(name).inc(n)
+        if output.finished:
+            self.e2e.labels(name).observe(now - request.arrival)
+            self.prompt_tokens.labels(name).inc(output.prompt_tokens)
+            self.success.labels(name, output.finish_reason or "unknown").inc()
+
+    def on_stats(self, stats: dict) -> None:
+        name = self.model_name
+        self.running.labels(name).set(stats.get("num_running", 0))
+        self.waiting.labels(name).set(stats.get("num_waiting", 0))
+        self.kv_usage.labels(name).set(stats.get("kv_cache_usage", 0.0))
+
+    def on_http_error(self, status: int) -> None:
+        self.http_errors.labels(self.model_name, str(status)).inc()

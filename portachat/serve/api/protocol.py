@@ -1,0 +1,156 @@
+"""OpenAI request bodies (the fields we honour, with OpenAI's ranges) and the errors they give.
+
+Unknown fields are ignored, as OpenAI-compatible servers do, so clients that send extra options
+keep working; fields we cannot honour (n > 1, tools, images, ...) get a 400 naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from portachat.serve.api.errors import APIError
+
+MAX_STOP_SEQUENCES = 16
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage on every chunk
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    # "developer" is OpenAI's newer name for "system".
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class _SamplingFields(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1)  # vLLM extension; -1 or 0 = off
+    n: int = Field(1, ge=1)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None  # vLLM extension
+    seed: int | None = None
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(None, gt=0.0)  # vLLM extension
+    ignore_eos: bool = False  # vLLM extension
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    response_format: dict[str, Any] | None = None
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=5)
+    suffix: str | None = None
+    best_of: int | None = Field(None, ge=1)
+
+
+def _where(loc: tuple) -> str:
+    """pydantic's location ('messages', 0, 'role') as OpenAI writes params: messages[0].role."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("str", "list[TextPart]", "list[int]", "list[str]", "list[list[int]]", "function-after"):
+            continue  # the union branch pydantic tried, not a field
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def parse_body(raw: bytes, model: type[BaseModel]) -> Any:
+    """Bytes -> request model, or APIError(400) with a message naming the field and the problem."""
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"The request body is not valid JSON ({exc}). Send a JSON object with "
+                            f"Content-Type: application/json.", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise APIError(400, f"The request body must be a JSON object, got {type(data).__name__}.", code="invalid_json")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        # A union field reports one error per branch; the first names the field well enough.
+        first = errors[0]
+        param = _where(tuple(first["loc"]))
+        if first["type"] == "missing":
+            message = f"Missing required parameter: '{param}'."
+        else:
+            got = first.get("input")
+            shown = json.dumps(got)[:80] if not isinstance(got, dict | list) else type(got).__name__
+            message = f"Invalid value for '{param}': {first['msg']} (got {shown})."
+        raise APIError(400, message, param=param, code="invalid_value") from None
+
+
+def check_supported(request: ChatCompletionRequest | CompletionRequest) -> None:
+    """400 for options this server does not implement, rather than silently ignoring them."""
+    if request.n != 1:
+        raise APIError(400, f"Only n=1 is supported (got n={request.n}): send one request per completion.", param="n")
+    stops = request.stop_list()
+    if len(stops) > MAX_STOP_SEQUENCES:
+        raise APIError(400, f"At most {MAX_STOP_SEQUENCES} stop sequences are allowed (got {len(stops)}).", param="stop")
+    if any(s == "" for s in stops):
+        raise APIError(400, "Stop sequences must not be empty strings.", param="stop")
+    if request.stream_options is not None and not request.stream:
+        raise APIError(400, "stream_options is only allowed when stream is true.", param="stream_options")
+    if isinstance(request, ChatCompletionRequest):
+        if request.tools:
+            raise APIError(400, "Tool calling ('tools') is not supported by this server.", param="tools")
+        if request.top_logprobs:
+            raise APIError(400, "top_logprobs > 0 is not supported: set logprobs=true for the chosen "
+                                "tokens' log-probabilities.", param="top_logprobs")
+        if request.top_logprobs is not None and not request.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs=true.", param="top_logprobs")
+        fmt = (request.response_format or {}).get("type", "text")
+        if fmt != "text":
+            raise APIError(400, f"response_format type {fmt!r} is not supported (only 'text').", param="response_format")
+    else:
+        if request.suffix:
+            raise APIError(400, "suffix (insertion) is not supported by this server.", param="suffix")
+        if request.best_of not in (None, 1):
+            raise APIError(400, "Only best_of=1 is supported.", param="best_of")
+        if request.logprobs:
+            raise APIError(400, "logprobs > 0 (top alternatives) is not supported: use logprobs=0 for the "
+                                "chosen tokens' log-probabilities.", param="logprobs")
