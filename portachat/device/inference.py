@@ -1,0 +1,138 @@
+"""Inference-time device choices: weight dtype, decode-step compilation, KV-cache memory budget.
+
+Training's dtype policy (autocast over fp32 master weights) answers a different question than
+serving's (what dtype should the weights themselves be in). On accelerators the answer is the
+device's compute dtype. On a CPU it depends on the chip: bf16 halves the bytes each decode step
+reads, which wins where the CPU has native bf16 dot products (AVX512-BF16, AMX) and loses where bf16
+is emulated, so it is measured once per machine (a memory-bound matrix-vector product in each
+dtype, well under a second) and cached in the portachat home.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+
+from portachat.device.device import Device
+from portachat.paths import portachat_home
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float": "fp32"}
+_memo: dict[str, str] = {}
+
+
+@dataclass
+class Choice:
+    value: object
+    reason: str
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    key = _ALIASES.get(name.strip().lower(), name.strip().lower())
+    if key not in _DTYPES:
+        raise ValueError(f"dtype {name!r} is not valid; use one of fp32, bf16, fp16")
+    return _DTYPES[key]
+
+
+def _cache_file():
+    return portachat_home() / "inference_dtype.json"
+
+
+def measure_cpu_matvec(dtype: torch.dtype, rows: int = 4096, cols: int = 2048, reps: int = 12) -> float:
+    """Seconds per matrix-vector product with a weight too large for the caches (decode's pattern)."""
+    weight = torch.randn(rows, cols).to(dtype)
+    x = torch.randn(1, cols).to(dtype)
+    torch.nn.functional.linear(x, weight)  # warm up
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        torch.nn.functional.linear(x, weight)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def cpu_inference_dtype() -> Choice:
+    """bf16 if a measured memory-bound matvec runs faster in bf16 than in fp32, else fp32."""
+    name = torch.__version__ + "|" + str(torch.backends.cpu.get_cpu_capability())
+    if name in _memo:
+        return Choice(_DTYPES[_memo[name]], "measured earlier in this process")
+    try:
+        cached = json.loads(_cache_file().read_text()).get(name)
+    except (OSError, ValueError):
+        cached = None
+    if cached in _DTYPES:
+        _memo[name] = cached
+        return Choice(_DTYPES[cached], f"measured before on this machine ({_cache_file()})")
+    with torch.inference_mode():
+        fp32 = measure_cpu_matvec(torch.float32)
+        bf16 = measure_cpu_matvec(torch.bfloat16)
+    choice = "bf16" if bf16 < 0.9 * fp32 else "fp32"
+    _memo[name] = choice
+    try:
+        path = _cache_file()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            data = {}
+        data[name] = choice
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=2))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only home only costs a re-measurement next time
+    return Choice(_DTYPES[choice], f"measured: bf16 matvec {bf16 * 1e6:.0f} us vs fp32 {fp32 * 1e6:.0f} us")
+
+
+def inference_dtype(dev: Device, requested: str | None = None) -> Choice:
+    """Dtype for inference weights and KV cache. `requested` (fp32/bf16/fp16) wins;
+    PORTACHAT_INFERENCE_DTYPE is read next."""
+    requested = requested or os.environ.get("PORTACHAT_INFERENCE_DTYPE") or None
+    if requested and requested.strip().lower() != "auto":
+        return Choice(parse_dtype(requested), f"requested ({requested})")
+    if dev.type == "cpu":
+        return cpu_inference_dtype()
+    if dev.dtype in (torch.bfloat16, torch.float16):
+        return Choice(dev.dtype, f"the device's compute dtype ({dev.dtype_reason})")
+    return Choice(torch.float32, f"fp32: {dev.dtype_reason}")
+
+
+def decode_compile(dev: Device, requested: bool | None = None) -> Choice:
+    """Whether the engine compiles its decode step (torch.compile). Off where the device layer's
+    compile policy says eager (Ascend, MPS, no Triton); on CPU it follows the same opt-in."""
+    if requested is not None:
+        return Choice(bool(requested), "requested")
+    return Choice(dev.compile, dev.compile_reason)
+
+
+def kv_cache_budget(dev: Device, utilization: float, wanted_bytes: int) -> Choice:
+    """Bytes for the KV cache.
+
+    Accelerators (vLLM's rule): `utilization` of total device memory, minus what is already used
+    (weights, activations), capped at what `wanted_bytes` (every sequence at full length) needs.
+    CPU: `wanted_bytes`, but at most `utilization` of the memory still available, since the cache
+    shares RAM with everything else on the machine.
+    """
+    if not 0.0 < utilization <= 1.0:
+        raise ValueError(f"memory utilization must be in (0, 1], got {utilization}")
+    stats = dev.memory()
+    if dev.type == "cpu" or stats.total is None:
+        free = stats.free if stats.free is not None else wanted_bytes
+        budget = min(wanted_bytes, int(utilization * free))
+        return Choice(
+            budget,
+            f"{budget / 2**30:.2f} GiB: min(needed {wanted_bytes / 2**30:.2f} GiB, "
+            f"{utilization:.0%} of {free / 2**30:.1f} GiB available)",
+        )
+    used = stats.total - (stats.free if stats.free is not None else stats.total)
+    budget = int(utilization * stats.total) - used
+    budget = min(budget, wanted_bytes)
+    return Choice(
+        max(budget, 0),
+        f"{max(budget, 0) / 2**30:.2f} GiB: {utilization:.0%} of "
+        f"{stats.total / 2**30:.1f} GiB minus {used / 2**30:.2f} GiB in use",
+    )

@@ -1,0 +1,12 @@
+"""The inference engine: paged KV cache, continuous batching, chunked prefill, sampling, tools.
+
+Layout after nano-vllm: `block_manager` (KV blocks, prefix reuse), `scheduler` (which tokens run
+each step), `runner` (one forward over a flat batch), `sampler`, `detokenizer`, `calculator`,
+and `engine` (the loop the server, `chat`, `generate`, RL and evals drive).
+"""
+
+from portachat.serve.engine.config import EngineConfig
+from portachat.serve.engine.engine import Completion, LLMEngine
+from portachat.serve.engine.types import EngineError, RequestOutput, SamplingParams
+
+__all__ = ["Completion", "EngineConfig", "EngineError", "LLMEngine", "RequestOutput", "SamplingParams"]

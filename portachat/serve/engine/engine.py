@@ -1,0 +1,357 @@
+"""LLMEngine: requests in, streamed outputs out, one scheduler step at a time.
+
+    engine = LLMEngine(model, tokenizer, EngineConfig())
+    rid = engine.add_request(prompt_ids, SamplingParams(max_tokens=64))
+    while engine.has_unfinished():
+        for out in engine.step(): ...
+
+A step = schedule (which tokens of which sequences) -> one forward -> sample -> per-sequence
+bookkeeping (calculator tool, detokenization, stop conditions, freeing blocks of finished ones).
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from portachat.device import Device, diagnose, get_device
+from portachat.device.inference import decode_compile, inference_dtype, kv_cache_budget, parse_dtype
+from portachat.model.gpt import GPT
+from portachat.serve.engine.block_manager import BlockManager
+from portachat.serve.engine.calculator import calculate
+from portachat.serve.engine.config import EngineConfig
+from portachat.serve.engine.detokenizer import Detokenizer
+from portachat.serve.engine.runner import ModelRunner
+from portachat.serve.engine.sampler import sample
+from portachat.serve.engine.scheduler import Scheduler
+from portachat.serve.engine.sequence import Sequence
+from portachat.serve.engine.types import EngineError, RequestOutput, SamplingParams
+from portachat.tokenizer.protocol import ChatTokenizer
+
+MAX_TOOL_EXPRESSION_TOKENS = 128  # a tool call longer than this is abandoned (no output forced)
+
+
+@dataclass
+class Completion:
+    """A finished request, as `generate` returns it."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    logprobs: list[float] | None
+    prompt_tokens: int
+    completion_tokens: int
+    error: str | None = None
+
+
+def validate_params(p: SamplingParams, vocab_size: int) -> None:
+    problems = []
+    if not isinstance(p.max_tokens, int) or p.max_tokens < 1:
+        problems.append(f"max_tokens must be a positive integer, got {p.max_tokens!r}")
+    if p.temperature < 0:
+        problems.append(f"temperature must be >= 0, got {p.temperature}")
+    if p.top_k < 0:
+        problems.append(f"top_k must be >= 0 (0 = off), got {p.top_k}")
+    if not 0.0 < p.top_p <= 1.0:
+        problems.append(f"top_p must be in (0, 1], got {p.top_p}")
+    if p.repetition_penalty <= 0:
+        problems.append(f"repetition_penalty must be > 0, got {p.repetition_penalty}")
+    if not -2.0 <= p.presence_penalty <= 2.0 or not -2.0 <= p.frequency_penalty <= 2.0:
+        problems.append("presence_penalty and frequency_penalty must be in [-2, 2]")
+    if any(not isinstance(s, str) for s in p.stop):
+        problems.append("stop must be a list of strings")
+    if any(not isinstance(t, int) or not 0 <= t < vocab_size for t in p.stop_token_ids):
+        problems.append(f"stop_token_ids must be token ids in [0, {vocab_size})")
+    if problems:
+        raise EngineError("; ".join(problems), kind="invalid")
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        model: GPT,
+        tokenizer: ChatTokenizer,
+        config: EngineConfig | None = None,
+        device: Device | None = None,
+    ) -> None:
+        self.config = config = config or EngineConfig()
+        self.device = device = device or get_device()
+        self.tokenizer = tokenizer
+        cfg = model.config
+        # Weights: the inference dtype (in place: the engine owns the model it is given).
+        if config.dtype == "model":
+            dtype = model.lm_head.weight.dtype
+            self.dtype_reason = "kept the model's dtype"
+        elif config.dtype is not None:
+            dtype, self.dtype_reason = parse_dtype(config.dtype), f"requested ({config.dtype})"
+        else:
+            choice = inference_dtype(device)
+            dtype, self.dtype_reason = choice.value, choice.reason
+        self.dtype = dtype
+        model.to(device=device.torch_device, dtype=dtype).eval()
+        self.model = model
+
+        self.max_model_len = config.max_model_len or cfg.max_seq_len
+        if config.max_num_seqs < 1 or config.max_num_batched_tokens < 1 or config.block_size < 1:
+            raise EngineError("max_num_seqs, max_num_batched_tokens and block_size must be positive")
+        num_blocks, self.kv_reason = self._num_blocks(cfg, dtype)
+        min_blocks = -(-self.max_model_len // config.block_size)
+        if num_blocks < min_blocks:
+            raise EngineError(
+                f"the KV cache holds {num_blocks * config.block_size} tokens ({self.kv_reason}), less than one "
+                f"sequence of --max-model-len {self.max_model_len}; lower --max-model-len or raise --kv-cache-gb",
+                kind="invalid",
+            )
+        self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)
+        self.runner = ModelRunner(
+            model, num_blocks, config.block_size, self.max_model_len, device.torch_device, dtype
+        )
+        compile_choice = decode_compile(device, config.compile)
+        self.compiled = bool(compile_choice.value)
+        self.compile_reason = compile_choice.reason
+        if self.compiled:
+            self.runner.enable_compile()
+        self.stop_ids = set(tokenizer.stop_ids)
+        self.tools = tokenizer.tool_tokens
+        self._seqs: dict[str, Sequence] = {}
+        self._arrivals = itertools.count()
+        self._seed_source = torch.Generator().manual_seed(torch.initial_seed() % 2**63)
+        self.num_steps = 0
+
+    def _num_blocks(self, cfg, dtype: torch.dtype) -> tuple[int, str]:
+        c = self.config
+        per_token = (
+            2 * cfg.n_layer * cfg.n_kv_head * cfg.head_dim * torch.empty((), dtype=dtype).element_size()
+        )
+        per_block = per_token * c.block_size
+        if c.num_blocks is not None:
+            return c.num_blocks, f"{c.num_blocks} blocks requested"
+        if c.kv_cache_gb is not None:
+            return int(c.kv_cache_gb * 2**30) // per_block, f"--kv-cache-gb {c.kv_cache_gb}"
+        wanted = c.max_num_seqs * -(-self.max_model_len // c.block_size) * per_block
+        choice = kv_cache_budget(self.device, c.gpu_memory_utilization, wanted)
+        return int(choice.value) // per_block, choice.reason
+
+    # ------------------------------------------------------------------ requests
+
+    def add_request(
+        self, prompt_ids: list[int], params: SamplingParams | None = None, request_id: str | None = None
+    ) -> str:
+        params = params or SamplingParams()
+        validate_params(params, self.model.config.vocab_size)
+        if not prompt_ids:
+            raise EngineError(
+                "the prompt is empty: give at least one token (e.g. the BOS token)", kind="invalid"
+            )
+        vocab = self.model.config.vocab_size
+        if any(not isinstance(t, int) or not 0 <= t < vocab for t in prompt_ids):
+            raise EngineError(f"prompt token ids must be integers in [0, {vocab})", kind="invalid")
+        if len(prompt_ids) + params.max_tokens > self.max_model_len:
+            raise EngineError(
+                f"the prompt has {len(prompt_ids)} tokens and max_tokens is {params.max_tokens}: "
+                f"{len(prompt_ids) + params.max_tokens} > the context window of {self.max_model_len} tokens; "
+                "shorten the prompt, lower max_tokens, or raise --max-model-len",
+                kind="too_long",
+            )
+        if len(self.scheduler.waiting) >= self.config.max_waiting:
+            raise EngineError(
+                f"the waiting queue is full ({self.config.max_waiting} requests); retry later",
+                kind="queue_full",
+            )
+        request_id = request_id or uuid.uuid4().hex
+        if request_id in self._seqs:
+            raise EngineError(f"request id {request_id!r} is already in use", kind="invalid")
+        seed = params.seed
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_source))
+        seq = Sequence(
+            request_id=request_id,
+            prompt_ids=list(prompt_ids),
+            params=params,
+            detokenizer=Detokenizer(self.tokenizer.token_bytes, params.stop),
+            generator=torch.Generator().manual_seed(seed) if params.temperature > 0 else None,
+            arrival=next(self._arrivals),
+        )
+        self._seqs[request_id] = seq
+        self.scheduler.add(seq)
+        return request_id
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request now and free its KV blocks (no-op for unknown or finished ids)."""
+        seq = self._seqs.pop(request_id, None)
+        if seq is not None and not seq.finished:
+            seq.finish_reason = "abort"
+            self.scheduler.remove(seq)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def stats(self) -> dict:
+        b = self.blocks
+        return {
+            "num_running": len(self.scheduler.running),
+            "num_waiting": len(self.scheduler.waiting),
+            "kv_cache_usage": b.usage(),
+            "num_blocks": b.num_blocks,
+            "block_size": b.block_size,
+            "prefix_cache_queries": b.prefix_queries,
+            "prefix_cache_hits": b.prefix_hits,
+            "prefix_cache_hit_rate": b.prefix_hits / b.prefix_queries if b.prefix_queries else 0.0,
+            "num_preemptions": self.scheduler.num_preemptions,
+            "max_model_len": self.max_model_len,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "compiled": self.compiled,
+        }
+
+    # ------------------------------------------------------------------ the step
+
+    def step(self) -> list[RequestOutput]:
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        self.num_steps += 1
+        sampling = [s for s in batch if s.samples]
+        try:
+            inputs = self.runner.prepare(batch)
+            logits = self.runner.forward(inputs)
+            tokens, logprobs = sample(logits, [s.seq for s in sampling])
+        except Exception as exc:  # a device failure fails this step's requests, not the engine
+            return self._fail(batch, exc)
+        for s in batch:
+            s.seq.num_computed = s.start + s.num_tokens
+            self.blocks.register_full_blocks(s.seq)
+        outputs = []
+        for i, s in enumerate(sampling):
+            self._append(s.seq, tokens[i], logprobs[i] if logprobs is not None else None)
+            outputs.append(self._output(s.seq))
+        return outputs
+
+    def _fail(self, batch, exc: Exception) -> list[RequestOutput]:
+        diagnosis = diagnose(exc)
+        if diagnosis is not None:
+            message = f"{diagnosis.title}: {diagnosis.what_happened} Try: {'; '.join(diagnosis.remedies)}"
+        else:
+            message = f"the model step failed ({type(exc).__name__}: {str(exc)[:300]})"
+        outputs = []
+        for s in batch:
+            seq = s.seq
+            seq.finish_reason, seq.error = "error", message
+            self.scheduler.remove(seq)
+            self._seqs.pop(seq.request_id, None)
+            outputs.append(self._output(seq))
+        return outputs
+
+    def _append(self, seq: Sequence, token: int, logprob: float | None) -> None:
+        """Add a sampled token, then whatever it implies: tool output, stop, length."""
+        p = seq.params
+        forced: list[int] = []
+        tools = self.tools if p.use_tools else None
+        if tools is not None:
+            if token == tools.python_start:
+                seq.in_tool_call, seq.tool_expression = True, []
+            elif seq.in_tool_call and token == tools.python_end:
+                seq.in_tool_call = False
+                result = calculate(self.tokenizer.decode(seq.tool_expression))
+                if result is not None:
+                    forced = [tools.output_start, *self.tokenizer.encode(result), tools.output_end]
+            elif seq.in_tool_call:
+                seq.tool_expression.append(token)
+                if len(seq.tool_expression) > MAX_TOOL_EXPRESSION_TOKENS:
+                    seq.in_tool_call = False
+        is_stop = (token in self.stop_ids and not p.ignore_eos) or token in p.stop_token_ids
+        self._push(seq, token, logprob if p.logprobs else None, show=not is_stop)
+        if is_stop:
+            return self._finish(seq, "stop")
+        room = min(p.max_tokens - seq.num_output, self.max_model_len - len(seq.token_ids))
+        for t in forced[: max(room, 0)]:
+            self._push(seq, t, 0.0 if p.logprobs else None, show=True)
+        if seq.detokenizer.stopped:
+            return self._finish(seq, "stop")
+        if seq.num_output >= p.max_tokens or len(seq.token_ids) >= self.max_model_len:
+            return self._finish(seq, "length")
+
+    def _push(self, seq: Sequence, token: int, logprob: float | None, show: bool) -> None:
+        seq.token_ids.append(token)
+        seq.new_token_ids.append(token)
+        if logprob is not None:
+            seq.new_logprobs.append(logprob)
+            seq.logprobs.append(logprob)
+        seq.detokenizer.add(token, decode=show)
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        seq.finish_reason = reason
+        self.scheduler.remove(seq)
+        self._seqs.pop(seq.request_id, None)
+
+    def _output(self, seq: Sequence) -> RequestOutput:
+        out = RequestOutput(
+            request_id=seq.request_id,
+            text=seq.detokenizer.delta(final=seq.finished),
+            token_ids=seq.new_token_ids,
+            logprobs=seq.new_logprobs if seq.params.logprobs else None,
+            finished=seq.finished,
+            finish_reason=seq.finish_reason,
+            error=seq.error,
+            prompt_tokens=seq.num_prompt,
+            completion_tokens=seq.num_output,
+        )
+        seq.new_token_ids, seq.new_logprobs = [], []
+        return out
+
+    # ------------------------------------------------------------------ offline batch
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams | list[SamplingParams] | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> list[Completion]:
+        """Run prompts to completion (all queued at once, as the queue bound allows) and return them in order."""
+        params = params or SamplingParams()
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        if len(plist) != len(prompts):
+            raise EngineError(f"{len(prompts)} prompts but {len(plist)} sampling params", kind="invalid")
+        results: dict[str, dict] = {}
+        order: list[str] = []
+        pending = list(zip(prompts, plist, strict=True))
+        done = 0
+        while pending or self.has_unfinished():
+            while pending and len(self.scheduler.waiting) < self.config.max_waiting:
+                prompt, p = pending.pop(0)
+                rid = self.add_request(prompt, p)
+                order.append(rid)
+                results[rid] = {"text": [], "ids": [], "logprobs": [] if p.logprobs else None, "out": None}
+            for out in self.step():
+                r = results.get(out.request_id)
+                if r is None:
+                    continue
+                r["text"].append(out.text)
+                r["ids"].extend(out.token_ids)
+                if r["logprobs"] is not None and out.logprobs:
+                    r["logprobs"].extend(out.logprobs)
+                if out.finished:
+                    r["out"] = out
+                    done += 1
+                    if progress is not None:
+                        progress(done, len(prompts))
+        completions = []
+        for rid in order:
+            r = results[rid]
+            out = r["out"]
+            completions.append(
+                Completion(
+                    text="".join(r["text"]),
+                    token_ids=r["ids"],
+                    finish_reason=out.finish_reason,
+                    logprobs=r["logprobs"],
+                    prompt_tokens=out.prompt_tokens,
+                    completion_tokens=out.completion_tokens,
+                    error=out.error,
+                )
+            )
+        return completions

@@ -1,0 +1,180 @@
+"""The model runner: one forward pass over a flat batch of tokens from many sequences.
+
+Prefill chunks and decode tokens of different sequences are concatenated into one [N] batch: the
+embeddings, projections, norms and MLPs (nearly all of the FLOPs and weight reads) run once over it;
+only attention is per group (all decode tokens together, each prefill chunk on its own), reading
+keys and values from the paged cache. Everything the step needs from the host goes to the device
+in one copy. Logits are computed only at the positions that sample.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from portachat.device import paged_attention as pa
+from portachat.model.gpt import GPT, apply_rotary
+from portachat.serve.engine.scheduler import ScheduledSeq
+
+
+@dataclass
+class PrefillChunk:
+    start: int  # row of the chunk's first token in the flat batch
+    length: int
+    slot_index: torch.Tensor | None  # [L] all slots up to the chunk's end; None when it starts at 0
+    mask: torch.Tensor | None  # [T, L]
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor  # [N]
+    positions: torch.Tensor  # [N]
+    slot_mapping: torch.Tensor  # [N]
+    logits_rows: torch.Tensor  # [S] rows whose logits are sampled, in the scheduler's batch order
+    num_decode: int  # rows 0..num_decode-1 are decode tokens
+    decode_slots: torch.Tensor | None  # [B, L]
+    decode_mask: torch.Tensor | None  # [B, 1, 1, L]
+    prefills: list[PrefillChunk]
+
+
+def rotary_tables(model: GPT, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 cos/sin [length, head_dim] from the model (its public `rotary` once it has one)."""
+    if hasattr(model, "rotary"):
+        cos, sin = model.rotary(length, device)
+    else:
+        cos, sin = model._rotary(length)
+    return cos[:length].to(device=device, dtype=torch.float32), sin[:length].to(
+        device=device, dtype=torch.float32
+    )
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: GPT,
+        num_blocks: int,
+        block_size: int,
+        max_model_len: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        self.model = model
+        self.device = device
+        self.dtype = dtype
+        self.block_size = block_size
+        cfg = model.config
+        self.num_slots = num_blocks * block_size
+        shape = (cfg.n_layer, self.num_slots, cfg.n_kv_head, cfg.head_dim)
+        self.k_cache = torch.zeros(shape, device=device, dtype=dtype)
+        self.v_cache = torch.zeros(shape, device=device, dtype=dtype)
+        self.cos, self.sin = rotary_tables(model, max_model_len, device)
+        self._forward_impl = self._forward
+
+    def enable_compile(self) -> None:
+        """torch.compile the forward (shapes vary every step: compiled with dynamic shapes)."""
+        self._forward_impl = torch.compile(self._forward, dynamic=True)
+
+    # ------------------------------------------------------------------ inputs
+
+    def prepare(self, batch: list[ScheduledSeq]) -> StepInputs:
+        """Host-side bookkeeping for a step, shipped to the device in one copy."""
+        bs = self.block_size
+        decodes = [s for s in batch if s.num_tokens == 1]
+        chunks = [s for s in batch if s.num_tokens > 1]
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        first_row: dict[int, int] = {}
+        for s in decodes + chunks:
+            first_row[id(s)] = len(ids)
+            table = s.seq.block_table
+            for p in range(s.start, s.start + s.num_tokens):
+                positions.append(p)
+                slots.append(table[p // bs] * bs + p % bs)
+            ids.extend(s.seq.token_ids[s.start : s.start + s.num_tokens])
+        # Logits come back in the caller's batch order, whatever order the rows run in.
+        logits_rows = [first_row[id(s)] + s.num_tokens - 1 for s in batch if s.samples]
+        # Decode block tables, padded with block 0 (masked out), and context lengths.
+        num_decode = len(decodes)
+        context = [s.start + 1 for s in decodes]
+        max_blocks = -(-max(context) // bs) if decodes else 0
+        dec_tables: list[int] = []
+        for s in decodes:
+            table = s.seq.block_table[:max_blocks]
+            dec_tables.extend(table + [0] * (max_blocks - len(table)))
+        # Block tables of chunks that continue a sequence (prefix hit, or second chunk onwards).
+        chunk_tables: list[int] = []
+        chunk_blocks: list[int] = []
+        for s in chunks:
+            if s.start > 0:
+                n = -(-(s.start + s.num_tokens) // bs)
+                chunk_tables.extend(s.seq.block_table[:n])
+                chunk_blocks.append(n)
+        parts = [ids, positions, slots, logits_rows, context, dec_tables, chunk_tables]
+        flat = torch.tensor([x for part in parts for x in part], dtype=torch.long)
+        flat = flat.to(self.device, non_blocking=True)
+        pieces = list(torch.split(flat, [len(p) for p in parts]))
+        input_ids, pos_t, slot_t, rows_t, ctx_t, dec_t, chunk_t = pieces
+
+        decode_slots = decode_mask = None
+        if num_decode:
+            L = max(context)
+            within = torch.arange(bs, device=self.device)
+            decode_slots = (dec_t.view(num_decode, max_blocks, 1) * bs + within).view(num_decode, -1)[:, :L]
+            if min(context) != L:  # rows of different lengths: hide each row's padding
+                decode_mask = (torch.arange(L, device=self.device)[None, :] < ctx_t[:, None])[
+                    :, None, None, :
+                ]
+        prefills: list[PrefillChunk] = []
+        row = num_decode
+        table_at = 0
+        block_iter = iter(chunk_blocks)
+        for s in chunks:
+            slot_index = mask = None
+            if s.start > 0:
+                n = next(block_iter)
+                table = chunk_t[table_at : table_at + n]
+                table_at += n
+                end = s.start + s.num_tokens
+                slot_index = (table[:, None] * bs + torch.arange(bs, device=self.device)).view(-1)[:end]
+                query_pos = torch.arange(s.start, end, device=self.device)
+                mask = torch.arange(end, device=self.device)[None, :] <= query_pos[:, None]
+            prefills.append(PrefillChunk(row, s.num_tokens, slot_index, mask))
+            row += s.num_tokens
+        return StepInputs(input_ids, pos_t, slot_t, rows_t, num_decode, decode_slots, decode_mask, prefills)
+
+    # ------------------------------------------------------------------ forward
+
+    @torch.inference_mode()
+    def forward(self, inp: StepInputs) -> torch.Tensor:
+        """fp32 logits [S, V] at `inp.logits_rows`."""
+        return self._forward_impl(inp)
+
+    def _forward(self, inp: StepInputs) -> torch.Tensor:
+        model = self.model
+        x = model.model.embed_tokens(inp.input_ids)  # [N, C]
+        N = x.size(0)
+        cos = self.cos[inp.positions].to(x.dtype)[:, None, :]  # [N, 1, D]
+        sin = self.sin[inp.positions].to(x.dtype)[:, None, :]
+        for layer_idx, block in enumerate(model.model.layers):
+            attn = block.self_attn
+            h = block.input_layernorm(x)
+            q = attn.q_norm(attn.q_proj(h).view(N, attn.n_head, attn.head_dim))
+            k = attn.k_norm(attn.k_proj(h).view(N, attn.n_kv_head, attn.head_dim))
+            v = attn.v_proj(h).view(N, attn.n_kv_head, attn.head_dim)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            kc, vc = self.k_cache[layer_idx], self.v_cache[layer_idx]
+            pa.write_kv(kc, vc, inp.slot_mapping, k, v)
+            outs = []
+            d = inp.num_decode
+            if d:
+                outs.append(pa.decode_attention(q[:d], kc, vc, inp.decode_slots, inp.decode_mask))
+            for c in inp.prefills:
+                rows = slice(c.start, c.start + c.length)
+                outs.append(pa.prefill_attention(q[rows], k[rows], v[rows], kc, vc, c.slot_index, c.mask))
+            y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+            x = x + attn.o_proj(y.reshape(N, attn.n_head * attn.head_dim).to(x.dtype))
+            x = x + block.mlp(block.post_attention_layernorm(x))
+        x = model.model.norm(x[inp.logits_rows])
+        return model.lm_head(x).float()
