@@ -87,6 +87,7 @@ class AsyncEngine:
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}  # touched only on the engine thread
         self._accepting = True
+        self._active: set[str] = set()  # accepted and not yet finished; touched only by callers
         self._stats: dict = {"num_running": 0, "num_waiting": 0, "kv_cache_usage": 0.0}
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="portachat-engine", daemon=True)
@@ -112,6 +113,7 @@ class AsyncEngine:
         except BaseException:
             handle.abort()  # cancelled while waiting: the engine may have taken it meanwhile
             raise
+        self._active.add(request_id)
         return handle
 
     async def generate(
@@ -160,7 +162,8 @@ class AsyncEngine:
         return dict(self._stats)
 
     def num_in_flight(self) -> int:
-        return int(self._stats.get("num_in_flight", 0))
+        """Requests accepted whose callers have not yet seen their end."""
+        return len(self._active)
 
     @property
     def is_alive(self) -> bool:
@@ -311,14 +314,19 @@ class RequestStream:
     async def _iterate(self) -> AsyncIterator[RequestOutput]:
         while not self.finished:
             output: RequestOutput = await self._stream.outputs.get()
-            self.finished = output.finished
+            if output.finished:
+                self._done()
             yield output
 
     def abort(self) -> None:
         """Free the request's place in the engine unless it already finished (no further outputs)."""
         if not self.finished:
-            self.finished = True
+            self._done()
             self.engine._commands.put(_Command("abort", self.request_id))
+
+    def _done(self) -> None:
+        self.finished = True
+        self.engine._active.discard(self.request_id)
 
 
 def _final(request_id: str, reason: str, stream: _Stream, error: str | None) -> RequestOutput:

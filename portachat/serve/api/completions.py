@@ -271,7 +271,7 @@ async def _chat_stream(state: ServerState, handle: RequestStream, request_id: st
     yield chunk({"role": "assistant", "content": ""})
     async for output in handle:
         completion_tokens += len(output.token_ids)
-        if output.text or output.token_ids:
+        if output.text or (logprobs and output.token_ids):  # held-back bytes: nothing to show yet
             lp = chat_logprobs(state, output.token_ids, _logprobs_of(output)) if logprobs else None
             yield chunk({"content": output.text}, lp=lp)
         if output.finished:
@@ -341,7 +341,7 @@ async def _completion_stream(state: ServerState, handle: RequestStream, request_
         yield chunk(echo)
     async for output in handle:
         completion_tokens += len(output.token_ids)
-        if output.text or output.token_ids:
+        if output.text or (logprobs and output.token_ids):
             lp = completion_logprobs(state, output.token_ids, _logprobs_of(output), offset) if logprobs else None
             offset += len(output.text)
             yield chunk(output.text, lp=lp)
