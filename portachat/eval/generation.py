@@ -1,0 +1,152 @@
+"""How generative evaluations get answers: a `complete` callable over conversations.
+
+    complete(conversations, max_tokens, temperature) -> replies (one string per conversation)
+
+Evaluators only see this signature, so they run the same over the inference engine
+(`engine_complete`, batched, continuous batching) and over the plain single-sequence generator
+(`model_complete`, no engine needed). Both run the calculator tool when the model calls it and
+return the reply with tool calls kept visible as literal markers:
+
+    <|python_start|>23+58<|python_end|><|output_start|>81<|output_end|>The answer is 81.
+
+so verifiers can tell the model's own final answer from the tool's output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from portachat.tokenizer.protocol import ChatTokenizer
+
+Conversation = list[dict[str, Any]]
+CompleteFn = Callable[[list[Conversation], int, float], list[str]]
+
+MARKERS = ("<|python_start|>", "<|python_end|>", "<|output_start|>", "<|output_end|>")
+
+
+def reply_text(tokenizer: ChatTokenizer, ids: list[int]) -> str:
+    """A reply's ids as text: stop tokens dropped, tool-call tokens as literal markers."""
+    tools = tokenizer.tool_tokens
+    marks = {}
+    if tools is not None:
+        marks = dict(zip((tools.python_start, tools.python_end, tools.output_start, tools.output_end), MARKERS,
+                         strict=True))
+    stops = tokenizer.stop_ids
+    pieces: list[str] = []
+    run: list[int] = []
+    for t in ids:
+        if t in stops:
+            break
+        if t in marks:
+            pieces.append(tokenizer.decode(run))
+            pieces.append(marks[t])
+            run = []
+        else:
+            run.append(t)
+    pieces.append(tokenizer.decode(run))
+    return "".join(pieces)
+
+
+def as_chat_tokenizer(tokenizer: Any) -> ChatTokenizer:
+    """Our bpe Tokenizer wrapped as a ChatTokenizer; a ChatTokenizer is returned as it is."""
+    if isinstance(tokenizer, ChatTokenizer):
+        return tokenizer
+    from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
+
+    return PortachatChatTokenizer(tokenizer)
+
+
+def engine_complete(engine: Any, tokenizer: ChatTokenizer, seed: int = 0, top_k: int = 0) -> CompleteFn:
+    """Complete over an `LLMEngine` (portachat.serve.engine): all prompts queued at once."""
+    from portachat.serve.engine.types import SamplingParams
+
+    def complete(conversations: list[Conversation], max_tokens: int, temperature: float) -> list[str]:
+        prompts = [tokenizer.render_prompt(c) for c in conversations]
+        params = [SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, seed=seed + i)
+                  for i in range(len(prompts))]
+        results = engine.generate(prompts, params)
+        return [reply_text(tokenizer, r.token_ids) for r in results]
+
+    return complete
+
+
+def _calculate(expression: str) -> str | None:
+    from portachat.serve.engine.calculator import calculate
+
+    return calculate(expression)
+
+
+def model_complete(
+    model: torch.nn.Module,
+    tokenizer: ChatTokenizer,
+    autocast: Callable[[], Any] | None = None,
+    seed: int = 0,
+    top_k: int | None = None,
+) -> CompleteFn:
+    """Complete with portachat.model.generate, one conversation at a time, calculator included.
+
+    After <|python_end|> the expression is evaluated and <|output_start|>RESULT<|output_end|> is
+    fed to the model, as the engine does; the output tokens count against `max_tokens`.
+    """
+    from contextlib import nullcontext
+
+    from portachat.model.generate import generate
+
+    tools = tokenizer.tool_tokens
+    stops = set(tokenizer.stop_ids)
+    if tools is not None:
+        stops.add(tools.python_end)  # pause there to run the tool
+
+    def one(conversation: Conversation, max_tokens: int, temperature: float, sample_seed: int) -> str:
+        ids = list(tokenizer.render_prompt(conversation))
+        out: list[int] = []
+        while len(out) < max_tokens:
+            room = min(max_tokens - len(out), model.config.max_seq_len - len(ids) - len(out))
+            if room <= 0:
+                break
+            with autocast() if autocast is not None else nullcontext():
+                new = list(generate(model, ids + out, room, temperature=temperature, top_k=top_k,
+                                    seed=sample_seed + len(out), stop_ids=stops))
+            out.extend(new)
+            if not new or tools is None or new[-1] != tools.python_end:
+                break
+            start = max((i for i, t in enumerate(out) if t == tools.python_start), default=None)
+            if start is None:
+                continue
+            result = _calculate(tokenizer.decode(out[start + 1:-1]))
+            if result is not None:
+                out.extend([tools.output_start, *tokenizer.encode(result), tools.output_end][: max_tokens - len(out)])
+        return reply_text(tokenizer, out)
+
+    def complete(conversations: list[Conversation], max_tokens: int, temperature: float) -> list[str]:
+        return [one(c, max_tokens, temperature, seed + 1000 * i) for i, c in enumerate(conversations)]
+
+    return complete
+
+
+@torch.no_grad()
+def next_token_logits(model: torch.nn.Module, prompts: list[list[int]], batch_size: int = 16,
+                      autocast: Callable[[], Any] | None = None) -> torch.Tensor:
+    """fp32 logits [N, V] of the token after each prompt. Prompts are right-padded into batches: a
+    causal model's logits at a position never see the padding after it."""
+    from contextlib import nullcontext
+
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    rows = []
+    for i in range(0, len(prompts), batch_size):
+        chunk = prompts[i:i + batch_size]
+        width = max(len(p) for p in chunk)
+        idx = torch.zeros(len(chunk), width, dtype=torch.long)
+        for r, p in enumerate(chunk):
+            idx[r, :len(p)] = torch.tensor(p, dtype=torch.long)
+        with autocast() if autocast is not None else nullcontext():
+            logits = model(idx.to(device))
+        last = torch.tensor([len(p) - 1 for p in chunk], device=logits.device)
+        rows.append(logits[torch.arange(len(chunk), device=logits.device), last].float().cpu())
+    model.train(was_training)
+    return torch.cat(rows) if rows else torch.empty(0)

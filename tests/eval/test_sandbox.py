@@ -1,0 +1,155 @@
+"""The HumanEval sandbox contains hostile programs: each is scored as a failure and leaves nothing
+behind (no processes, no files outside its temp dir, no connections, the evaluator alive)."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import socket
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from portachat.eval.sandbox import SandboxLimits, run_program
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox is Linux-only")
+
+TIGHT = SandboxLimits(timeout_s=2.0, cpu_seconds=2, memory_bytes=512 << 20, processes=8)
+IS_ROOT = os.geteuid() == 0
+
+
+def sandbox_uid_processes() -> int:
+    """Processes owned by the sandbox user (only meaningful when the evaluator is root)."""
+    uid = pwd.getpwnam(TIGHT.user).pw_uid
+    n = 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                n += os.stat(f"/proc/{entry}").st_uid == uid
+            except OSError:
+                pass
+    return n
+
+
+class Listener:
+    """A real TCP server on loopback that records whether anything connected."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.connections = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+                self.connections += 1
+                conn.close()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
+
+
+def test_a_correct_program_passes_and_can_use_its_own_directory():
+    r = run_program("import math, random, hashlib, collections\nopen('scratch.txt', 'w').write('x')\n"
+                    "assert open('scratch.txt').read() == 'x'\nassert math.gcd(12, 18) == 6\nprint('ok')", TIGHT)
+    assert r.status == "passed", r.stderr
+    assert r.stdout.strip() == "ok"
+    assert "rlimits" in r.isolation
+
+
+def test_failures_and_early_exit_count_as_failed():
+    assert run_program("assert 1 == 2", TIGHT).status == "failed"
+    assert run_program("raise ValueError('no')", TIGHT).status == "failed"
+    # exiting with status 0 before the asserts must not pass
+    assert run_program("import sys\nsys.exit(0)\nassert False", TIGHT).status == "failed"
+    assert run_program("raise SystemExit(0)", TIGHT).status == "failed"
+
+
+def test_infinite_loop_and_sleep_are_killed_at_the_timeout():
+    r = run_program("while True:\n    pass", TIGHT)
+    assert r.status == "timeout" and not r.passed
+    assert r.seconds < TIGHT.timeout_s + 5
+
+
+def test_memory_bomb_fails():
+    r = run_program("x = bytearray(8 << 30)", TIGHT)
+    assert r.status == "failed" and "MemoryError" in r.stderr
+    r = run_program("x = []\nwhile True:\n    x.append(bytearray(50 << 20))", TIGHT)
+    assert r.status in ("failed", "timeout")
+
+
+def test_fork_bomb_kill_parent_socket_and_outside_writes_fail(tmp_path):
+    outside = tmp_path / "escaped.txt"
+    listener = Listener()
+    try:
+        hostile = {
+            "fork bomb": "import os\nwhile True:\n    os.fork()",
+            "kill the parent": f"import os, signal\nos.kill({os.getpid()}, signal.SIGKILL)",
+            "socket": f"import socket\nsocket.create_connection(('127.0.0.1', {listener.port}), timeout=1)",
+            "write outside": f"open({str(outside)!r}, 'w').write('x')",
+            "write /tmp": "open('/tmp/portachat-sandbox-escape.txt', 'w').write('x')",
+            "delete": f"import os\nos.remove({__file__!r})",
+            "subprocess": "import subprocess\nsubprocess.run(['true'])",
+        }
+        for name, source in hostile.items():
+            r = run_program(source, TIGHT)
+            assert r.status == "failed", (name, r)
+    finally:
+        listener.close()
+    assert listener.connections == 0
+    assert not outside.exists() and not os.path.exists("/tmp/portachat-sandbox-escape.txt")
+    assert os.path.exists(__file__)
+
+
+# ---- the operating-system layers on their own (the Python guard off): what root cannot defeat
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="privilege drop, NPROC and namespaces are the root evaluator's layers")
+def test_fork_bomb_without_the_guard_is_capped_and_cleaned_up():
+    before = sandbox_uid_processes()
+    # children escape the process group with setsid() and keep forking: the subreaper still gets them
+    bomb = ("import os, time\nfor _ in range(4):\n    if os.fork() == 0:\n        os.setsid()\n        break\n"
+            "while True:\n    try:\n        os.fork()\n    except OSError:\n        time.sleep(0.01)")
+    r = run_program(bomb, SandboxLimits(**{**TIGHT.__dict__, "python_guard": False}))
+    assert r.status == "timeout"
+    assert f"uid-{pwd.getpwnam(TIGHT.user).pw_uid}" in r.isolation
+    assert sandbox_uid_processes() <= before
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="privilege drop and namespaces are the root evaluator's layers")
+def test_without_the_guard_no_network_no_outside_writes_no_signals():
+    limits = SandboxLimits(**{**TIGHT.__dict__, "python_guard": False})
+    outside = Path(__file__).parent / "sandbox-escape.txt"  # a root-owned directory outside /tmp
+    listener = Listener()
+    try:
+        r = run_program(f"import socket\nsocket.create_connection(('127.0.0.1', {listener.port}), timeout=1)", limits)
+        assert r.status == "failed"
+        if "network-namespace" in r.isolation:
+            assert listener.connections == 0
+    finally:
+        listener.close()
+    r = run_program(f"open({str(outside)!r}, 'w').write('x')", limits)
+    assert r.status == "failed" and "Permission denied" in r.stderr
+    assert not outside.exists()
+    r = run_program(f"import os, signal\nos.kill({os.getpid()}, signal.SIGKILL)", limits)
+    assert r.status == "failed" and "Operation not permitted" in r.stderr
+    r = run_program("open('/tmp/portachat-sandbox-escape2.txt', 'w').write('x')", limits)
+    if "private-tmp" in r.isolation:
+        assert not os.path.exists("/tmp/portachat-sandbox-escape2.txt")
+    else:
+        os.remove("/tmp/portachat-sandbox-escape2.txt")  # documented: only the guard stops this
+    r = run_program("open('big', 'wb').write(b'x' * (64 << 20))", limits)
+    assert r.status == "failed" and "File too large" in r.stderr
