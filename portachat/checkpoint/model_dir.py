@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from portachat.checkpoint.atomic import CheckpointError
 from portachat.model import GPT, GPTConfig
-from portachat.model.hf import exportable, from_hf_config, generation_config, to_hf_config
+from portachat.model.hf import exportable, from_hf_config, generation_config, own_config_json, to_hf_config
 from portachat.tokenizer import Tokenizer
 
 FORMAT_VERSION = 1
@@ -35,7 +35,10 @@ def save_model_files(directory: Path, model: GPT, tokenizer: Tokenizer, meta: di
     """Write the HF model directory contents into `directory` (already created, not yet in place)."""
     cfg: GPTConfig = model.config
     ok, reason = exportable(cfg)
-    hf_config = to_hf_config(cfg, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id)
+    if ok:
+        hf_config = to_hf_config(cfg, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id)
+    else:  # options outside every HF family: exact for us, refused by transformers by name
+        hf_config = own_config_json(cfg, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id)
     state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     if cfg.tie_embeddings:
         state.pop("lm_head.weight", None)  # transformers re-ties it from embed_tokens
@@ -73,7 +76,10 @@ def read_meta(path: Path) -> dict[str, Any]:
 
 
 def load_model_dir(path: str | Path, device: torch.device | str = "cpu") -> LoadedModel:
-    """Load a checkpoint directory (ours or any compatible Qwen3-style HF directory)."""
+    """Load our checkpoint directory (our tokenizer) for training or resuming.
+
+    Inference over any source (HF directories of other families, GGUF files) is
+    `portachat.model.load.load_for_inference`."""
     path = Path(path)
     for name in ("config.json", WEIGHTS, "tokenizer.json"):
         if not (path / name).is_file():

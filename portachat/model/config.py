@@ -1,7 +1,9 @@
 """Model configuration: one dataclass, sized from a single `depth` knob.
 
 The fields map one-to-one onto Hugging Face's Qwen3 configuration (see `hf.py`), so every model
-we train can be saved as a plain `Qwen3ForCausalLM` checkpoint.
+we train can be saved as a plain `Qwen3ForCausalLM` checkpoint. A few options (no QK-norm,
+q/k/v biases, rope scaling) cover the Llama (SmolLM2 included) and Qwen2 families, so the same
+model class runs their checkpoints; `architecture` says which family a checkpoint saves as.
 """
 
 from __future__ import annotations
@@ -13,6 +15,41 @@ from typing import Any
 
 class ConfigError(ValueError):
     """A model configuration that cannot be built (bad size, inconsistent heads, ...)."""
+
+
+ARCHITECTURES = ("qwen3", "qwen2", "llama")
+# Rope scaling types we compute exactly as transformers does (both keep attention scaling at 1).
+ROPE_SCALING_TYPES = ("linear", "llama3")
+_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def check_rope_scaling(rope_scaling: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Validate and normalise a rope scaling dict to {"rope_type", "factor", ...} (None = plain rope)."""
+    if rope_scaling is None:
+        return None
+    if not isinstance(rope_scaling, dict):
+        raise ConfigError(f"rope_scaling must be a dict or None, got {rope_scaling!r}")
+    rope_type = rope_scaling.get("rope_type", rope_scaling.get("type"))
+    if rope_type in (None, "default"):
+        return None
+    if rope_type not in ROPE_SCALING_TYPES:
+        raise ConfigError(
+            f"rope scaling type {rope_type!r} is not supported; supported types are "
+            f"{', '.join(ROPE_SCALING_TYPES)} (or none)"
+        )
+    keys = ("factor",) if rope_type == "linear" else _LLAMA3_KEYS
+    missing = [k for k in keys if k not in rope_scaling]
+    if missing:
+        raise ConfigError(f"rope scaling {rope_type!r} needs {missing}; got {rope_scaling!r}")
+    out: dict[str, Any] = {"rope_type": rope_type}
+    for k in keys:
+        value = rope_scaling[k]
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise ConfigError(f"rope scaling {k} must be a positive number, got {value!r}")
+        out[k] = int(value) if k == "original_max_position_embeddings" else float(value)
+    if rope_type == "llama3" and out["high_freq_factor"] <= out["low_freq_factor"]:
+        raise ConfigError(f"llama3 rope scaling needs high_freq_factor > low_freq_factor, got {rope_scaling!r}")
+    return out
 
 
 def _round_up(x: int, multiple: int) -> int:
@@ -33,6 +70,11 @@ class GPTConfig:
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
     tie_embeddings: bool = False
+    # Family options (Qwen3 defaults). Qwen2: no QK-norm, q/k/v biases. Llama: neither.
+    qk_norm: bool = True
+    attention_bias: bool = False  # biases on q/k/v only (o_proj never has one, as in Qwen2)
+    rope_scaling: dict[str, Any] | None = None  # {"rope_type": "linear"|"llama3", "factor": ...}
+    architecture: str = "qwen3"  # the Hugging Face family config.json is written as
 
     def __post_init__(self) -> None:
         for name in (
@@ -62,6 +104,13 @@ class GPTConfig:
         self.rope_theta = float(self.rope_theta)
         self.rms_norm_eps = float(self.rms_norm_eps)
         self.tie_embeddings = bool(self.tie_embeddings)
+        self.qk_norm = bool(self.qk_norm)
+        self.attention_bias = bool(self.attention_bias)
+        if self.architecture not in ARCHITECTURES:
+            raise ConfigError(
+                f"architecture must be one of {', '.join(ARCHITECTURES)}, got {self.architecture!r}"
+            )
+        self.rope_scaling = check_rope_scaling(self.rope_scaling)
 
     @classmethod
     def from_depth(
@@ -123,7 +172,9 @@ class GPTConfig:
         output head, because it does matmul work there.
         """
         c, d = self.n_embd, self.head_dim
-        attn = c * self.n_head * d * 2 + c * self.n_kv_head * d * 2 + 2 * d
+        attn = c * self.n_head * d * 2 + c * self.n_kv_head * d * 2
+        attn += 2 * d if self.qk_norm else 0
+        attn += (self.n_head + 2 * self.n_kv_head) * d if self.attention_bias else 0
         mlp = 3 * c * self.intermediate_size
         per_layer = attn + mlp + 2 * c
         table = self.vocab_size * c

@@ -3,7 +3,8 @@
 RMSNorm (computed in fp32), rotary embeddings (rotate-half convention), QK-norm over the head
 dimension before rotary, grouped-query attention, SiLU-gated MLP, no biases, tied or untied
 embeddings. Module and parameter names match HF's, so `model.state_dict()` is a valid
-`model.safetensors` and HF's logits equal ours.
+`model.safetensors` and HF's logits equal ours. With `qk_norm=False` and optional q/k/v biases
+the same modules are Llama's (SmolLM2) and Qwen2's, whose checkpoints load unchanged.
 """
 
 from __future__ import annotations
@@ -28,10 +29,12 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # As HF: normalise in fp32, cast back, then scale (the order matters for bf16 parity).
+        # The result keeps the input's dtype: under autocast fp32 weights would otherwise promote
+        # q and k to fp32 while v stays bf16, and attention would run in mixed precision.
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return (self.weight * x.to(dtype)).to(dtype)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -43,11 +46,38 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + rotate_half(x) * sin
 
 
-def rotary_tables(
-    head_dim: int, length: int, theta: float, device: torch.device | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin [length, head_dim] in fp32, computed exactly as HF's default rope."""
+def rope_inv_freq(
+    head_dim: int, theta: float, rope_scaling: dict | None = None, device: torch.device | None = None
+) -> torch.Tensor:
+    """Rotary inverse frequencies [head_dim / 2] in fp32, as transformers computes them for the
+    default rope and for the "linear" and "llama3" scalings (`_compute_llama3_parameters`)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float, device=device) / head_dim))
+    if rope_scaling is None:
+        return inv_freq
+    factor = rope_scaling["factor"]
+    if rope_scaling["rope_type"] == "linear":
+        return inv_freq / factor
+    # llama3: keep high frequencies, divide low ones by `factor`, interpolate smoothly in between.
+    low, high = rope_scaling["low_freq_factor"], rope_scaling["high_freq_factor"]
+    old_context = rope_scaling["original_max_position_embeddings"]
+    low_freq_wavelen, high_freq_wavelen = old_context / low, old_context / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def rotary_tables(
+    head_dim: int,
+    length: int,
+    theta: float,
+    device: torch.device | None = None,
+    rope_scaling: dict | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [length, head_dim] in fp32, computed exactly as HF's rope (default, linear, llama3)."""
+    inv_freq = rope_inv_freq(head_dim, theta, rope_scaling, device)
     positions = torch.arange(length, dtype=torch.float, device=device)
     freqs = torch.outer(positions, inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
@@ -59,12 +89,14 @@ class Attention(nn.Module):
         super().__init__()
         self.layer_idx = layer_idx
         self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.n_embd, cfg.n_head * cfg.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.n_embd, cfg.n_kv_head * cfg.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.n_embd, cfg.n_kv_head * cfg.head_dim, bias=False)
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.n_embd, cfg.n_head * cfg.head_dim, bias=bias)
+        self.k_proj = nn.Linear(cfg.n_embd, cfg.n_kv_head * cfg.head_dim, bias=bias)
+        self.v_proj = nn.Linear(cfg.n_embd, cfg.n_kv_head * cfg.head_dim, bias=bias)
         self.o_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.n_embd, bias=False)
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        # Identity (no parameters, no work) for the families without QK-norm (Llama, Qwen2).
+        self.q_norm: nn.Module = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else nn.Identity()
+        self.k_norm: nn.Module = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else nn.Identity()
 
     def forward(
         self,
@@ -141,7 +173,7 @@ class GPT(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         # Rotary tables are derived data: non-persistent so they stay out of the checkpoint, fp32 so
         # positions keep full precision; they grow on demand for inference past max_seq_len.
-        cos, sin = rotary_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+        cos, sin = rotary_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta, rope_scaling=cfg.rope_scaling)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.init_weights()
@@ -179,6 +211,8 @@ class GPT(nn.Module):
             ):
                 bound = math.sqrt(3.0 / linear.in_features)
                 linear.weight.uniform_(-bound, bound, generator=generator)
+                if linear.bias is not None:
+                    linear.bias.zero_()
             block.self_attn.o_proj.weight.zero_()
             block.mlp.down_proj.weight.zero_()
         for module in self.modules():
@@ -193,9 +227,19 @@ class GPT(nn.Module):
 
     def _set_rotary(self, length: int, device: torch.device) -> None:
         # Tables grown during generation (inference mode) must stay usable by training afterwards.
+        cfg = self.config
         with torch.inference_mode(False), torch.no_grad():
-            cos, sin = rotary_tables(self.config.head_dim, length, self.config.rope_theta, device=device)
+            cos, sin = rotary_tables(cfg.head_dim, length, cfg.rope_theta, device, cfg.rope_scaling)
         self.rope_cos, self.rope_sin = cos, sin
+
+    def rotary(self, length: int, device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin [length, head_dim] in fp32 for positions 0..length-1 (rope scaling included), on
+        `device` (default: the model's). For callers that apply rotary themselves (the engine)."""
+        cos, sin = self._rotary(length)
+        cos, sin = cos[:length], sin[:length]
+        if device is not None:
+            cos, sin = cos.to(device), sin.to(device)
+        return cos, sin
 
     def _rotary(self, needed: int) -> tuple[torch.Tensor, torch.Tensor]:
         # `model.to(bfloat16)` also casts buffers: rebuild in fp32 rather than rotate with rounded angles.
@@ -242,7 +286,11 @@ class GPT(nn.Module):
             cos, sin = cos[step.positions][:, None], sin[step.positions][:, None]
 
         x = self.model.embed_tokens(idx)
-        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        # Rotate q and k in the dtype they are computed in (autocast's, else the weights'), so all of
+        # q, k, v reach attention in one dtype.
+        device_type = x.device.type
+        compute = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
+        cos, sin = cos.to(compute), sin.to(compute)
         for block in self.model.layers:
             x = block(x, cos, sin, kv_cache, step)
         if kv_cache is not None:

@@ -1,8 +1,12 @@
-"""Mapping between GPTConfig and Hugging Face's Qwen3 `config.json` (transformers 4.56+ and 5.x).
+"""Mapping between GPTConfig and Hugging Face `config.json` for the Qwen3, Qwen2 and Llama families
+(transformers 4.56+ and 5.x).
 
-The saved directory loads with `AutoModelForCausalLM.from_pretrained(dir)`, no remote code, and
-in vLLM / llama.cpp converters that know Qwen3. Both spellings of version-dependent keys are
-written (`rope_theta` and `rope_parameters`, `torch_dtype` and `dtype`) so old and new readers agree.
+A saved directory loads with `AutoModelForCausalLM.from_pretrained(dir)`, no remote code, and in
+vLLM / llama.cpp converters that know the family. Both spellings of version-dependent keys are
+written (`rope_theta` and `rope_parameters`, `rope_scaling` when scaled, `torch_dtype` and `dtype`)
+so old and new readers agree. The families differ in two switches of our model:
+
+    qwen3: QK-norm, no biases      qwen2: q/k/v biases, no QK-norm      llama: neither (SmolLM2)
 """
 
 from __future__ import annotations
@@ -11,10 +15,22 @@ from typing import Any
 
 import torch
 
-from portachat.model.config import GPTConfig
+from portachat.model.config import ConfigError, GPTConfig, check_rope_scaling
 
-HF_ARCHITECTURE = "Qwen3ForCausalLM"
-HF_MODEL_TYPE = "qwen3"
+# family -> (HF class, qk_norm, attention_bias): the only combinations transformers builds.
+FAMILIES: dict[str, tuple[str, bool, bool]] = {
+    "qwen3": ("Qwen3ForCausalLM", True, False),
+    "qwen2": ("Qwen2ForCausalLM", False, True),
+    "llama": ("LlamaForCausalLM", False, False),
+}
+SUPPORTED = "llama (SmolLM2 included), qwen2, qwen3"
+# Options outside every HF family are saved under this model_type: transformers refuses it by name
+# instead of loading wrong weights, and our loader reads the exact GPTConfig back.
+OWN_MODEL_TYPE = "portachat"
+TRANSFORMERS_VERSION = "4.56.0"
+
+# Kept for callers that name the default family.
+HF_ARCHITECTURE, HF_MODEL_TYPE = FAMILIES["qwen3"][0], "qwen3"
 
 
 class UnsupportedConfigError(ValueError):
@@ -22,11 +38,15 @@ class UnsupportedConfigError(ValueError):
 
 
 def exportable(cfg: GPTConfig) -> tuple[bool, str]:
-    """Whether `cfg` maps onto Qwen3 exactly; the reason when it does not.
-
-    Every GPTConfig option maps today; options added outside the HF mapping must report here.
-    """
-    return True, "maps onto Qwen3ForCausalLM"
+    """Whether `cfg` maps exactly onto its `architecture`'s HF class; the reason when it does not."""
+    hf_class, qk_norm, bias = FAMILIES[cfg.architecture]
+    if (cfg.qk_norm, cfg.attention_bias) != (qk_norm, bias):
+        return False, (
+            f"qk_norm={cfg.qk_norm}, attention_bias={cfg.attention_bias} does not match {hf_class} "
+            f"(qk_norm={qk_norm}, attention_bias={bias}); set architecture to the family that has these options "
+            "(qwen3: QK-norm, no biases; qwen2: q/k/v biases; llama: neither)"
+        )
+    return True, f"maps onto {hf_class}"
 
 
 def _dtype_name(dtype: str | torch.dtype) -> str:
@@ -36,21 +56,32 @@ def _dtype_name(dtype: str | torch.dtype) -> str:
     return name
 
 
+def _rope_keys(cfg: GPTConfig) -> dict[str, Any]:
+    if cfg.rope_scaling is None:
+        return {"rope_theta": cfg.rope_theta, "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta}}
+    return {
+        "rope_theta": cfg.rope_theta,
+        "rope_parameters": {**cfg.rope_scaling, "rope_theta": cfg.rope_theta},
+        "rope_scaling": dict(cfg.rope_scaling),  # transformers 4.x reads this key
+    }
+
+
 def to_hf_config(
     cfg: GPTConfig,
-    bos_id: int,
-    eos_id: int | list[int],
+    bos_id: int | None,
+    eos_id: int | list[int] | None,
     pad_id: int | None = None,
     dtype: str | torch.dtype = "float32",
 ) -> dict[str, Any]:
     """The `config.json` dict for a checkpoint of `cfg` whose weights are stored in `dtype`."""
     ok, reason = exportable(cfg)
+    hf_class = FAMILIES[cfg.architecture][0]
     if not ok:
-        raise UnsupportedConfigError(f"this model cannot be exported as {HF_ARCHITECTURE}: {reason}")
+        raise UnsupportedConfigError(f"this model cannot be exported as {hf_class}: {reason}")
     dtype_name = _dtype_name(dtype)
-    return {
-        "architectures": [HF_ARCHITECTURE],
-        "model_type": HF_MODEL_TYPE,
+    d: dict[str, Any] = {
+        "architectures": [hf_class],
+        "model_type": cfg.architecture,
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.n_embd,
         "intermediate_size": cfg.intermediate_size,
@@ -64,58 +95,110 @@ def to_hf_config(
         "rms_norm_eps": cfg.rms_norm_eps,
         "use_cache": True,
         "tie_word_embeddings": cfg.tie_embeddings,
-        "rope_theta": cfg.rope_theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
-        "attention_bias": False,
+        **_rope_keys(cfg),
         "attention_dropout": 0.0,
-        "use_sliding_window": False,
-        "sliding_window": None,
-        "max_window_layers": cfg.n_layer,
-        "layer_types": ["full_attention"] * cfg.n_layer,
         "bos_token_id": bos_id,
         "eos_token_id": eos_id,
         "pad_token_id": pad_id,
         "torch_dtype": dtype_name,
         "dtype": dtype_name,
-        "transformers_version": "4.56.0",
+        "transformers_version": TRANSFORMERS_VERSION,
+    }
+    if cfg.architecture == "llama":
+        d.update(attention_bias=False, mlp_bias=False, pretraining_tp=1)
+    else:  # the Qwen families carry sliding-window settings; we always attend to the full context
+        if cfg.architecture == "qwen3":
+            d["attention_bias"] = False
+        d.update(
+            use_sliding_window=False,
+            sliding_window=None,
+            max_window_layers=cfg.n_layer,
+            layer_types=["full_attention"] * cfg.n_layer,
+        )
+    return d
+
+
+def own_config_json(cfg: GPTConfig, bos_id: int | None, eos_id: int | list[int] | None) -> dict[str, Any]:
+    """config.json for a model outside every HF family: exact, readable by us, refused by transformers."""
+    return {
+        "architectures": ["PortachatGPT"],
+        "model_type": OWN_MODEL_TYPE,
+        "portachat_config": cfg.to_dict(),
+        "bos_token_id": bos_id,
+        "eos_token_id": eos_id,
     }
 
 
-def _rope_theta(d: dict[str, Any]) -> float:
+def _rope(d: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, rope_scaling) from either spelling: `rope_parameters` (5.x) or `rope_scaling` (4.x)."""
     params = d.get("rope_parameters") or d.get("rope_scaling") or {}
     if not isinstance(params, dict):
         raise UnsupportedConfigError(f"rope_parameters must be a dict, got {params!r}")
+    if "full_attention" in params and isinstance(params["full_attention"], dict):
+        params = params["full_attention"]  # per-layer-type form; all our layers are full attention
     rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type != "default":
+    if rope_type not in ("default", "linear", "llama3"):
         raise UnsupportedConfigError(
-            f"rope type {rope_type!r} (context extension) is not supported; only the default rotary embedding is"
+            f"rope type {rope_type!r} (context extension) is not supported; supported: default, linear, llama3"
         )
-    extra = sorted(set(params) - {"rope_type", "type", "rope_theta"})
+    if float(params.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0)) or 1.0) != 1.0:
+        raise UnsupportedConfigError("partial_rotary_factor other than 1.0 is not supported")
+    theta = float(params.get("rope_theta", d.get("rope_theta", 10000.0)))
+    scaling_keys = ("rope_type", "type", "rope_theta", "partial_rotary_factor", "factor", "low_freq_factor",
+                    "high_freq_factor", "original_max_position_embeddings")  # fmt: skip
+    extra = sorted(set(params) - set(scaling_keys))
     if extra:
         raise UnsupportedConfigError(f"rope options {extra} are not supported")
-    return float(params.get("rope_theta", d.get("rope_theta", 10000.0)))
+    if rope_type == "default":
+        return theta, None
+    try:
+        return theta, check_rope_scaling({**params, "rope_type": rope_type})
+    except ConfigError as exc:
+        raise UnsupportedConfigError(str(exc)) from None
 
 
-def from_hf_config(d: dict[str, Any]) -> GPTConfig:
-    """GPTConfig for a Hugging Face Qwen3 `config.json` dict; rejects anything we cannot run exactly."""
-    model_type = d.get("model_type")
-    architectures = d.get("architectures") or [HF_ARCHITECTURE]
-    if model_type != HF_MODEL_TYPE or HF_ARCHITECTURE not in architectures:
-        raise UnsupportedConfigError(
-            f"only {HF_MODEL_TYPE} / {HF_ARCHITECTURE} checkpoints are supported, got model_type={model_type!r}, "
-            f"architectures={architectures!r}"
-        )
-    if d.get("attention_bias", False):
-        raise UnsupportedConfigError("attention_bias=true is not supported (this model has no biases)")
+def _check_family_options(d: dict[str, Any], family: str) -> None:
     if d.get("hidden_act", "silu") != "silu":
         raise UnsupportedConfigError(f"hidden_act={d['hidden_act']!r} is not supported; only silu is")
+    if family == "llama":
+        if d.get("mlp_bias", False):
+            raise UnsupportedConfigError("mlp_bias=true is not supported (this model's MLP has no biases)")
+        if d.get("attention_bias", False):
+            raise UnsupportedConfigError(
+                "attention_bias=true is not supported for llama (it also puts a bias on o_proj, which this model lacks)"
+            )
+        return
+    if family == "qwen3" and d.get("attention_bias", False):
+        raise UnsupportedConfigError("attention_bias=true is not supported for qwen3 (this model has no o_proj bias)")
     if d.get("use_sliding_window", False):
         raise UnsupportedConfigError("sliding-window attention is not supported; only full attention is")
     layer_types = d.get("layer_types") or []
     if any(t != "full_attention" for t in layer_types):
+        raise UnsupportedConfigError(f"layer_types must all be 'full_attention', got {sorted(set(layer_types))}")
+
+
+def from_hf_config(d: dict[str, Any]) -> GPTConfig:
+    """GPTConfig for a Hugging Face `config.json` dict of a supported family (or our own
+    `portachat` model_type); rejects anything we cannot run exactly, naming what is supported."""
+    model_type = d.get("model_type")
+    architectures = d.get("architectures") or []
+    if model_type == OWN_MODEL_TYPE:
+        try:
+            return GPTConfig.from_dict(d["portachat_config"])
+        except (KeyError, TypeError) as exc:
+            raise UnsupportedConfigError(f"a portachat config.json needs a 'portachat_config' dict ({exc})") from None
+    if model_type not in FAMILIES:
         raise UnsupportedConfigError(
-            f"layer_types must all be 'full_attention', got {sorted(set(layer_types))}"
+            f"model_type={model_type!r} (architectures={architectures!r}) is not supported; "
+            f"supported families: {SUPPORTED}"
         )
+    hf_class, qk_norm, bias = FAMILIES[model_type]
+    if architectures and hf_class not in architectures:
+        raise UnsupportedConfigError(
+            f"architectures={architectures!r} is not supported for model_type {model_type!r}; only {hf_class} is"
+        )
+    _check_family_options(d, model_type)
+    theta, scaling = _rope(d)
     try:
         n_head = int(d["num_attention_heads"])
         n_embd = int(d["hidden_size"])
@@ -127,21 +210,27 @@ def from_hf_config(d: dict[str, Any]) -> GPTConfig:
             n_kv_head=int(d.get("num_key_value_heads") or n_head),
             head_dim=int(d.get("head_dim") or n_embd // n_head),
             intermediate_size=int(d["intermediate_size"]),
-            max_seq_len=int(d.get("max_position_embeddings", 2048)),
-            rope_theta=_rope_theta(d),
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            max_seq_len=int(d.get("max_position_embeddings") or 2048),
+            rope_theta=theta,
+            rms_norm_eps=float(d.get("rms_norm_eps") or 1e-6),
             tie_embeddings=bool(d.get("tie_word_embeddings", False)),
+            qk_norm=qk_norm,
+            attention_bias=bias,
+            rope_scaling=scaling,
+            architecture=model_type,
         )
     except KeyError as e:
         raise UnsupportedConfigError(f"config.json lacks the required field {e.args[0]!r}") from None
 
 
-def generation_config(bos_id: int, eos_id: int | list[int], pad_id: int | None = None) -> dict[str, Any]:
+def generation_config(
+    bos_id: int | None, eos_id: int | list[int] | None, pad_id: int | None = None
+) -> dict[str, Any]:
     """The `generation_config.json` dict: which tokens start, stop and pad a sequence.
 
     Sampling settings are left to the caller (HF defaults to greedy decoding without them).
     """
-    out: dict[str, Any] = {"bos_token_id": bos_id, "eos_token_id": eos_id, "transformers_version": "4.56.0"}
+    out: dict[str, Any] = {"bos_token_id": bos_id, "eos_token_id": eos_id, "transformers_version": TRANSFORMERS_VERSION}
     if pad_id is not None:
         out["pad_token_id"] = pad_id
     return out

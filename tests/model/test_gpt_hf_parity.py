@@ -103,8 +103,13 @@ def test_from_hf_config_reads_a_transformers_4_style_config():
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}, "only qwen3 / Qwen3ForCausalLM"),
+        (
+            {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]},
+            r"model_type='gpt2' .* is not supported; supported families: llama \(SmolLM2 included\), qwen2, qwen3",
+        ),
+        ({"architectures": ["Qwen3ForSequenceClassification"]}, "only Qwen3ForCausalLM is"),
         ({"attention_bias": True}, "attention_bias=true is not supported"),
+        ({"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4}}, "needs \\['factor'\\]"),
         ({"hidden_act": "gelu"}, "hidden_act='gelu' is not supported"),
         ({"use_sliding_window": True}, "sliding-window attention is not supported"),
         ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, "rope type 'yarn'"),

@@ -1,0 +1,148 @@
+"""Read a Hugging Face model directory into memory as `ModelParts`: the same parts a GGUF file
+gives (portachat.model.gguf.GGUFParts has these fields), so one builder serves both.
+
+Weights come from `model.safetensors`, a sharded `model.safetensors.index.json`, or (older
+checkpoints) `pytorch_model.bin`, which is read with `torch.load(weights_only=True)`: tensors
+only, nothing unpickled that could run code.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from tokenizers import Tokenizer as HFTokenizer
+
+from portachat.checkpoint.atomic import CheckpointError
+
+SAFETENSORS, SAFETENSORS_INDEX = "model.safetensors", "model.safetensors.index.json"
+TORCH_BIN, TORCH_BIN_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"  # newer transformers write the template here
+
+
+@dataclass
+class ModelParts:
+    """A model as plain data: config.json's dict, a state dict with HF names, the tokenizer and the
+    dicts of tokenizer_config.json and generation_config.json."""
+
+    config: dict[str, Any]
+    state_dict: dict[str, torch.Tensor]
+    tokenizer: HFTokenizer
+    tokenizer_config: dict[str, Any]
+    generation_config: dict[str, Any]
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def read_json(path: Path, required: bool = True) -> dict[str, Any]:
+    if not path.is_file():
+        if required:
+            raise CheckpointError(f"{path.parent} is not a complete model directory: {path.name} is missing")
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path} is not valid JSON ({exc}); the model directory is damaged") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _safetensors(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(path), device="cpu")
+    except (SafetensorError, OSError) as exc:
+        raise CheckpointError(f"{path} cannot be read ({exc}); the checkpoint is damaged or incomplete") from exc
+
+
+def _torch_bin(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:  # noqa: BLE001 - weights_only raises UnpicklingError for anything not a tensor
+        raise CheckpointError(
+            f"{path} cannot be read as plain tensors ({exc}). portachat never unpickles code; convert the "
+            "model to safetensors (e.g. transformers' save_pretrained(..., safe_serialization=True))"
+        ) from exc
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path} does not hold a state dict")
+    return state
+
+
+def _sharded(directory: Path, index_name: str, read: Any) -> dict[str, torch.Tensor]:
+    weight_map = read_json(directory / index_name).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"{directory / index_name} has no weight_map; the checkpoint is damaged")
+    state: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(weight_map.values())):
+        shard_path = directory / shard
+        if not shard_path.is_file():
+            raise CheckpointError(f"{directory} is incomplete: shard {shard} named in {index_name} is missing")
+        state.update(read(shard_path))
+    missing = sorted(set(weight_map) - set(state))
+    if missing:
+        raise CheckpointError(f"{directory}: tensors {missing[:5]} listed in {index_name} are not in their shards")
+    return state
+
+
+def read_weights(directory: str | Path) -> dict[str, torch.Tensor]:
+    """The state dict of an HF model directory (HF parameter names, stored dtypes, on the CPU)."""
+    directory = Path(directory)
+    if (directory / SAFETENSORS).is_file():
+        return _safetensors(directory / SAFETENSORS)
+    if (directory / SAFETENSORS_INDEX).is_file():
+        return _sharded(directory, SAFETENSORS_INDEX, _safetensors)
+    if (directory / TORCH_BIN).is_file() or (directory / TORCH_BIN_INDEX).is_file():
+        print(
+            f"[portachat] {directory} has no safetensors weights; reading pytorch_model.bin with "
+            "torch.load(weights_only=True) (tensors only, no code is unpickled)",
+            file=sys.stderr,
+            flush=True,
+        )
+        if (directory / TORCH_BIN).is_file():
+            return _torch_bin(directory / TORCH_BIN)
+        return _sharded(directory, TORCH_BIN_INDEX, _torch_bin)
+    raise CheckpointError(
+        f"{directory} has no weights: expected {SAFETENSORS}, {SAFETENSORS_INDEX} (sharded) or {TORCH_BIN}"
+    )
+
+
+def read_tokenizer_files(directory: str | Path) -> tuple[HFTokenizer, dict[str, Any]]:
+    """tokenizer.json as a `tokenizers.Tokenizer` and tokenizer_config.json's dict, with the chat
+    template from chat_template.jinja when that file exists (it wins, as in transformers)."""
+    directory = Path(directory)
+    file = directory / "tokenizer.json"
+    if not file.is_file():
+        raise CheckpointError(
+            f"{directory} has no tokenizer.json; portachat reads fast-tokenizer files only "
+            "(save the tokenizer with transformers' AutoTokenizer.save_pretrained to create one)"
+        )
+    try:
+        tokenizer = HFTokenizer.from_file(str(file))
+    except Exception as exc:  # the Rust side raises a bare Exception on bad JSON
+        raise CheckpointError(f"{file} is not a valid tokenizers JSON file: {exc}") from exc
+    tokenizer_config = read_json(directory / "tokenizer_config.json", required=False)
+    template_file = directory / CHAT_TEMPLATE_FILE
+    if template_file.is_file():
+        tokenizer_config["chat_template"] = template_file.read_text(encoding="utf-8")
+    return tokenizer, tokenizer_config
+
+
+def read_hf_dir(directory: str | Path) -> ModelParts:
+    """All parts of an HF model directory, read into memory (config.json is required)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise CheckpointError(f"no model directory at {directory}")
+    config = read_json(directory / "config.json")
+    tokenizer, tokenizer_config = read_tokenizer_files(directory)
+    return ModelParts(
+        config=config,
+        state_dict=read_weights(directory),
+        tokenizer=tokenizer,
+        tokenizer_config=tokenizer_config,
+        generation_config=read_json(directory / "generation_config.json", required=False),
+    )

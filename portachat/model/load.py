@@ -1,0 +1,292 @@
+"""One entry point for inference: `load_for_inference(path)` takes our checkpoint directory, a
+Hugging Face directory (Llama / SmolLM2, Qwen2, Qwen3) or a `.gguf` file and returns the model
+(eval mode, on the device, in the dtype), a ChatTokenizer and the model's generation defaults.
+
+Every source becomes the same `ModelParts` (config dict, HF-named state dict, tokenizer, its
+config, generation config) and `build_from_parts` turns parts into a model, so a GGUF and an HF
+directory of the same model load identically.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from portachat.checkpoint.atomic import CheckpointError
+from portachat.device import Device, get_device
+from portachat.model.config import GPTConfig
+from portachat.model.gpt import GPT
+from portachat.model.hf import SUPPORTED, UnsupportedConfigError, from_hf_config
+from portachat.model.hf_dir import ModelParts, read_hf_dir, read_json
+from portachat.tokenizer.protocol import ChatTokenizer
+
+# Rotary tables are built for at most this many positions up front and grow on demand: a model
+# whose config allows 128k positions should not hold 128k-row tables before anyone needs them.
+ROTARY_PREALLOC = 4096
+_IGNORED_KEYS = ("rotary_emb.inv_freq",)  # derived buffers some old checkpoints saved
+
+
+@dataclass(frozen=True)
+class GenerationDefaults:
+    """The model authors' sampling settings from generation_config.json; None = not set.
+    `do_sample=False` means they chose greedy decoding (transformers' default when unset)."""
+
+    do_sample: bool | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+    max_new_tokens: int | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GenerationDefaults:
+        def number(key: str, kind: type) -> Any:
+            value = d.get(key)
+            return kind(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+        do_sample = d.get("do_sample")
+        return cls(
+            do_sample=do_sample if isinstance(do_sample, bool) else None,
+            temperature=number("temperature", float),
+            top_k=number("top_k", int),
+            top_p=number("top_p", float),
+            repetition_penalty=number("repetition_penalty", float),
+            max_new_tokens=number("max_new_tokens", int),
+        )
+
+
+@dataclass
+class InferenceModel:
+    model: GPT  # eval mode, on `device`, weights in `dtype`
+    tokenizer: ChatTokenizer
+    generation: GenerationDefaults
+    name: str  # short id (directory or file name), e.g. for /v1/models
+    description: str  # one line for logs: family, size, dtype, source
+    source: str  # "portachat", "huggingface" or "gguf"
+    path: Path
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.model.config.max_seq_len
+
+
+# ----------------------------------------------------------------------------- parts -> model
+
+
+def _eos_ids(*values: Any) -> list[int]:
+    """eos ids from the first source that has them (an int or a list of ints)."""
+    for value in values:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return [value]
+        if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
+            return list(value)
+    return []
+
+
+def check_state_dict(cfg: GPTConfig, state: dict[str, torch.Tensor], where: str) -> dict[str, torch.Tensor]:
+    """The state dict our GPT(cfg) loads: derived buffers dropped, a tied lm_head dropped, every
+    name and shape checked, so a mismatch is one clear error instead of a half-loaded model."""
+    state = {k: v for k, v in state.items() if not k.endswith(_IGNORED_KEYS)}
+    if cfg.tie_embeddings:
+        state.pop("lm_head.weight", None)  # transformers ties it to embed_tokens, ignoring a stored copy
+    with torch.device("meta"):
+        expected = {k: v.shape for k, v in GPT(cfg).state_dict().items()}
+    if cfg.tie_embeddings:
+        expected.pop("lm_head.weight")
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        hint = ""
+        if missing == ["lm_head.weight"]:
+            hint = " (config.json says tie_word_embeddings=false but the weights have no lm_head)"
+        raise CheckpointError(
+            f"{where}: the weights do not match config.json: missing {missing[:5]}, unexpected {unexpected[:5]}{hint}"
+        )
+    wrong = [f"{k}: {tuple(state[k].shape)} != {tuple(s)}" for k, s in expected.items() if state[k].shape != s]
+    if wrong:
+        raise CheckpointError(f"{where}: tensor shapes do not match config.json: {wrong[:3]}")
+    return state
+
+
+def build_model(
+    cfg: GPTConfig,
+    state_dict: dict[str, torch.Tensor],
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    where: str = "model",
+) -> GPT:
+    """Our GPT for `cfg` holding `state_dict` (HF names), in eval mode on `device` in `dtype`.
+    Tensors are converted one at a time, so peak memory is about one copy of the weights."""
+    state = check_state_dict(cfg, state_dict, where)
+    with torch.device("meta"):
+        model = GPT(cfg)
+    for name in list(state):
+        state[name] = state.pop(name).to(device=device, dtype=dtype)
+    model.load_state_dict(state, strict=False, assign=True)
+    if cfg.tie_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model._set_rotary(min(cfg.max_seq_len, ROTARY_PREALLOC), torch.device(device))
+    model.requires_grad_(False)
+    return model.eval()
+
+
+def build_from_parts(
+    parts: ModelParts | Any,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    where: str = "model",
+) -> tuple[GPT, ChatTokenizer, GenerationDefaults]:
+    """Model, chat tokenizer and generation defaults from in-memory parts (an HF directory's or a
+    GGUF's: anything with ModelParts' fields). The chat tokenizer is the template one."""
+    from portachat.tokenizer.chat_tokenizer import TemplateChatTokenizer
+
+    cfg = from_hf_config(parts.config)
+    model = build_model(cfg, parts.state_dict, device, dtype, where)
+    eos = _eos_ids(parts.generation_config.get("eos_token_id"), parts.config.get("eos_token_id"))
+    tokenizer = TemplateChatTokenizer(parts.tokenizer, parts.tokenizer_config, eos_ids=eos)
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise CheckpointError(
+            f"{where}: the tokenizer has {tokenizer.vocab_size} tokens but the model embeds only {cfg.vocab_size}"
+        )
+    return model, tokenizer, GenerationDefaults.from_dict(parts.generation_config)
+
+
+# ----------------------------------------------------------------------------- dispatch
+
+
+def _is_our_tokenizer(directory: Path) -> bool:
+    """Whether tokenizer.json carries portachat's chat tokens (then our format and tool apply)."""
+    from portachat.tokenizer.bpe import SPECIAL_TOKENS
+
+    try:
+        data = read_json(directory / "tokenizer.json")
+    except CheckpointError:
+        return False
+    added = {t.get("content") for t in data.get("added_tokens") or [] if isinstance(t, dict)}
+    return all(t in added for t in SPECIAL_TOKENS)
+
+
+def _describe(cfg: GPTConfig, model: GPT, dtype: torch.dtype, source: str, path: Path) -> str:
+    params = model.num_params()
+    size = f"{params / 1e9:.2f}B" if params >= 1e9 else f"{params / 1e6:.1f}M"
+    scaling = f", rope {cfg.rope_scaling['rope_type']}" if cfg.rope_scaling else ""
+    return (
+        f"{path.name}: {cfg.architecture} family, {size} parameters, {cfg.n_layer} layers{scaling}, "
+        f"{str(dtype).removeprefix('torch.')}, from {source} ({path})"
+    )
+
+
+def _resolve_device(device: Device | torch.device | str | None, dtype: torch.dtype | str | None
+                    ) -> tuple[torch.device, torch.dtype]:  # fmt: skip
+    from portachat.device.inference import inference_dtype, parse_dtype
+
+    dev = get_device() if device is None else device if isinstance(device, Device) else None
+    torch_device = dev.torch_device if dev is not None else torch.device(device)
+    if isinstance(dtype, str):
+        dtype = parse_dtype(dtype)
+    if dtype is None:  # the device layer's choice (on a CPU: measured once, bf16 only where it is faster)
+        dtype = inference_dtype(dev or get_device(torch_device.type)).value
+    return torch_device, dtype
+
+
+def load_for_inference(
+    path: str | Path,
+    device: Device | torch.device | str | None = None,
+    dtype: torch.dtype | str | None = None,
+) -> InferenceModel:
+    """Load a model for inference from our checkpoint directory, a Hugging Face model directory
+    (Llama / SmolLM2, Qwen2, Qwen3) or a .gguf file.
+
+    `device` defaults to `get_device()`; `dtype` (torch dtype or "fp32"/"bf16"/"fp16") to the device
+    layer's inference dtype. Unsupported architectures raise UnsupportedConfigError naming the
+    supported ones; missing or damaged files raise CheckpointError saying which file.
+    """
+    path = Path(path).expanduser()
+    torch_device, dtype = _resolve_device(device, dtype)
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return _load_gguf(path, torch_device, dtype)
+    if not path.exists():
+        raise CheckpointError(
+            f"no model at {path}: pass a checkpoint directory (e.g. <home>/runs/<run>/sft/latest), "
+            "a Hugging Face model directory (config.json + safetensors + tokenizer.json) or a .gguf file"
+        )
+    if path.is_file():
+        raise UnsupportedConfigError(
+            f"{path} is a file but not a .gguf; pass a model directory or a .gguf file ({SUPPORTED} families)"
+        )
+    if not (path / "config.json").is_file():
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return _load_gguf(ggufs[0], torch_device, dtype)
+        raise CheckpointError(
+            f"{path} is not a model directory: config.json is missing"
+            + (f" and it holds {len(ggufs)} .gguf files; pass one of them" if ggufs else "")
+        )
+    from_hf_config(read_json(path / "config.json"))  # an unsupported family fails before any weight is read
+    parts = read_hf_dir(path)
+    if _is_our_tokenizer(path):
+        return _load_ours(path, parts, torch_device, dtype)
+    model, tokenizer, generation = build_from_parts(parts, torch_device, dtype, where=str(path))
+    return InferenceModel(
+        model=model,
+        tokenizer=tokenizer,
+        generation=generation,
+        name=path.name,
+        description=_describe(model.config, model, dtype, "huggingface", path),
+        source="huggingface",
+        path=path,
+        device=torch_device,
+        dtype=dtype,
+    )
+
+
+def _load_ours(path: Path, parts: ModelParts, device: torch.device, dtype: torch.dtype) -> InferenceModel:
+    from portachat.checkpoint.model_dir import check_tokenizer_matches, read_meta
+    from portachat.tokenizer.bpe import Tokenizer
+    from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
+
+    cfg = from_hf_config(parts.config)
+    tokenizer = Tokenizer(parts.tokenizer)
+    meta = read_meta(path)
+    check_tokenizer_matches(tokenizer, cfg, meta, where=str(path))
+    model = build_model(cfg, parts.state_dict, device, dtype, where=str(path))
+    name = path.name
+    if name.startswith("step_") or name == "latest":  # <run>/<stage>/step_N: the run and stage say more
+        name = f"{path.parent.parent.name}-{path.parent.name}"
+    return InferenceModel(
+        model=model,
+        tokenizer=PortachatChatTokenizer(tokenizer),
+        generation=GenerationDefaults.from_dict(parts.generation_config),
+        name=name,
+        description=_describe(cfg, model, dtype, "portachat checkpoint", path),
+        source="portachat",
+        path=path,
+        device=device,
+        dtype=dtype,
+    )
+
+
+def _load_gguf(path: Path, device: torch.device, dtype: torch.dtype) -> InferenceModel:
+    try:
+        from portachat.model.gguf import read_gguf
+    except ImportError as exc:
+        raise NotImplementedError(f"loading .gguf files is not available in this build ({exc})") from exc
+
+    parts = read_gguf(path)
+    model, tokenizer, generation = build_from_parts(parts, device, dtype, where=str(path))
+    return InferenceModel(
+        model=model,
+        tokenizer=tokenizer,
+        generation=generation,
+        name=path.stem,
+        description=_describe(model.config, model, dtype, "gguf", path),
+        source="gguf",
+        path=path,
+        device=device,
+        dtype=dtype,
+    )
