@@ -13,7 +13,9 @@ from typing import Literal
 class EngineError(RuntimeError):
     """A request the engine refuses (bad parameters, prompt past the context, queue full)."""
 
-    def __init__(self, message: str, kind: Literal["invalid", "too_long", "queue_full", "internal"] = "invalid"):
+    def __init__(
+        self, message: str, kind: Literal["invalid", "too_long", "queue_full", "internal"] = "invalid"
+    ):
         super().__init__(message)
         self.kind = kind
 

@@ -7,7 +7,9 @@ from typing import Any
 
 import torch
 
+from portachat.device import get_device
 from portachat.model import GPT, GPTConfig
+from portachat.serve.engine import EngineConfig, LLMEngine
 from portachat.tokenizer.bpe import (
     ASSISTANT_END,
     OUTPUT_END,
@@ -105,3 +107,15 @@ def plain_logprobs(model: GPT, prompt: list[int], output: list[int]) -> list[flo
     ids = torch.tensor([prompt + output])
     logp = torch.log_softmax(model(ids)[0].float(), dim=-1)
     return [float(logp[len(prompt) - 1 + i, t]) for i, t in enumerate(output)]
+
+
+def make_engine(tokenizer, model=None, **config) -> LLMEngine:
+    model = model or tiny_model(tokenizer.vocab_size)
+    base = dict(dtype="fp32", num_blocks=64, block_size=4, max_num_batched_tokens=16, compile=False)
+    base.update(config)
+    return LLMEngine(model, tokenizer, EngineConfig(**base), device=get_device("cpu"))
+
+
+def prompts_of(lengths: list[int], vocab: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab - 20, (n,), generator=g).tolist() for n in lengths]

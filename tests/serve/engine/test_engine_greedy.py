@@ -3,22 +3,9 @@
 from __future__ import annotations
 
 import torch
-from engine_testing import plain_greedy, plain_logprobs, tiny_model
+from engine_testing import make_engine, plain_greedy, plain_logprobs, prompts_of
 
-from portachat.device import get_device
-from portachat.serve.engine import EngineConfig, LLMEngine, SamplingParams
-
-
-def make_engine(tokenizer, model=None, **config) -> LLMEngine:
-    model = model or tiny_model(tokenizer.vocab_size)
-    base = dict(dtype="fp32", num_blocks=64, block_size=4, max_num_batched_tokens=16, compile=False)
-    base.update(config)
-    return LLMEngine(model, tokenizer, EngineConfig(**base), device=get_device("cpu"))
-
-
-def prompts_of(lengths: list[int], vocab: int, seed: int = 0) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, vocab - 20, (n,), generator=g).tolist() for n in lengths]
+from portachat.serve.engine import SamplingParams
 
 
 def test_concurrent_greedy_equals_plain_forward(chat_tokenizer):
