@@ -1,0 +1,181 @@
+"""quantize_model: swap a GPT's linear layers (and token table) for weight-only quantized modules.
+
+The device layer decides the backend (portachat/device/quantization.py); this module carries it out
+in place and reports bytes before/after, so every caller (serve, chat, generate, eval) prints the
+same honest line. Norms stay in the model's dtype: they are a few thousand numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from portachat.device.quantization import BACKEND_ATEN_CPU, BACKEND_TORCHAO, QuantPlan, quantization_plan
+from portachat.quant.int4 import INT4_N_MULTIPLE, Int4Linear
+from portachat.quant.int8 import INT8_K_MULTIPLE, Int8Embedding, Int8Linear
+
+
+class QuantizationError(RuntimeError):
+    """A model that cannot be quantized as asked; the message says why and what to do."""
+
+
+@dataclass
+class QuantReport:
+    mode: str
+    backend: str
+    reason: str
+    bytes_before: int
+    bytes_after: int
+    quantized: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)  # module name -> why it kept its weights
+    warning: str | None = None
+
+    @property
+    def ratio(self) -> float:
+        return self.bytes_before / max(self.bytes_after, 1)
+
+    def summary(self) -> str:
+        line = (
+            f"quantize {self.mode}: {len(self.quantized)} modules via {self.backend} "
+            f"({self.reason}); weights {self.bytes_before / 2**20:.1f} MiB -> {self.bytes_after / 2**20:.1f} MiB "
+            f"({self.ratio:.2f}x smaller)"
+        )
+        if self.skipped:
+            line += f"; kept unquantized: {', '.join(f'{k} ({v})' for k, v in self.skipped.items())}"
+        if self.warning:
+            line += f"; warning: {self.warning}"
+        return line
+
+
+def _plain_tensors(t: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors holding a tensor's data (torchao's quantized weights are tensor subclasses)."""
+    if type(t) not in (torch.Tensor, nn.Parameter) and hasattr(t, "__tensor_flatten__"):
+        names, _ = t.__tensor_flatten__()
+        return [leaf for name in names for leaf in _plain_tensors(getattr(t, name))]
+    return [t]
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of parameters and persistent buffers, each storage counted once (tied tables share one)."""
+    seen: set[int] = set()
+    total = 0
+    tensors = list(model.parameters())
+    for module in model.modules():
+        persistent = set(module._buffers) - module._non_persistent_buffers_set
+        tensors += [module._buffers[name] for name in persistent if module._buffers[name] is not None]
+    for t in (leaf for tensor in tensors for leaf in _plain_tensors(tensor)):
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if key in seen:
+            continue
+        seen.add(key)
+        total += storage.nbytes()
+    return total
+
+
+def _set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+
+
+def _int4_group(in_features: int, preferred: int) -> int | None:
+    for g in (preferred, 64, 32):
+        if g <= preferred and in_features % g == 0:
+            return g
+    return None
+
+
+def _aten_linear(linear: nn.Linear, plan: QuantPlan) -> tuple[nn.Module | None, str]:
+    n, k = linear.weight.shape
+    if plan.mode == "int8":
+        if k % INT8_K_MULTIPLE:
+            return None, f"in_features {k} is not a multiple of {INT8_K_MULTIPLE}"
+        return Int8Linear.from_linear(linear, plan.activation_dtype), ""
+    group = _int4_group(k, plan.group_size or 64)
+    if group is None:
+        return None, f"in_features {k} is not a multiple of 32"
+    if n % INT4_N_MULTIPLE:
+        return None, f"out_features {n} is not a multiple of {INT4_N_MULTIPLE}"
+    return Int4Linear.from_linear(linear, group, plan.activation_dtype), ""
+
+
+def _torchao_quantize(model: nn.Module, names: list[str], plan: QuantPlan) -> None:
+    from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
+
+    config = (
+        Int8WeightOnlyConfig()
+        if plan.mode == "int8"
+        else Int4WeightOnlyConfig(group_size=plan.group_size or 128, int4_packing_format="tile_packed_to_4d")
+    )
+    wanted = set(names)
+    model.to(plan.activation_dtype)
+    quantize_(model, config, filter_fn=lambda module, fqn: fqn in wanted)
+
+
+@torch.no_grad()
+def quantize_model(model: nn.Module, mode: str, device=None, plan: QuantPlan | None = None) -> QuantReport:
+    """Quantize `model` (a portachat GPT, weights already on `device`) in place; return what changed.
+
+    Every nn.Linear becomes weight-only int8 (per output channel) or int4 (grouped); the token
+    table becomes int8 per row (shared with the output head when they are tied, in int8 mode).
+    `plan` overrides the device layer's choice (tests use it); otherwise `device` decides
+    (`portachat.device.get_device()` when None). Raises DeviceError where no kernel exists.
+    """
+    if plan is None:
+        if device is None:
+            from portachat.device import get_device
+
+            device = get_device()
+        plan = quantization_plan(device, mode)
+    elif plan.mode != mode:
+        raise QuantizationError(f"plan is for {plan.mode}, but mode {mode!r} was asked")
+    if any(isinstance(m, (Int8Linear, Int4Linear, Int8Embedding)) for m in model.modules()):
+        raise QuantizationError("the model is already quantized; load it again to quantize it differently")
+    before = weight_bytes(model)
+    report = QuantReport(plan.mode, plan.backend, plan.reason, before, before, warning=plan.warning)
+
+    embed = model.get_submodule("model.embed_tokens") if hasattr(model, "model") else None
+    head = getattr(model, "lm_head", None)
+    tied = embed is not None and head is not None and head.weight is embed.weight
+    linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+
+    if plan.backend == BACKEND_ATEN_CPU:
+        for name, linear in linears:
+            if tied and name == "lm_head" and plan.mode == "int8":
+                continue  # shares the embedding's int8 table below
+            new, why = _aten_linear(linear, plan)
+            if new is None:
+                report.skipped[name] = why
+                continue
+            _set_submodule(model, name, new)
+            report.quantized.append(name)
+    elif plan.backend == BACKEND_TORCHAO:
+        names = [n for n, _ in linears if not (tied and n == "lm_head")]
+        _torchao_quantize(model, names, plan)
+        report.quantized += names
+    else:
+        raise QuantizationError(f"unknown quantization backend {plan.backend!r}")
+
+    if embed is not None:
+        qembed = Int8Embedding.from_embedding(embed)
+        _set_submodule(model, "model.embed_tokens", qembed)
+        report.quantized.append("model.embed_tokens")
+        if tied and (plan.mode == "int8" or plan.backend == BACKEND_TORCHAO):
+            if plan.backend == BACKEND_ATEN_CPU and qembed.embedding_dim % INT8_K_MULTIPLE == 0:
+                model.lm_head = Int8Linear(
+                    qembed.qweight, qembed.scale, plan.activation_dtype
+                )  # shares codes
+                report.quantized.append("lm_head")
+            else:
+                report.skipped["lm_head"] = "tied to the token table; kept in the model dtype"
+        elif tied and plan.backend == BACKEND_ATEN_CPU:  # int4 head from the original table
+            new, why = _aten_linear(head, plan)
+            if new is None:
+                report.skipped["lm_head"] = why
+            else:
+                model.lm_head = new
+                report.quantized.append("lm_head")
+    report.bytes_after = weight_bytes(model)
+    return report
