@@ -168,8 +168,10 @@ class TemplateChatTokenizer:
         eos_ids: Iterable[int] = (),
         chat_template: str | None = None,
     ) -> None:
-        self._hf = HFTokenizer.from_str(tokenizer.to_str())  # private copy: we flip a switch below
+        self._hf = HFTokenizer.from_str(tokenizer.to_str())  # private copies: we flip a switch below
         self._hf.encode_special_tokens = True  # plain encoding: specials typed in text stay text
+        self._hf_template = HFTokenizer.from_str(tokenizer.to_str())
+        self._hf_template.encode_special_tokens = False  # the template's output: specials are control tokens
         template = chat_template or tokenizer_config.get("chat_template")
         if isinstance(template, list):  # [{"name": "default", "template": ...}, ...] (older multi-template form)
             named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
@@ -258,7 +260,9 @@ class TemplateChatTokenizer:
             escaped.append(m)
         specials = {k: v for k, v in self._special_strings.items() if v is not None}
         try:
-            text = self._template.render(messages=escaped, add_generation_prompt=add_generation_prompt, **specials)
+            text = self._template.render(
+                messages=escaped, tools=None, documents=None, add_generation_prompt=add_generation_prompt, **specials
+            )
         except ChatFormatError:
             raise
         except Exception as exc:  # a template error is the template's message, not a crash
@@ -268,6 +272,13 @@ class TemplateChatTokenizer:
     def encode_rendered(self, text: str, nonce: str) -> list[int]:
         """Ids of rendered template output: its control strings as control ids, the rest as plain text
         (placeholders turned back into the characters the user typed)."""
+        if f"\ue000{nonce}" not in text:  # nothing was escaped: encode exactly as apply_chat_template does
+            return self._hf_template.encode(text, add_special_tokens=False).ids
+        return self.encode_pieces(text, nonce)
+
+    def encode_pieces(self, text: str, nonce: str = "") -> list[int]:
+        """Split at the control strings and encode the text between them on its own, which is what
+        `tokenizers` does around added tokens (byte-level BPE: the same ids as one encode)."""
         ids: list[int] = []
         pieces = self._split_specials(text)
         for i, (piece, is_special) in enumerate(pieces):

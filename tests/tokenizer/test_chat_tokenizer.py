@@ -81,6 +81,18 @@ def test_render_prompt_equals_transformers(chatml, llama3, messages):
     assert isinstance(chat, ChatTokenizer)
 
 
+@pytest.mark.parametrize("messages", CONVERSATIONS)
+def test_piecewise_encoding_equals_one_encode(chatml, llama3, messages):
+    """The path taken when a user typed control strings encodes the text between control tokens
+    on its own; for byte-level BPE that gives the same ids as transformers' single encode."""
+    for tok, chat, template, kwargs in (
+        (*chatml, CHATML, {"eos_token": "<|im_end|>"}),
+        (*llama3, LLAMA3_LIKE, {"bos_token": "<|begin_of_text|>"}),
+    ):
+        text, _ = chat.render_text(messages)
+        assert chat.encode_pieces(text) == hf_ids(tok, template, messages, **kwargs)
+
+
 def test_control_strings_typed_by_a_user_stay_text(chatml):
     tok, chat = chatml
     end = tok.token_to_id("<|im_end|>")
