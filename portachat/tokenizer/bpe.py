@@ -1,7 +1,8 @@
 """Byte-level BPE tokenizer: training, encoding, saving as a Hugging Face tokenizer directory.
 
 The heavy lifting is HF `tokenizers` (Rust). This wrapper pins down portachat's choices:
-the GPT-4 split pattern with digits grouped by two (nanochat's), the chat special tokens,
+Qwen2's split pattern (one that llama.cpp knows by name, so GGUF exports tokenize the same
+there; it splits numbers into single digits), the chat special tokens,
 no automatic bos (callers say when they want it), and a saved form that
 `transformers.AutoTokenizer.from_pretrained(dir)` loads with no remote code.
 
@@ -29,9 +30,24 @@ from tokenizers import Tokenizer as HFTokenizer
 from portachat.tokenizer.errors import TokenizerConfigError, TokenizerFormatError, TokenizerNotFoundError
 from portachat.tokenizer.template import CHAT_TEMPLATE
 
-# GPT-4's pattern, except numbers split into groups of at most 2 digits (nanochat found
-# \p{N}{1,3} wastes vocabulary at small sizes).
-SPLIT_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
+# Qwen2's pattern, character for character: llama.cpp and transformers' GGUF loader know it as the
+# pre-tokenizer "qwen2", so an exported GGUF splits text exactly as we do. Numbers split into single
+# digits (nanochat found that longer digit groups waste vocabulary at small sizes).
+SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+PRE_TOKENIZER_NAME = "qwen2"
+# The previous default (GPT-4's pattern with 1-2 digit groups): no llama.cpp pre-tokenizer splits this way.
+LEGACY_SPLIT_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
+# Split patterns llama.cpp knows -> its pre-tokenizer name (tokenizer.ggml.pre).
+KNOWN_PRE_TOKENIZERS = {
+    SPLIT_PATTERN: PRE_TOKENIZER_NAME,
+    (
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+        r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    ): "llama-bpe",
+}
 
 BOS = "<|bos|>"
 USER_START, USER_END = "<|user_start|>", "<|user_end|>"
@@ -130,6 +146,7 @@ class Tokenizer:
             "model_max_length": int(model_max_length),
             "chat_template": CHAT_TEMPLATE,
             "portachat_fingerprint": self.fingerprint(),
+            "portachat_pre_tokenizer": self.pre_tokenizer_name(),  # llama.cpp's name, None if it has none
         }
         _atomic_write(directory / CONFIG_FILE, json.dumps(config, indent=2, ensure_ascii=False) + "\n")
 
@@ -165,6 +182,19 @@ class Tokenizer:
                     counts.append(sum(1 if c in byte_of else len(c.encode("utf-8")) for c in token))
             self._token_bytes = torch.tensor(counts, dtype=torch.int64)
         return self._token_bytes.clone()
+
+    def split_pattern(self) -> str | None:
+        """The regex of the Split pre-tokenizer (None when the tokenizer has no such step)."""
+        pre = json.loads(self._hf.to_str()).get("pre_tokenizer") or {}
+        steps = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+        for step in steps:
+            if step.get("type") == "Split":
+                return (step.get("pattern") or {}).get("Regex")
+        return None
+
+    def pre_tokenizer_name(self) -> str | None:
+        """llama.cpp's name for this tokenizer's split rule (e.g. "qwen2"), None if llama.cpp has none."""
+        return KNOWN_PRE_TOKENIZERS.get(self.split_pattern() or "")
 
     def fingerprint(self) -> str:
         """Short hash of what decides the ids (vocab, merges, specials, split), to catch mismatches."""
