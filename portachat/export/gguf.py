@@ -1,0 +1,195 @@
+"""`portachat export gguf`: one GGUF file for llama.cpp (and anything that reads GGUF).
+
+Written with the `gguf` package the way llama.cpp's convert_hf_to_gguf.py writes the same family:
+its tensor names, the Llama q/k row permutation (llama.cpp rotates adjacent pairs; Qwen files are
+not permuted, llama.cpp runs them NeoX-style), 1-D tensors kept f32, and the tokenizer as a "gpt2"
+byte-level BPE with its pre-tokenizer *name* (llama.cpp keeps the split rules in its code, keyed by
+that name). So the tokenizer must use a split pattern llama.cpp knows (ours is Qwen2's, "qwen2").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from portachat.export.errors import ExportError
+from portachat.export.source import check_output_free, load_exportable
+from portachat.model.gpt import GPT
+from portachat.tokenizer import Tokenizer
+from portachat.tokenizer.template import CHAT_TEMPLATE
+
+GGUF_TYPES = ("f32", "f16", "q8_0")
+Q8_0_BLOCK = 32  # values per q8_0 block: a row length must be a multiple of it
+
+# llama.cpp's token types (llama_token_type).
+TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_UNUSED = 1, 3, 5
+
+_LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+_GLOBAL_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+
+
+@dataclass
+class GGUFExport:
+    path: Path
+    type: str
+    architecture: str
+    pre_tokenizer: str
+    bytes: int
+
+
+def gguf_tensor_name(hf_name: str) -> str:
+    """llama.cpp's name for an HF parameter (`model.layers.3.self_attn.q_proj.weight` -> `blk.3.attn_q.weight`)."""
+    if hf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[hf_name]
+    prefix = "model.layers."
+    if hf_name.startswith(prefix):
+        index, _, rest = hf_name[len(prefix) :].partition(".")
+        if rest in _LAYER_NAMES:
+            return f"blk.{index}.{_LAYER_NAMES[rest]}"
+    raise ExportError(f"no GGUF name for parameter {hf_name!r}: this model has a part llama.cpp does not know")
+
+
+def llama_permute(weight: np.ndarray, n_head: int) -> np.ndarray:
+    """convert_hf_to_gguf's LlamaModel.permute: HF rotates the two halves of each head, llama.cpp
+    adjacent pairs, so each head's q/k rows are interleaved."""
+    rows = weight.shape[0]
+    return (
+        weight.reshape(n_head, 2, rows // n_head // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    )
+
+
+def tokenizer_arrays(tokenizer: Tokenizer, vocab_size: int) -> tuple[list[str], list[int], list[str]]:
+    """(tokens, token types, merges) as llama.cpp's "gpt2" tokenizer wants them, padded to the model's
+    vocabulary with unused placeholder tokens (the embedding has more rows than the tokenizer has ids)."""
+    state = json.loads(tokenizer._hf.to_str())
+    vocab: dict[str, int] = state["model"]["vocab"]
+    specials = set(tokenizer.special_ids.values())
+    tokens = [f"[PAD{i}]" for i in range(vocab_size)]
+    types = [TOKEN_UNUSED] * vocab_size
+    for token, i in vocab.items():
+        tokens[i], types[i] = token, TOKEN_NORMAL
+    for added in state["added_tokens"]:
+        tokens[added["id"]] = added["content"]
+        types[added["id"]] = TOKEN_CONTROL if added["id"] in specials else TOKEN_NORMAL
+    merges = [m if isinstance(m, str) else " ".join(m) for m in state["model"]["merges"]]
+    return tokens, types, merges
+
+
+def _tensor_data(name: str, tensor: torch.Tensor, type_: str, gguf) -> tuple[np.ndarray, object | None]:
+    """(data, raw ggml type or None) for one tensor: 1-D stays f32 (as llama.cpp's converter does)."""
+    data = tensor.detach().float().cpu().numpy()
+    if data.ndim == 1 or type_ == "f32":
+        return data, None
+    if type_ == "f16" or data.shape[-1] % Q8_0_BLOCK:
+        return data.astype(np.float16), None
+    qtype = gguf.GGMLQuantizationType.Q8_0
+    return gguf.quants.quantize(data, qtype), qtype
+
+
+def export_gguf(model_path: str | Path, output: str | Path, type_: str = "f16") -> GGUFExport:
+    """Write the checkpoint at `model_path` as one GGUF file at `output` (atomically)."""
+    import gguf
+
+    if type_ not in GGUF_TYPES:
+        raise ExportError(f"--type {type_!r} is not valid for export gguf; valid values: {', '.join(GGUF_TYPES)}")
+    output = Path(output).expanduser()
+    check_output_free(output)
+    loaded = load_exportable(model_path)
+    model: GPT = loaded.model
+    tokenizer: Tokenizer = loaded.tokenizer
+    cfg = model.config
+    pre = tokenizer.pre_tokenizer_name()
+    if pre is None:
+        raise ExportError(
+            f"{loaded.path}: its tokenizer splits text with a pattern llama.cpp has no name for "
+            f"({tokenizer.split_pattern()!r}), so a GGUF runtime would tokenize differently. Export it with "
+            "`portachat export hf` instead, or retrain the tokenizer (`portachat tokenizer train`: the default "
+            "pattern is Qwen2's, which llama.cpp knows as 'qwen2') and the model on it."
+        )
+    if cfg.rope_scaling is not None:
+        raise ExportError(
+            f"{loaded.path}: rope scaling {cfg.rope_scaling.get('rope_type')!r} is not written to GGUF by "
+            "portachat yet; use `portachat export hf`"
+        )
+    arch = cfg.architecture
+    ftype = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+             "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[type_]  # fmt: skip
+
+    tmp = output.parent / f".tmp-{output.name}.{os.getpid()}"
+    writer = gguf.GGUFWriter(str(tmp), arch)
+    try:
+        writer.add_name(loaded.path.name)
+        writer.add_file_type(ftype)
+        writer.add_context_length(cfg.max_seq_len)
+        writer.add_embedding_length(cfg.n_embd)
+        writer.add_block_count(cfg.n_layer)
+        writer.add_feed_forward_length(cfg.intermediate_size)
+        writer.add_head_count(cfg.n_head)
+        writer.add_head_count_kv(cfg.n_kv_head)
+        writer.add_key_length(cfg.head_dim)
+        writer.add_value_length(cfg.head_dim)
+        writer.add_rope_dimension_count(cfg.head_dim)
+        writer.add_rope_freq_base(cfg.rope_theta)
+        writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+
+        tokens, types, merges = tokenizer_arrays(tokenizer, cfg.vocab_size)
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre(pre)
+        writer.add_token_list(tokens)
+        writer.add_token_types(types)
+        writer.add_token_merges(merges)
+        writer.add_bos_token_id(tokenizer.bos_id)
+        writer.add_eos_token_id(tokenizer.eos_id)
+        writer.add_pad_token_id(tokenizer.bos_id)  # portachat pads with bos (never a chat target)
+        writer.add_add_bos_token(False)  # the chat template writes bos itself
+        writer.add_chat_template(CHAT_TEMPLATE)
+
+        state = model.state_dict()
+        if cfg.tie_embeddings:
+            state.pop("lm_head.weight", None)  # llama.cpp reuses token_embd when output.weight is absent
+        for name, tensor in state.items():
+            data, qtype = _tensor_data(name, tensor, type_, gguf)
+            if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+                heads = cfg.n_head if "q_proj" in name else cfg.n_kv_head
+                data = llama_permute(tensor.detach().float().numpy(), heads)
+                data, qtype = _tensor_data(name, torch.from_numpy(data), type_, gguf)
+            if qtype is None:
+                writer.add_tensor(gguf_tensor_name(name), data)
+            else:
+                writer.add_tensor(gguf_tensor_name(name), data, raw_dtype=qtype)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, output)
+    except BaseException:
+        writer.close()
+        tmp.unlink(missing_ok=True)
+        raise
+    return GGUFExport(path=output, type=type_, architecture=arch, pre_tokenizer=pre, bytes=output.stat().st_size)

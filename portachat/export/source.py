@@ -1,0 +1,38 @@
+"""Reading the checkpoint an export starts from, with the checks every export format shares."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from portachat.checkpoint.atomic import CheckpointError
+from portachat.checkpoint.model_dir import LoadedModel, load_model_dir
+from portachat.export.errors import ExportError
+from portachat.model.hf import exportable
+
+
+def load_exportable(path: str | Path) -> LoadedModel:
+    """Our checkpoint at `path` (weights on the CPU), refused with the reason when it is outside the HF mapping."""
+    path = Path(path).expanduser()
+    if not path.is_dir():
+        raise ExportError(
+            f"no checkpoint directory at {path}: pass one of ours, e.g. <home>/runs/<run>/sft/latest "
+            "(`portachat export` converts portachat checkpoints; other HF models are already exported)"
+        )
+    try:
+        loaded = load_model_dir(path, device="cpu")
+    except (CheckpointError, ValueError) as exc:
+        raise ExportError(f"cannot read the checkpoint at {path}: {exc}") from exc
+    ok, reason = exportable(loaded.model.config)
+    if not ok:
+        raise ExportError(
+            f"{path} cannot be exported: {reason}. It trained with options outside the Hugging Face "
+            "families, so no HF or GGUF runtime would compute the same model; serve it with `portachat serve`."
+        )
+    return loaded
+
+
+def check_output_free(output: Path) -> None:
+    if output.exists():
+        raise ExportError(f"{output} already exists; pass a new --output path or remove the old one first")
+    if not output.parent.is_dir():
+        raise ExportError(f"the parent directory of --output {output} does not exist; create it first")
