@@ -65,10 +65,16 @@ def engine_complete(engine: Any, tokenizer: ChatTokenizer, seed: int = 0, top_k:
 
     def complete(conversations: list[Conversation], max_tokens: int, temperature: float) -> list[str]:
         prompts = [tokenizer.render_prompt(c) for c in conversations]
-        params = [SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, seed=seed + i)
-                  for i in range(len(prompts))]
-        results = engine.generate(prompts, params)
-        return [reply_text(tokenizer, r.token_ids) for r in results]
+        # A reply gets what room the context leaves; a prompt that fills it gets an empty reply.
+        rooms = [min(max_tokens, engine.max_model_len - len(p)) for p in prompts]
+        todo = [i for i, room in enumerate(rooms) if room > 0]
+        params = [SamplingParams(max_tokens=rooms[i], temperature=temperature, top_k=top_k, seed=seed + i)
+                  for i in todo]
+        results = engine.generate([prompts[i] for i in todo], params) if todo else []
+        replies = [""] * len(prompts)
+        for i, r in zip(todo, results, strict=True):
+            replies[i] = reply_text(tokenizer, r.token_ids)
+        return replies
 
     return complete
 

@@ -1,0 +1,165 @@
+"""`portachat eval`'s library side: load a model once, run the chosen evaluations, return results.
+
+Generative tasks go through the inference engine (batched), categorical ones through one forward
+pass per question, bits-per-byte through the model's loss. "all" runs every task whose data is
+present locally (the synthetic held-out set and bits-per-byte on the synthetic curriculum always)
+and adds the CORE-style centred mean.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from portachat.eval.data_files import EvalDataError, default_data_path, resolve_data
+from portachat.eval.report import EvalResult
+
+TASKS = ("bpb", "synthetic", "gsm8k", "arc", "mmlu", "humaneval")
+CHOICES = (*TASKS, "core", "all")
+
+
+@dataclass
+class EvalOptions:
+    task: str  # one of CHOICES
+    model: str
+    data: str | None = None  # the task's data (file or directory); None = default location
+    limit: int | None = None  # questions per task (rows of text for bpb)
+    device: str | None = None
+    dtype: str | None = None
+    max_tokens: int | None = None  # per reply; None = each task's default
+    seed: int = 0
+    workers: int | None = None  # HumanEval sandboxes at a time
+    use_engine: bool = True  # False: the plain single-sequence generator
+
+
+def _task_list(opts: EvalOptions) -> list[str]:
+    if opts.task not in CHOICES:
+        raise EvalDataError(f"unknown evaluation {opts.task!r}; choose one of {', '.join(CHOICES)}")
+    if opts.task in ("all", "core"):
+        if opts.data is not None:
+            raise EvalDataError("--data names one task's data; use it with a single task (e.g. `portachat eval "
+                                "gsm8k --data test.jsonl`). `all` reads each task's data from "
+                                f"{default_data_path('<task>')}")
+        return list(TASKS)
+    return [opts.task]
+
+
+def token_bytes_tensor(tokenizer: Any, vocab_size: int) -> torch.Tensor:
+    """int64 [vocab_size]: the bytes each token spells (0 for control and padding ids)."""
+    n = tokenizer.vocab_size
+    return torch.tensor([len(tokenizer.token_bytes(i)) if i < n else 0 for i in range(vocab_size)], dtype=torch.long)
+
+
+def text_bpb(model: torch.nn.Module, tokenizer: Any, data: str | None, limit: int | None,
+             batch_size: int = 8) -> EvalResult:
+    """Bits per byte on the validation split of `data` (default: the built-in synthetic curriculum)."""
+    from portachat.data.sources import open_source
+    from portachat.eval.bpb import evaluate_bpb
+
+    seq_len = min(512, model.config.max_seq_len)
+    rows_wanted = limit or 64
+    source = open_source(data, split="val")
+    stream: list[int] = []
+    rows: list[list[int]] = []
+    for doc in source.iter_documents():
+        bos = [tokenizer.bos_id] if tokenizer.bos_id is not None else []
+        stream.extend(bos + tokenizer.encode(doc))
+        while len(stream) >= seq_len + 1 and len(rows) < rows_wanted:
+            rows.append(stream[:seq_len + 1])
+            stream = stream[seq_len:]
+        if len(rows) >= rows_wanted:
+            break
+    if not rows and len(stream) > 1:
+        rows.append(stream)
+    if not rows:
+        raise EvalDataError(f"{data or 'the synthetic curriculum'} gave no validation text for bits per byte")
+    device = next(model.parameters()).device
+    batches = [(torch.tensor([r[:-1]]), torch.tensor([r[1:]])) for r in rows]
+    table = token_bytes_tensor(tokenizer, model.config.vocab_size)
+    from contextlib import nullcontext
+
+    value = evaluate_bpb(model, batches, table, device, nullcontext)
+    nbytes = int(sum(table[torch.tensor(r[1:])].sum() for r in rows))
+    return EvalResult("bpb", "bits_per_byte", value, nbytes, None,
+                      {"data": str(data or "synthetic"), "rows": len(rows), "seq_len": seq_len})
+
+
+def run_evals(opts: EvalOptions, log: Callable[[str], None] = print) -> list[EvalResult]:
+    from portachat.model.load import load_for_inference
+
+    tasks = _task_list(opts)
+    single = len(tasks) == 1
+    data: dict[str, Path | None] = {}
+    for task in tasks:  # find all data before loading the model: a typo should fail in a second
+        if task == "synthetic":
+            if opts.data:
+                raise EvalDataError("the synthetic held-out set is built in: drop --data")
+            data[task] = None
+        elif task == "bpb":
+            data[task] = Path(opts.data) if opts.data else None
+            if opts.data and not Path(opts.data).exists() and str(opts.data) != "synthetic":
+                raise EvalDataError(f"--data {opts.data} does not exist")
+        elif single:
+            data[task] = resolve_data(task, opts.data)
+        else:
+            path = default_data_path(task)
+            if path.exists() and any(path.rglob("*")):
+                data[task] = path
+            else:
+                log(f"[eval] {task}: skipped, no data at {path} (`portachat eval {task}` downloads it when online, "
+                    "or pass --data)")
+    loaded = load_for_inference(opts.model, device=opts.device, dtype=opts.dtype)
+    log(f"[eval] model: {loaded.description}")
+    model, tokenizer = loaded.model, loaded.tokenizer
+    complete = _make_complete(loaded, opts)
+    results: list[EvalResult] = []
+    for task in tasks:
+        if task not in data:
+            continue
+        log(f"[eval] {task} ...")
+        results.append(_run_one(task, data[task], model, tokenizer, complete, opts))
+    if opts.task in ("all", "core"):
+        from portachat.eval.core import core_score
+
+        results.append(core_score(results))
+    return results
+
+
+def _make_complete(loaded: Any, opts: EvalOptions):
+    from portachat.eval.generation import engine_complete, model_complete
+
+    if not opts.use_engine:
+        return model_complete(loaded.model, loaded.tokenizer, seed=opts.seed)
+    from portachat.device import get_device
+    from portachat.serve.engine.config import EngineConfig
+    from portachat.serve.engine.engine import LLMEngine
+
+    dev = get_device(kind=opts.device, dtype=opts.dtype)
+    engine = LLMEngine(loaded.model, loaded.tokenizer, EngineConfig(dtype="model"), device=dev)
+    return engine_complete(engine, loaded.tokenizer, seed=opts.seed)
+
+
+def _run_one(task: str, data: Path | None, model, tokenizer, complete, opts: EvalOptions) -> EvalResult:
+    kw = {} if opts.max_tokens is None else {"max_tokens": opts.max_tokens}
+    if task == "bpb":
+        return text_bpb(model, tokenizer, str(data) if data else None, opts.limit)
+    if task == "synthetic":
+        from portachat.eval.synthetic import evaluate_synthetic
+
+        return evaluate_synthetic(complete, n=opts.limit or 200, seed=opts.seed, **kw)
+    if task == "gsm8k":
+        from portachat.eval.gsm8k import evaluate_gsm8k, read_gsm8k
+
+        return evaluate_gsm8k(complete, read_gsm8k(data, opts.limit), **kw)
+    if task in ("arc", "mmlu"):
+        from portachat.eval.multiple_choice import evaluate_multiple_choice, read_arc, read_mmlu
+
+        questions = (read_arc if task == "arc" else read_mmlu)(data, opts.limit)
+        return evaluate_multiple_choice(task, model, tokenizer, questions)
+    from portachat.eval.humaneval import evaluate_humaneval, read_humaneval
+
+    return evaluate_humaneval(complete, read_humaneval(data, opts.limit), workers=opts.workers, **kw)
