@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 
-COMMAND_MODULES = ["doctor", "tokenizer", "train"]
+COMMAND_MODULES = ["doctor", "tokenizer", "train", "eval"]
 
 
 def register_all(sub) -> None:
