@@ -1,0 +1,71 @@
+"""`portachat estimate memory`: device memory for training and serving, counted from the shapes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from portachat.commands.common import EPILOG, flag, positive_int
+
+
+def model_shape_from_args(args: argparse.Namespace):
+    from portachat.model import GPTConfig
+    from portachat.tools.estimate import ModelShape, load_hf_config
+
+    if args.hf_config is not None:
+        return ModelShape.from_hf_config(load_hf_config(args.hf_config), name=str(args.hf_config))
+    cfg = GPTConfig.from_depth(args.depth, args.vocab_size, max_seq_len=args.seq_len)
+    return ModelShape.from_gpt_config(cfg)
+
+
+def cmd_estimate_memory(args: argparse.Namespace) -> int:
+    from portachat.model import ConfigError
+    from portachat.tools.estimate import TrainingSetup, estimate_kv_cache, estimate_training, format_estimate
+
+    try:
+        shape = model_shape_from_args(args)
+        setup = TrainingSetup(args.batch_size, args.seq_len, args.dtype, args.optimizer,
+                              args.activation_checkpointing, args.devices, args.parallel)
+        train = estimate_training(shape, setup)
+        serve = estimate_kv_cache(shape, args.kv_batch_size, args.kv_context or args.seq_len, args.kv_dtype)
+    except (ValueError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"training": train, "serving": serve}, indent=2))
+    else:
+        print(format_estimate(train, serve))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("estimate", help="estimate device memory for training and serving",
+                       description="Estimates, counted from the model's shapes (no device needed).", epilog=EPILOG)
+    what = p.add_subparsers(dest="what", metavar="memory", required=True)
+    m = what.add_parser(
+        "memory", epilog=EPILOG,
+        help="parameters, gradients, optimizer states, activations, logits and KV cache per device",
+        description="Per-device memory of a training step (parameters, gradients, Muon/AdamW states, "
+                    "activations with and without --activation-checkpointing, logits, optimizer temporaries) "
+                    "and of serving (weights + KV cache). For our --depth, or any Hugging Face config "
+                    "(--hf-config DIR_OR_CONFIG_JSON), on --devices N with --parallel ddp|fsdp2.")
+    src = m.add_mutually_exclusive_group()
+    flag(src, "--depth", type=positive_int, default=4, help="portachat model depth (default 4)")
+    flag(src, "--hf-config", default=None, help="a Hugging Face model directory or its config.json")
+    flag(m, "--vocab-size", type=positive_int, default=32768, help="vocabulary for --depth models (default 32768)")
+    m.add_argument("--device-batch-size", "--device_batch_size", "--batch-size", dest="batch_size", type=positive_int,
+                   default=4, help="sequences per device per micro-step (default 4)")
+    m.add_argument("--max-seq-len", "--max_seq_len", "--seq-len", dest="seq_len", type=positive_int, default=2048,
+                   help="tokens per sequence (default 2048)")
+    flag(m, "--dtype", choices=("bf16", "fp16", "fp32"), default="bf16", help="compute dtype (default bf16)")
+    flag(m, "--optimizer", choices=("muon", "adamw"), default="muon",
+         help="muon: Muon for layer matrices + AdamW for the rest, as portachat trains (default); adamw: AdamW for all")
+    flag(m, "--activation-checkpointing", action="store_true", help="recompute each block in backward")
+    flag(m, "--devices", type=positive_int, default=1, help="number of devices (default 1)")
+    flag(m, "--parallel", choices=("ddp", "fsdp2"), default="ddp", help="data parallelism across devices (default ddp)")
+    flag(m, "--kv-batch-size", type=positive_int, default=8, help="concurrent sequences when serving (default 8)")
+    flag(m, "--kv-context", type=positive_int, default=None, help="context per sequence when serving (default --seq-len)")
+    flag(m, "--kv-dtype", choices=("bf16", "fp16", "fp32"), default="bf16", help="serving weights and KV cache dtype")
+    flag(m, "--json", action="store_true", help="print JSON instead of a table")
+    m.set_defaults(func=cmd_estimate_memory)
