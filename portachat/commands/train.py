@@ -112,8 +112,71 @@ def cmd_train_base(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train_chat(args: argparse.Namespace) -> int:
+    from portachat.device import destroy_distributed, dist_env
+    from portachat.train.chat_stage import ChatOptions, run_chat_stage
+
+    dev = device_from_args(args)
+    opts = ChatOptions(
+        stage=args.stage,
+        init=args.init,
+        data=args.data or [],
+        max_conversations=args.max_conversations,
+        pack={"pack": True, "pad": False, None: None}[args.rows],
+        lr_scale=args.lr_scale,
+        num_epochs=args.num_epochs,
+        num_iterations=args.num_iterations,
+        max_seq_len=args.max_seq_len,
+        eval_examples=args.eval_examples,
+        eval_max_tokens=args.eval_max_tokens,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        train=train_config(args, dev),
+    )
+    try:
+        result = run_chat_stage(opts, dev=dev)
+    finally:
+        destroy_distributed()
+    if result.final_checkpoint is not None and dist_env().is_main:
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in result.metrics.items() if isinstance(v, float))
+        print(f"[portachat] done: {result.steps} steps; {shown}")
+        print(f"[portachat] model: {result.final_checkpoint}")
+    return 0
+
+
+def add_chat_stage_parser(tsub, stage: str) -> None:
+    from portachat.train.chat_stage import PREVIOUS_STAGE, STAGE_DEFAULTS
+
+    d = STAGE_DEFAULTS[stage]
+    previous = PREVIOUS_STAGE[stage]
+    what = {"mid": "mid-train on conversations: the chat format and calculator tool use (packed rows)",
+            "sft": "supervised fine-tuning on conversations (one conversation per padded row, low lr)"}[stage]
+    t = tsub.add_parser(stage, help=what, epilog=EPILOG,
+                        description=f"{what[0].upper()}{what[1:]}. Starts from the run's {previous} checkpoint "
+                                    f"(<home>/runs/<run>/{previous}/latest) unless --init says otherwise; the loss "
+                                    "covers only the assistant's tokens. Checkpoints go to "
+                                    f"<home>/runs/<run>/{stage}/step_<N>/.")
+    g = t.add_argument_group("data and model")
+    flag(g, "--init", default=None,
+         help=f"checkpoint to start from: a model dir, a stage dir, or RUN/STAGE (default: this run's {previous}/latest)")
+    flag(g, "--data", action="append", default=None,
+         help="jsonl/parquet file or directory of conversations ('messages'), GSM8K 'question'/'answer' or "
+              "ARC/MMLU multiple choice rows; repeat to mix (default: built-in synthetic task conversations)")
+    flag(g, "--max-conversations", type=positive_int, default=None,
+         help=f"read at most N conversations (synthetic default: {d.synthetic_conversations})")
+    flag(g, "--rows", choices=["pack", "pad"], default=None,
+         help=f"pack several conversations per row or pad one per row (default: {'pack' if d.pack else 'pad'})")
+    flag(g, "--lr-scale", type=float, default=None,
+         help=f"multiply every learning rate by this (default {d.lr_scale} for {stage})")
+    flag(g, "--num-epochs", type=float, default=1.0, help="passes over the data when --num-iterations is not given")
+    flag(g, "--eval-examples", type=nonneg_int, default=64, help="held-out questions answered at each evaluation")
+    flag(g, "--eval-max-tokens", type=positive_int, default=64, help="reply length limit when evaluating answers")
+    add_train_flags(t)
+    t.set_defaults(func=cmd_train_chat, warmdown_ratio=d.warmdown_ratio)
+
+
 def register(sub) -> None:
-    p = sub.add_parser("train", help="training stages (base pretraining)")
+    p = sub.add_parser("train", help="training stages (base pretraining, mid-training, SFT)")
     tsub = p.add_subparsers(dest="stage", metavar="STAGE")
     tsub.required = True
     t = tsub.add_parser("base", help="pretrain a GPT on raw text", epilog=EPILOG,
@@ -128,3 +191,5 @@ def register(sub) -> None:
     flag(g, "--target-param-data-ratio", type=float, default=20.0, help="training tokens per parameter when --num-iterations is not given (default 20)")
     add_train_flags(t)
     t.set_defaults(func=cmd_train_base)
+    add_chat_stage_parser(tsub, "mid")
+    add_chat_stage_parser(tsub, "sft")

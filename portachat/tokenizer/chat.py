@@ -11,6 +11,10 @@ message is merged into the first user message, as nanochat does.
 The mask is 1 where the model is trained to predict the token: assistant text, its python calls
 (with their delimiters) and the closing <|assistant_end|>. User text, the tokens that open a turn,
 and tool output (the tool wrote it, not the model) get 0.
+
+Message content is always plain text: "<|assistant_end|>" typed by a user encodes as ordinary
+tokens (Tokenizer.encode never parses control tokens), so no user can end a turn or forge a tool
+output. Control tokens enter only from the structure of the conversation.
 """
 
 from __future__ import annotations
@@ -94,6 +98,18 @@ def normalize_messages(messages: Any) -> list[tuple[str, list[tuple[str, str]]]]
     return out
 
 
+def _merge_text_parts(parts: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Adjacent text parts become one, encoded as one string: the chat template joins them the same way,
+    so transformers' ids match ours whatever the seams."""
+    merged: list[tuple[str, str]] = []
+    for kind, text in parts:
+        if kind == "text" and merged and merged[-1][0] == "text":
+            merged[-1] = ("text", merged[-1][1] + text)
+        else:
+            merged.append((kind, text))
+    return merged
+
+
 def render_conversation(
     tokenizer: Tokenizer, messages: Any, max_tokens: int | None = None
 ) -> tuple[list[int], list[int]]:
@@ -116,7 +132,7 @@ def render_conversation(
             add([special[USER_END]], 0)
             continue
         add([special[ASSISTANT_START]], 0)
-        for kind, text in parts:
+        for kind, text in _merge_text_parts(parts):
             if kind == "text":
                 add(tokenizer.encode(text), 1)
             elif kind == "python":

@@ -2,11 +2,12 @@
 
 It renders the same text that `chat.render_conversation` encodes, so `apply_chat_template` in
 transformers (and servers built on it: vLLM, TGI, llama.cpp converters) gives the same ids as
-portachat for conversations with plain string contents.
+portachat, tool-call parts included (adjacent text parts are joined on both sides).
 
-Limitation: with assistant content given as a list of parts, adjacent "text" parts are joined
-into one string before HF tokenizes it, whereas portachat encodes each part on its own; the ids
-can differ at the seam. Parts separated by python/output tokens match exactly.
+One difference by design: transformers tokenizes the rendered string, so control-token text inside
+a message ("<|assistant_end|>" typed by a user) becomes the control token there, as with every
+Jinja-templated model. portachat's own renderer, engine and server never do that: message content
+is always encoded as plain text.
 """
 
 from __future__ import annotations

@@ -433,11 +433,12 @@ class Trainer:
 
     def fit(self) -> TrainResult:
         cfg, env = self.cfg, self.env
-        self.logger = RunLogger(self.stage_path, enabled=env.is_main)
         dt_ema: float | None = None
         warned_mfu = False
-        try:
-            with StopRequest() as stop:
+        # Signals first: a Ctrl-C during slow setup (the logger imports tensorboard) still saves.
+        with StopRequest() as stop:
+            try:
+                self.logger = RunLogger(self.stage_path, enabled=env.is_main)
                 self.train_model.train()
                 if self.start_step == 0 and cfg.eval_every > 0 and cfg.num_iterations > 0:
                     self.evaluate(0)  # where the stage starts from
@@ -471,13 +472,14 @@ class Trainer:
                         self.save(step, final=False)
                     if stop_now:
                         raise KeyboardInterrupt(f"stopped at step {step}; resume with --resume")
-            step = self.step_count
-            self.evaluate(step)
-            if self.world > 1:
-                _check_replicas_in_sync(self.model, self.world, self.say)
-            final = self.save(step, final=True)
-        finally:
-            self.logger.close()
+                step = self.step_count
+                self.evaluate(step)
+                if self.world > 1:
+                    _check_replicas_in_sync(self.model, self.world, self.say)
+                final = self.save(step, final=True)
+            finally:
+                if self.logger is not None:
+                    self.logger.close()
         _barrier(self.world)
         return TrainResult(final_checkpoint=final, steps=step, val_bpb=self.metrics.get("val_bpb"),
                            samples=self.samples, metrics=dict(self.metrics))

@@ -1,0 +1,146 @@
+"""Conversations for the chat stages (mid, SFT, RL), read from local files in the public formats.
+
+Accepted rows (jsonl lines or parquet rows), one conversation each:
+  {"messages": [{"role", "content"}, ...]}            chat datasets (SmolTalk, our synthetic tasks)
+  {"question": ..., "answer": "... <<4*5=20>>20 ... #### 20"}   GSM8K; calculator annotations become
+                                                      python tool calls with their output, as nanochat does
+  {"question", "choices": {"text": [...], "label": [...]}, "answerKey"}   ARC
+  {"question", "choices": [...], "answer": 2}        MMLU (answer = index or letter)
+Multiple choice renders as the question with lettered choices; the reply is the letter.
+
+Without files, `synthetic_conversations` gives the built-in task curriculum (train split only).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from portachat.data.sources import DataError
+
+Conversation = dict[str, Any]  # {"messages": [...]} plus, for verifiable rows, "answer"
+CHAT_SUFFIXES = (".jsonl", ".json", ".parquet")
+LETTERS = "ABCDEFGHIJ"
+_CALC = re.compile(r"<<([^<>]*)>>")
+
+
+def gsm8k_messages(question: str, answer: str) -> list[dict[str, Any]]:
+    """A GSM8K row as a conversation: `<<expr=result>>` becomes a python call and its output."""
+    parts: list[dict[str, str]] = []
+    for i, piece in enumerate(_CALC.split(answer)):
+        if i % 2 == 0:
+            if piece:
+                parts.append({"type": "text", "text": piece})
+            continue
+        expr, _, result = piece.rpartition("=") if "=" in piece else (piece, "", "")
+        parts.append({"type": "python", "text": expr})
+        parts.append({"type": "python_output", "text": result})
+    return [{"role": "user", "content": question}, {"role": "assistant", "content": parts}]
+
+
+def gsm8k_final_answer(answer: str) -> str:
+    """The number after '####' in a GSM8K answer, without thousands separators."""
+    return answer.rsplit("####", 1)[-1].strip().replace(",", "")
+
+
+def multiple_choice_prompt(question: str, choices: Sequence[str]) -> str:
+    lines = [question.strip(), *(f"{LETTERS[i]}. {c}" for i, c in enumerate(choices))]
+    return "\n".join(lines) + "\nAnswer with the letter of the correct choice."
+
+
+def multiple_choice_messages(question: str, choices: Sequence[str], answer: int) -> list[dict[str, Any]]:
+    return [
+        {"role": "user", "content": multiple_choice_prompt(question, choices)},
+        {"role": "assistant", "content": LETTERS[answer]},
+    ]
+
+
+def _mc_fields(row: Mapping[str, Any], where: str) -> tuple[str, list[str], int]:
+    choices = row["choices"]
+    if isinstance(choices, Mapping):  # ARC: {"text": [...], "label": ["A", ...]}
+        texts, labels = list(choices["text"]), [str(x) for x in choices["label"]]
+        key = str(row.get("answerKey", row.get("answer")))
+        if key not in labels:
+            raise DataError(f"{where}: answerKey {key!r} is not one of the labels {labels}")
+        index = labels.index(key)
+    else:  # MMLU: a list, answer an index or a letter
+        texts = [str(c) for c in choices]
+        ans = row["answer"]
+        index = LETTERS.index(ans.strip().upper()) if isinstance(ans, str) and not ans.strip().isdigit() else int(ans)
+    if not 0 <= index < len(texts) or len(texts) > len(LETTERS):
+        raise DataError(f"{where}: answer {index} is outside {len(texts)} choices (at most {len(LETTERS)})")
+    return str(row["question"]), texts, index
+
+
+def row_to_conversation(row: Mapping[str, Any], where: str = "row") -> Conversation:
+    """One dataset row in any accepted format -> {"messages": [...], "answer": str | None}."""
+    if not isinstance(row, Mapping):
+        raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    if "messages" in row:
+        return {"messages": list(row["messages"]), "answer": row.get("answer")}
+    if "question" in row and "choices" in row:
+        question, choices, index = _mc_fields(row, where)
+        return {"messages": multiple_choice_messages(question, choices, index), "answer": LETTERS[index]}
+    if "question" in row and isinstance(row.get("answer"), str):
+        answer = row["answer"]
+        return {"messages": gsm8k_messages(str(row["question"]), answer), "answer": gsm8k_final_answer(answer)}
+    raise DataError(
+        f"{where}: not a conversation. Expected a 'messages' list, GSM8K 'question'/'answer', or multiple "
+        f"choice 'question'/'choices'/'answer'; got keys {sorted(row)[:8]}"
+    )
+
+
+def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    yield f"{path}:{lineno}", json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
+
+
+def _parquet_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    import pyarrow.parquet as pq
+
+    for i, row in enumerate(pq.read_table(path).to_pylist()):
+        yield f"{path} row {i}", row
+
+
+def chat_files(spec: str | Path) -> list[Path]:
+    """The .jsonl/.json/.parquet files a --data argument names (a file or a directory, searched deeply)."""
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in CHAT_SUFFIXES
+                       and not any(part.startswith(".") for part in p.relative_to(path).parts))
+        if files:
+            return files
+        raise DataError(f"--data {spec}: no {'/'.join(CHAT_SUFFIXES)} files in this directory")
+    raise DataError(f"--data {spec}: no such file or directory")
+
+
+def load_conversations(specs: Sequence[str | Path], limit: int | None = None) -> list[Conversation]:
+    """Every conversation in the files `specs` name, in order (each a file or a directory)."""
+    out: list[Conversation] = []
+    for spec in specs:
+        for file in chat_files(spec):
+            rows = _parquet_rows(file) if file.suffix == ".parquet" else _jsonl_rows(file)
+            for where, row in rows:
+                out.append(row_to_conversation(row, where))
+                if limit is not None and len(out) >= limit:
+                    return out
+    if not out:
+        raise DataError(f"--data {', '.join(map(str, specs))}: no conversations found")
+    return out
+
+
+def synthetic_conversations(n: int, split: str = "train", seed: int | str = 0) -> list[Conversation]:
+    """The built-in task curriculum as conversations with their expected answers."""
+    from portachat.data.synthetic_tasks import task_examples
+
+    return [{"messages": ex.messages, "answer": ex.answer} for ex in task_examples(n, split, seed)]

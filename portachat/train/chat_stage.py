@@ -1,0 +1,188 @@
+"""Mid-training and SFT: conversations with loss masks on the assistant's tokens, started from the
+previous stage's weights (fresh optimizer state), evaluated by answer accuracy while they train.
+
+mid: teaches the chat format and the calculator tool on a mixture of conversations, packed rows.
+sft: one conversation per padded row, a lower learning rate decaying to 0, fewer steps.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from portachat.checkpoint import CheckpointError, latest_checkpoint, resolve_model_path, stage_dir
+from portachat.checkpoint.model_dir import read_config
+from portachat.checkpoint.runs import list_steps
+from portachat.data.chat_data import Conversation, load_conversations, synthetic_conversations
+from portachat.data.chat_loader import ChatLoader, iter_chat_val_batches
+from portachat.device import Device, DistEnv, get_device, init_distributed
+from portachat.model import GPT
+from portachat.tokenizer import Tokenizer, render_conversation
+from portachat.train.chat_eval import answer_accuracy_evaluator
+from portachat.train.trainer import Stage, TrainConfig, TrainingError, TrainResult, train
+
+PREVIOUS_STAGE = {"mid": "base", "sft": "mid", "rl": "sft"}
+
+
+@dataclass(frozen=True)
+class StageDefaults:
+    lr_scale: float  # times the optimizer's base learning rates (nanochat's init_lr_frac)
+    warmdown_ratio: float
+    pack: bool
+    synthetic_conversations: int
+
+
+STAGE_DEFAULTS = {
+    # No lr warmup and no Muon momentum ramp: these stages start from trained weights.
+    "mid": StageDefaults(lr_scale=1.0, warmdown_ratio=0.2, pack=True, synthetic_conversations=20_000),
+    "sft": StageDefaults(lr_scale=0.1, warmdown_ratio=1.0, pack=False, synthetic_conversations=5_000),
+}
+
+
+@dataclass
+class ChatOptions:
+    stage: str = "mid"  # "mid" or "sft"
+    init: str | None = None  # checkpoint, stage dir or run/stage; None = this run's previous stage, latest
+    data: list[str] = field(default_factory=list)  # jsonl/parquet files or dirs; empty = synthetic tasks
+    max_conversations: int | None = None  # read at most this many (files) / generate this many (synthetic)
+    pack: bool | None = None  # None = the stage's default
+    lr_scale: float | None = None  # None = the stage's default
+    num_epochs: float = 1.0  # horizon when num_iterations is not given
+    num_iterations: int | None = None
+    max_seq_len: int | None = None  # None = the model's context
+    eval_examples: int = 64  # held-out conversations answered at each evaluation (0 = none)
+    eval_max_tokens: int = 64
+    resume: str | None = None  # "auto" = this stage's latest checkpoint, or a path
+    overwrite: bool = False
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+def resolve_init(stage: str, init: str | None, run: str, runs_root: Path | None) -> Path:
+    """The checkpoint a stage starts from: --init, or the run's previous stage's latest checkpoint."""
+    if init is not None:
+        return resolve_model_path(init)
+    previous = PREVIOUS_STAGE[stage]
+    where = stage_dir(run, previous, runs_root)
+    found = latest_checkpoint(where)
+    if found is None:
+        raise CheckpointError(
+            f"`train {stage}` starts from the {previous} stage, but run '{run}' has no {previous} checkpoint in "
+            f"{where}. Train it first (`portachat train {previous} --run-name {run}`) or pass --init PATH."
+        )
+    return found
+
+
+def model_from_checkpoint(path: Path, dev: Device) -> tuple[GPT, Tokenizer]:
+    """A model shaped like the checkpoint's (weights loaded later by the Trainer) and its tokenizer."""
+    model_cfg = read_config(path)
+    with torch.device(dev.torch_device):
+        model = GPT(model_cfg)
+    model.init_weights(seed=0)
+    return model, Tokenizer.load(path)
+
+
+def prepare_stage_dir(path: Path, resume: str | None, overwrite: bool, stage: str, run: str, env: DistEnv) -> Path | None:
+    """The checkpoint to resume from, after refusing to mix a new run into an existing one."""
+    if resume and overwrite:
+        raise TrainingError("--resume continues a run and --overwrite deletes it: pass one of them, not both")
+    if resume == "auto":
+        found = latest_checkpoint(path)
+        if found is None:
+            raise CheckpointError(f"--resume: no checkpoint to resume in {path} (no `latest` pointer yet)")
+        return found
+    if resume:
+        return resolve_model_path(resume)
+    if list_steps(path):
+        if not overwrite:
+            raise TrainingError(
+                f"run '{run}' already has {stage} checkpoints in {path}. Continue it with --resume, "
+                "pick another --run-name, or pass --overwrite to start over (deletes them)."
+            )
+        if env.is_main:
+            shutil.rmtree(path)
+        if env.is_distributed:
+            torch.distributed.barrier()
+    return None
+
+
+def split_conversations(opts: ChatOptions, seed: int) -> tuple[list[Conversation], list[Conversation], str]:
+    """(train, validation, description): files are split 95/5; synthetic tasks use their held-out split."""
+    if opts.data:
+        convs = load_conversations(opts.data, limit=opts.max_conversations)
+        n_val = min(500, len(convs) // 20) if len(convs) >= 20 else 0
+        val = convs[len(convs) - n_val :] if n_val else convs[:1]  # tiny sets validate on a training row
+        return convs[: len(convs) - n_val], val, ", ".join(opts.data)
+    n = opts.max_conversations or STAGE_DEFAULTS[opts.stage].synthetic_conversations
+    train_convs = synthetic_conversations(n, "train", seed)
+    val = synthetic_conversations(max(opts.eval_examples, 32), "heldout", seed)
+    return train_convs, val, f"synthetic tasks ({n} conversations)"
+
+
+def plan_iterations(convs: list[Conversation], tokenizer: Tokenizer, cfg: TrainConfig, pack: bool, epochs: float,
+                    streams: int) -> int:
+    """Optimizer steps for `epochs` passes over the conversations (packing estimated from a sample)."""
+    rows_per_step = cfg.device_batch_size * streams
+    if pack:
+        sample = convs[:: max(1, len(convs) // 200)][:200]
+        mean = sum(len(render_conversation(tokenizer, c["messages"], cfg.max_seq_len + 1)[0]) for c in sample) / len(sample)
+        rows = len(convs) * mean / (cfg.max_seq_len + 1)
+    else:
+        rows = len(convs)
+    return max(1, math.ceil(epochs * rows / rows_per_step))
+
+
+def run_chat_stage(opts: ChatOptions, dev: Device | None = None, print_fn=print) -> TrainResult:
+    """Train a chat stage (mid or sft) and return its final checkpoint."""
+    if opts.stage not in STAGE_DEFAULTS:
+        raise TrainingError(f"unknown chat stage {opts.stage!r}; expected one of {sorted(STAGE_DEFAULTS)}")
+    defaults = STAGE_DEFAULTS[opts.stage]
+    dev = dev or get_device()
+    env = init_distributed(dev)
+    say = print_fn if env.is_main else (lambda _m: None)
+    cfg = opts.train
+    cfg.stage = opts.stage
+    runs_root = Path(cfg.runs_root) if cfg.runs_root else None
+    path = stage_dir(cfg.run, opts.stage, runs_root)
+    resume_from = prepare_stage_dir(path, opts.resume, opts.overwrite, opts.stage, cfg.run, env)
+    init_from = None if resume_from else resolve_init(opts.stage, opts.init, cfg.run, runs_root)
+    model, tokenizer = model_from_checkpoint(resume_from or init_from, dev)
+    cfg.max_seq_len = opts.max_seq_len or model.config.max_seq_len
+    cfg.muon_momentum_warmup = 0
+    scale = defaults.lr_scale if opts.lr_scale is None else opts.lr_scale
+    o = cfg.optim
+    o.matrix_lr, o.embedding_lr, o.unembedding_lr, o.scalar_lr = (
+        o.matrix_lr * scale, o.embedding_lr * scale, o.unembedding_lr * scale, o.scalar_lr * scale)
+    pack = defaults.pack if opts.pack is None else opts.pack
+
+    train_convs, val_convs, described = split_conversations(opts, cfg.seed)
+    say(f"[portachat] {opts.stage}: {len(train_convs)} training conversations from {described} "
+        f"({'packed' if pack else 'padded'} rows), {len(val_convs)} held out")
+    if not opts.data:
+        say("[portachat] NOTE: no --data given: training on the built-in SYNTHETIC task conversations (offline).")
+    say(f"[portachat] {opts.stage}: starting from {init_from or resume_from}")
+    streams = env.world_size * cfg.grad_accum_steps(env.world_size)
+    if opts.num_iterations is not None:
+        cfg.num_iterations = opts.num_iterations
+    else:
+        cfg.num_iterations = plan_iterations(train_convs, tokenizer, cfg, pack, opts.num_epochs, streams)
+
+    B, T = cfg.device_batch_size, cfg.max_seq_len
+    max_val_batches = max(1, cfg.eval_tokens // (B * T))
+    evaluators = []
+    if opts.eval_examples > 0:
+        name = "heldout_accuracy" if not opts.data else "val_accuracy"
+        evaluators.append(answer_accuracy_evaluator(val_convs[: opts.eval_examples], tokenizer, dev,
+                                                    opts.eval_max_tokens, name=name))
+    stage = Stage(
+        make_stream=lambda s, n: ChatLoader(train_convs, tokenizer, B, T, pack=pack, stream=s, num_streams=n,
+                                            seed=cfg.seed),
+        val_batches=lambda rank, world: iter_chat_val_batches(val_convs, tokenizer, B, T, rank, world, max_val_batches),
+        evaluators=evaluators,
+    )
+    extra = {"data": described, "init_from": str(init_from) if init_from else None, "pack": pack, "lr_scale": scale}
+    return train(model, tokenizer, stage, cfg, dev, env, path, resume_from=resume_from, init_from=init_from,
+                 extra_meta=extra, print_fn=print_fn)
