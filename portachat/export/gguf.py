@@ -9,6 +9,7 @@ that name). So the tokenizer must use a split pattern llama.cpp knows (ours is Q
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass
@@ -59,6 +60,7 @@ class GGUFExport:
     architecture: str
     pre_tokenizer: str
     bytes: int
+    notes: list[str]
 
 
 def gguf_tensor_name(hf_name: str) -> str:
@@ -189,7 +191,16 @@ def export_gguf(model_path: str | Path, output: str | Path, type_: str = "f16") 
             os.fsync(f.fileno())
         os.replace(tmp, output)
     except BaseException:
-        writer.close()
+        with contextlib.suppress(Exception):
+            writer.close()
         tmp.unlink(missing_ok=True)
         raise
-    return GGUFExport(path=output, type=type_, architecture=arch, pre_tokenizer=pre, bytes=output.stat().st_size)
+    notes = []
+    if arch == "qwen3" and cfg.head_dim != 128:
+        notes.append(
+            f"head_dim is {cfg.head_dim}: llama.cpp reads it from {arch}.attention.key_length, but transformers' "
+            "GGUF loader (5.x) ignores that key for qwen3 and assumes 128; load the `export hf` directory there"
+        )
+    return GGUFExport(
+        path=output, type=type_, architecture=arch, pre_tokenizer=pre, bytes=output.stat().st_size, notes=notes
+    )

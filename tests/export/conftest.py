@@ -13,8 +13,10 @@ from portachat.model import GPT, GPTConfig
 
 def make_checkpoint(directory: Path, tokenizer, **overrides) -> tuple[Path, GPT]:
     """One of our checkpoints (random weights in every tensor, scaled like a trained net), saved as training saves it."""
+    # head_dim 128 (from_depth's default): transformers' GGUF loader ignores attention.key_length for
+    # qwen3 and assumes Qwen3Config's default 128.
     base = dict(
-        vocab_size=384, n_layer=2, n_embd=64, n_head=4, n_kv_head=2, head_dim=16, intermediate_size=192,
+        vocab_size=384, n_layer=2, n_embd=256, n_head=2, n_kv_head=1, head_dim=128, intermediate_size=256,
         max_seq_len=128,
     )
     cfg = GPTConfig(**{**base, **overrides})

@@ -1,0 +1,53 @@
+"""`portachat export hf|gguf`: serving formats from our checkpoints."""
+
+from __future__ import annotations
+
+import argparse
+
+from portachat.commands.common import flag
+
+
+def cmd_export_hf(args: argparse.Namespace) -> int:
+    from portachat.export import export_hf
+
+    result = export_hf(args.model, args.output, dtype=args.dtype)
+    print(
+        f"[portachat] exported {result.architecture} ({result.dtype}, {result.weight_bytes / 2**20:.1f} MiB of "
+        f"weights) to {result.path}\n"
+        f"  transformers: AutoModelForCausalLM.from_pretrained({str(result.path)!r})\n"
+        f"  vLLM / vllm-ascend: vllm serve {result.path} --dtype {'bfloat16' if result.dtype == 'bf16' else 'float16'}"
+    )
+    return 0
+
+
+def cmd_export_gguf(args: argparse.Namespace) -> int:
+    from portachat.export import export_gguf
+
+    result = export_gguf(args.model, args.output, type_=args.type)
+    print(
+        f"[portachat] exported {result.architecture} GGUF ({result.type}, pre-tokenizer {result.pre_tokenizer!r}, "
+        f"{result.bytes / 2**20:.1f} MiB) to {result.path}\n"
+        f"  llama.cpp: llama-cli -m {result.path} -cnv   |   llama-server -m {result.path}"
+    )
+    for note in result.notes:
+        print(f"  note: {note}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("export", help="export a checkpoint as an HF serving directory or a GGUF file")
+    esub = p.add_subparsers(dest="action", metavar="FORMAT")
+    esub.required = True
+    h = esub.add_parser(
+        "hf",
+        help="a Hugging Face directory for transformers / vLLM / vllm-ascend (bf16 or fp16, no trainer state)",
+    )
+    flag(h, "--model", required=True, help="our checkpoint directory, e.g. <home>/runs/<run>/sft/latest")
+    flag(h, "--output", required=True, help="directory to create (must not exist)")
+    flag(h, "--dtype", default="bf16", choices=["bf16", "fp16"], help="weight dtype (default bf16; fp16 for GPUs without bf16)")
+    h.set_defaults(func=cmd_export_hf)
+    g = esub.add_parser("gguf", help="one GGUF file for llama.cpp (f32 / f16 / q8_0)")
+    flag(g, "--model", required=True, help="our checkpoint directory, e.g. <home>/runs/<run>/sft/latest")
+    flag(g, "--output", required=True, help="the .gguf file to create (must not exist)")
+    flag(g, "--type", default="f16", choices=["f32", "f16", "q8_0"], help="tensor type for matrices (default f16)")
+    g.set_defaults(func=cmd_export_gguf)
