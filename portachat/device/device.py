@@ -172,6 +172,16 @@ class Device:
             device_module(self.type).set_rng_state(state["device"].cpu(), self.index)
 
     # --- monitoring ------------------------------------------------------------------------------
+    def profiler_activities(self) -> list:
+        """torch.profiler activities that record this device's kernels (CPU always)."""
+        from torch.profiler import ProfilerActivity
+
+        activities = [ProfilerActivity.CPU]
+        device_activity = {"cuda": "CUDA", "xpu": "XPU", "mps": "MPS", "npu": "PrivateUse1"}.get(self.type)
+        if device_activity and hasattr(ProfilerActivity, device_activity):
+            activities.append(getattr(ProfilerActivity, device_activity))
+        return activities
+
     def telemetry(self) -> Telemetry:
         return read_telemetry(self.kind, self.index, self.facts.env)
 
