@@ -1,0 +1,80 @@
+"""From a model path to what the server serves: model + tokenizer (any supported source) behind the engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from portachat.serve.api.state import ServedModel
+
+
+@dataclass
+class LoadOptions:
+    model: str  # our checkpoint dir, a Hugging Face dir, or a .gguf file
+    device: str | None = None  # None = auto-detect
+    dtype: str | None = None  # None = the device layer's inference dtype
+    compile: bool | None = None  # None = the device layer's policy
+    max_model_len: int | None = None
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int | None = None
+    kv_cache_gb: float | None = None
+    max_waiting: int = 256
+    enable_prefix_caching: bool = True
+
+
+def generation_defaults(generation: Any) -> dict[str, Any]:
+    """The model authors' sampling defaults (generation_config.json) for fields a request leaves unset."""
+    out: dict[str, Any] = {}
+    if generation is None:
+        return out
+    if getattr(generation, "do_sample", None) is False:
+        out["temperature"] = 0.0  # the authors chose greedy decoding
+    elif getattr(generation, "temperature", None) is not None:
+        out["temperature"] = generation.temperature
+    for name in ("top_p", "top_k", "repetition_penalty"):
+        value = getattr(generation, name, None)
+        if value is not None:
+            out[name] = value
+    return out
+
+
+def default_model_name(model_path: str) -> str:
+    """The name /v1/models shows when --served-model-name is not given (known before loading)."""
+    path = Path(model_path).expanduser()
+    if path.suffix.lower() == ".gguf":
+        return path.stem
+    if path.name.startswith("step_") or path.name == "latest":  # <run>/<stage>/step_N
+        return f"{path.parent.parent.name}-{path.parent.name}"
+    return path.name or str(path)
+
+
+def load_served_model(options: LoadOptions) -> ServedModel:
+    """Load the model and build its engine (slow: run it off the event loop)."""
+    from portachat.device import get_device
+    from portachat.model.load import load_for_inference
+    from portachat.serve.engine import EngineConfig, LLMEngine
+
+    device = get_device(kind=options.device, dtype=None, compile=options.compile)
+    loaded = load_for_inference(options.model, device=device, dtype=options.dtype)
+    config = EngineConfig(
+        max_model_len=options.max_model_len,
+        max_num_seqs=options.max_num_seqs,
+        kv_cache_gb=options.kv_cache_gb,
+        max_waiting=options.max_waiting,
+        enable_prefix_caching=options.enable_prefix_caching,
+        compile=options.compile,
+        dtype="model",  # load_for_inference already put the weights in the chosen dtype
+    )
+    if options.max_num_batched_tokens is not None:
+        config.max_num_batched_tokens = options.max_num_batched_tokens
+    engine = LLMEngine(loaded.model, loaded.tokenizer, config, device=device)
+    served = ServedModel(
+        engine=engine,
+        tokenizer=loaded.tokenizer,
+        max_model_len=engine.max_model_len,
+        generation_defaults=generation_defaults(loaded.generation),
+        description=loaded.description,
+        bos_for_completions=loaded.source == "portachat",
+    )
+    return served

@@ -1,0 +1,135 @@
+"""The chat page in a real headless Chromium against a real server: streamed replies, stop, regenerate,
+edit, multi-turn, errors, code blocks."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from api_testing import chat_tokenizer, served_tiny, start_server, tiny_model, wait_idle
+
+from portachat.serve.api import chat_page_html
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def test_page_is_one_offline_file():
+    html = chat_page_html()
+    assert "<script>" in html and "v1/chat/completions" in html
+    # No CDN, no external fetches: every URL the page names is relative to the server.
+    assert not re.search(r"""(src|href)\s*=\s*["']https?://""", html)
+    assert "https://" not in html and "http://" not in html
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not CHROMIUM.is_file():
+        message = f"{CHROMIUM} not found: apt-get install chromium (.ci/run does this)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS, headless=True)
+        yield browser
+        browser.close()
+
+
+def long_winded_model(tok):
+    """A random tiny model that never ends its turn on its own, so a reply streams until max_tokens."""
+    model = tiny_model(tok.vocab_size)
+    with torch.no_grad():
+        for stop_id in tok.stop_ids:  # logit 0 among random logits of spread ~5: probability ~1e-7
+            model.lm_head.weight[stop_id] = 0.0
+    return model
+
+
+@pytest.mark.slow
+def test_chat_page_streams_stops_regenerates_and_edits(small_tokenizer, browser):
+    tok = chat_tokenizer(small_tokenizer)
+    server = start_server(served_tiny(tok, max_model_len=2048, model=long_winded_model(tok)))
+    page = browser.new_page()
+    bodies: list[dict] = []
+    page.on("request", lambda r: bodies.append(json.loads(r.post_data)) if r.method == "POST" else None)
+    try:
+        page.goto(server.url + "/")
+        page.wait_for_function("document.querySelector('[data-testid=model]').textContent === 'tiny'")
+        page.click("[data-testid=toggle-settings]")
+        page.fill("[data-testid=max-tokens]", "1500")
+        page.fill("[data-testid=temperature]", "0.8")
+
+        # A streamed reply: text appears while the reply is still streaming.
+        page.fill("[data-testid=input]", "Hello there")
+        page.keyboard.press("Enter")
+        streaming = "[data-testid=message][data-role=assistant][data-status=streaming]"
+        page.wait_for_function(
+            f"(() => {{ const m = document.querySelector('{streaming} [data-testid=content]');"
+            " return m && m.textContent.length > 5; })()", timeout=30_000)
+        assert page.is_visible("[data-testid=stop]") and not page.is_visible("[data-testid=send]")
+
+        # Stop it: the partial reply stays, marked stopped; the server frees the request.
+        page.click("[data-testid=stop]")
+        stopped = page.wait_for_selector("[data-testid=message][data-role=assistant][data-status=stopped]")
+        partial = stopped.inner_text()
+        assert page.is_visible("[data-testid=send]")
+        wait_idle(server.url)
+        assert page.inner_text("[data-testid=message][data-role=assistant]") == partial  # no more tokens came
+
+        # Regenerate with a short max_tokens: one assistant reply, finished, new text.
+        page.fill("[data-testid=max-tokens]", "12")
+        page.click("[data-testid=regenerate]")
+        page.wait_for_selector("[data-testid=message][data-role=assistant][data-status=done]", timeout=30_000)
+        assert page.locator("[data-testid=message][data-role=assistant]").count() == 1
+        assert bodies[-1]["messages"] == [{"role": "user", "content": "Hello there"}]
+        assert bodies[-1]["max_tokens"] == 12 and bodies[-1]["stream"] is True
+
+        # Multi-turn: the second question carries the first exchange.
+        page.fill("[data-testid=input]", "And then?")
+        page.click("[data-testid=send]")
+        page.wait_for_function("document.querySelectorAll('[data-testid=message][data-role=assistant]"
+                               "[data-status=done]').length === 2", timeout=30_000)
+        assert [m["role"] for m in bodies[-1]["messages"]] == ["user", "assistant", "user"]
+        first_reply = page.locator("[data-testid=message][data-role=assistant] [data-testid=content]").first
+        assert bodies[-1]["messages"][1]["content"].strip()[:5] in first_reply.inner_text()
+
+        # Edit the first question: the conversation is cut there and answered again.
+        page.locator("[data-testid=edit]").first.click()
+        page.fill("[data-testid=edit-input]", "Good morrow")
+        page.click("[data-testid=save-edit]")
+        page.wait_for_function("document.querySelectorAll('[data-testid=message][data-role=assistant]"
+                               "[data-status=done]').length === 1 && !document.querySelector('[data-status=streaming]')",
+                               timeout=30_000)
+        assert bodies[-1]["messages"] == [{"role": "user", "content": "Good morrow"}]
+        assert page.locator("[data-testid=message][data-role=user]").all_inner_texts()[0].endswith("Good morrow")
+
+        # An error from the server is shown to the user, and the page keeps working.
+        page.fill("[data-testid=max-tokens]", "100000")
+        page.fill("[data-testid=input]", "Too long")
+        page.click("[data-testid=send]")
+        error = page.wait_for_selector("[data-testid=message][data-role=error]", timeout=30_000)
+        assert "maximum context length" in error.inner_text()
+        assert page.input_value("[data-testid=input]") == "Too long"  # handed back for another try
+        assert page.locator("[data-testid=message][data-role=user]").count() == 1
+        page.fill("[data-testid=max-tokens]", "5")
+        page.fill("[data-testid=input]", "Once more")
+        page.click("[data-testid=send]")
+        page.wait_for_function("!document.querySelector('[data-role=error]') && "
+                               "!document.querySelector('[data-status=streaming]')", timeout=30_000)
+        assert [m["role"] for m in bodies[-1]["messages"]] == ["user", "assistant", "user"]
+
+        # Code blocks render as <pre><code>, model text is never HTML.
+        html = page.evaluate("renderText('Run:\\n```python\\nprint(1 < 2)\\n```\\nthen <b>x</b> `y`')")
+        assert '<pre><span class="lang">python</span><code>print(1 &lt; 2)</code></pre>' in html
+        assert "&lt;b&gt;x&lt;/b&gt;" in html and "<code>y</code>" in html
+        assert httpx.get(f"{server.url}/health").status_code == 200
+    finally:
+        page.close()
+        server.stop()
