@@ -18,11 +18,32 @@ WORKDIR = os.path.realpath(os.getcwd())
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 
 
-def _inside(path) -> bool:
+def _inside(path, dir_fd=None) -> bool:
     if isinstance(path, int):
         return True  # an already-open descriptor: its opening was checked
-    real = os.path.realpath(os.fspath(path))
+    path = os.fspath(path)
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
+    if dir_fd is not None and not os.path.isabs(path):
+        path = os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), path)
+    real = os.path.realpath(path)
     return real == WORKDIR or real.startswith(WORKDIR + os.sep)
+
+
+def _inside_only(name, real, two_paths=False):
+    """`real` (an os function taking paths) allowed only on paths inside the sandbox directory."""
+
+    def checked(*args, **kwargs):
+        paths = [(args[0] if args else kwargs.get("path", kwargs.get("src")),
+                  kwargs.get("dir_fd", kwargs.get("src_dir_fd")))]
+        if two_paths:
+            paths.append((args[1] if len(args) > 1 else kwargs.get("dst"), kwargs.get("dst_dir_fd")))
+        for path, dir_fd in paths:
+            if path is not None and not _inside(path, dir_fd):
+                raise PermissionError(f"{name} outside the sandbox directory is not allowed: {path!r}")
+        return real(*args, **kwargs)
+
+    return checked
 
 
 def _blocked(name):
@@ -45,7 +66,7 @@ def install_guard() -> None:
         return real_open(file, mode, *args, **kwargs)
 
     def guarded_os_open(path, flags, *args, **kwargs):
-        if flags & _WRITE_FLAGS and not _inside(path):
+        if flags & _WRITE_FLAGS and not _inside(path, kwargs.get("dir_fd")):
             raise PermissionError(f"writing {path!r} outside the sandbox directory is not allowed")
         return real_os_open(path, flags, *args, **kwargs)
 
@@ -55,8 +76,7 @@ def install_guard() -> None:
     names = (
         "kill killpg fork forkpty vfork system popen execv execve execl execle execlp execlpe execvp execvpe "
         "spawnv spawnve spawnl spawnle spawnlp spawnlpe spawnvp spawnvpe posix_spawn posix_spawnp "
-        "putenv unsetenv remove unlink rmdir removedirs rename renames replace truncate ftruncate "
-        "chmod fchmod lchmod chown fchown lchown link symlink chdir fchdir chroot mkfifo mknod "
+        "putenv unsetenv fchmod lchmod chown fchown lchown link symlink chdir fchdir chroot mkfifo mknod "
         "setuid setgid seteuid setegid setreuid setregid setresuid setresgid setgroups setsid setpgid "
         "setpgrp nice sched_setaffinity pidfd_open"
     ).split()
@@ -64,8 +84,24 @@ def install_guard() -> None:
         for module in (os, posix):
             if hasattr(module, name):
                 setattr(module, name, _blocked(f"os.{name}"))
-    shutil.rmtree = _blocked("shutil.rmtree")
-    shutil.move = _blocked("shutil.move")
+    # Changing files: only inside the sandbox directory (tempfile and scratch files keep working).
+    for name in ("remove", "unlink", "rmdir", "mkdir", "truncate", "chmod", "utime"):
+        if hasattr(os, name):
+            checked = _inside_only(f"os.{name}", getattr(os, name))
+            setattr(os, name, checked)
+            setattr(posix, name, checked)
+    for name in ("rename", "replace"):
+        checked = _inside_only(f"os.{name}", getattr(os, name), two_paths=True)
+        setattr(os, name, checked)
+        setattr(posix, name, checked)
+    real_rmtree = shutil.rmtree
+
+    def rmtree(path, *args, **kwargs):
+        if not _inside(path):
+            raise PermissionError(f"shutil.rmtree outside the sandbox directory is not allowed: {path!r}")
+        return real_rmtree(path, *args, **kwargs)
+
+    shutil.rmtree = rmtree
     shutil.chown = _blocked("shutil.chown")
     builtins.exit = builtins.quit = _blocked("exit")  # a program must not "pass" by exiting 0 early
     sys.exit = _blocked("sys.exit")
@@ -74,8 +110,8 @@ def install_guard() -> None:
     for mod in ("socket", "_socket", "ssl", "_ssl", "subprocess", "_posixsubprocess", "multiprocessing",
                 "_multiprocessing", "ctypes", "_ctypes", "resource", "pty", "signal", "_signal",
                 "asyncio", "selectors", "select", "urllib.request", "http.client", "ftplib", "smtplib",
-                "telnetlib", "xmlrpc.client", "webbrowser", "threading", "_thread", "concurrent.futures",
-                "faulthandler", "tkinter", "pdb", "bdb", "importlib.util", "importlib.machinery"):
+                "telnetlib", "xmlrpc.client", "webbrowser", "concurrent.futures", "faulthandler", "tkinter",
+                "pdb", "bdb"):
         sys.modules[mod] = None  # `import mod` now raises ImportError
 
 

@@ -99,7 +99,8 @@ def main() -> None:
     if can_unshare:
         isolation.append("network-namespace")
     can_mount = False
-    if is_root:
+    hidden = any(cfg["workdir"] == d or cfg["workdir"].startswith(d + "/") for d in SHARED_WRITABLE)
+    if is_root and not hidden:  # a work dir under /tmp would be covered too
         pid = os.fork()
         if pid == 0:
             os._exit(0 if _private_tmp() else 1)
@@ -122,8 +123,6 @@ def main() -> None:
         if can_unshare:
             _unshare(probe_flags)
         if can_mount:
-            # cwd (the work dir) stays reachable after /tmp is covered, and so does the program,
-            # passed as a path relative to it; the guard's source goes on the command line
             _private_tmp()
         for which, value in limits.items():
             resource.setrlimit(which, (value, value))  # soft = hard: the program cannot raise them
@@ -141,7 +140,7 @@ def main() -> None:
     returncode, timed_out = None, False
     try:
         child = subprocess.Popen(
-            [cfg["python"], "-I", "-S", "-B", "-c", guard_source, os.path.relpath(cfg["program"], cfg["workdir"]),
+            [cfg["python"], "-I", "-S", "-B", "-c", guard_source, cfg["program"],
              *([] if cfg["python_guard"] else ["--no-guard"])],
             cwd=cfg["workdir"], env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
             start_new_session=True, preexec_fn=confine, close_fds=True,

@@ -1,6 +1,7 @@
 """Run untrusted Python (model-written code) in a confined subprocess, for HumanEval.
 
-Each program runs in its own fresh temporary directory, in a new session, under a supervisor
+Each program runs in its own fresh temporary directory (under /run/portachat-sandbox as root, else
+the system temp dir), in a new session, under a supervisor
 process (`_sandbox_supervisor.py`) that kills it at the timeout and then kills every process it
 left behind (the supervisor is a child subreaper, so even processes that called setsid() come back
 to it). Layers, from the operating system up:
@@ -20,9 +21,9 @@ Guaranteed (on Linux):
     ("network-namespace", "private-tmp", "uid-N", "rlimits", "subreaper").
   - the temp dir is deleted afterwards, whatever the program wrote in it.
 Best effort (a Python-level guard in `_sandbox_guard.py`, like human-eval's reliability_guard):
-  os.kill/fork/exec/system, file writes outside the temp dir (also to /tmp), deleting and renaming
-  files, and importing socket/subprocess/ctypes/signal/threading/... are disabled before the
-  program runs; sys.exit is disabled so a program cannot pass by exiting early.
+  os.kill/fork/exec/system are disabled, writing, deleting and renaming files only work inside the
+  temp dir, importing socket/subprocess/ctypes/signal/multiprocessing/... fails, and sys.exit is
+  disabled so a program cannot pass by exiting early.
 Not guaranteed: reading world-readable files; without root, a program that defeats the Python
 guard could signal processes of the same user; the machine's CPU is shared (bounded by the CPU and
 process limits, not reserved). Do not run code you would not run on this machine as `nobody`.
@@ -121,6 +122,16 @@ def sandbox_python(uid: int | None, gid: int | None) -> str:
     )
 
 
+def _sandbox_base(is_root: bool) -> str | None:
+    """Where sandbox dirs go. As root: under /run, outside the world-writable dirs the private mount
+    namespace covers (a dir under /tmp would vanish from the program's view); else the temp dir."""
+    if is_root and os.path.isdir("/run"):
+        base = Path("/run/portachat-sandbox")
+        base.mkdir(mode=0o755, exist_ok=True)
+        return str(base)
+    return None
+
+
 def run_program(source: str, limits: SandboxLimits | None = None) -> SandboxResult:
     """Run `source` (a whole Python program) confined; "passed" means it ran to the end without
     raising, within the limits. Never raises for anything the program does."""
@@ -138,7 +149,7 @@ def run_program(source: str, limits: SandboxLimits | None = None) -> SandboxResu
                                "SandboxLimits(user=...) to an unprivileged user") from None
         uid, gid = entry.pw_uid, entry.pw_gid
     start = time.monotonic()
-    root = Path(tempfile.mkdtemp(prefix="portachat-sandbox-"))
+    root = Path(tempfile.mkdtemp(prefix="portachat-sandbox-", dir=_sandbox_base(is_root)))
     try:
         os.chmod(root, 0o755)
         work = root / "work"
