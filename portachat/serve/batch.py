@@ -47,7 +47,9 @@ class BatchSummary:
     seconds: float
 
 
-def read_rows(path: Path, tokenizer: ChatTokenizer, defaults: SamplingParams) -> list[BatchRow]:
+def read_rows(
+    path: Path, tokenizer: ChatTokenizer, defaults: SamplingParams, prepend_bos: bool = False
+) -> list[BatchRow]:
     """Parse and validate the whole input before anything runs: a bad line 9000 should not cost
     an hour of generation first."""
     rows: list[BatchRow] = []
@@ -60,7 +62,7 @@ def read_rows(path: Path, tokenizer: ChatTokenizer, defaults: SamplingParams) ->
                 obj = json.loads(raw)
             except json.JSONDecodeError as exc:
                 raise BatchInputError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
-            rows.append(_parse_row(obj, n, path, tokenizer, defaults))
+            rows.append(_parse_row(obj, n, path, tokenizer, defaults, prepend_bos))
             if rows[-1].row_id in seen:
                 raise BatchInputError(f"{path}:{n}: id {rows[-1].row_id!r} repeats an earlier row; ids must be unique")
             seen.add(rows[-1].row_id)
@@ -69,7 +71,9 @@ def read_rows(path: Path, tokenizer: ChatTokenizer, defaults: SamplingParams) ->
     return rows
 
 
-def _parse_row(obj: Any, n: int, path: Path, tokenizer: ChatTokenizer, defaults: SamplingParams) -> BatchRow:
+def _parse_row(
+    obj: Any, n: int, path: Path, tokenizer: ChatTokenizer, defaults: SamplingParams, prepend_bos: bool
+) -> BatchRow:
     where = f"{path}:{n}"
     if not isinstance(obj, dict):
         raise BatchInputError(f"{where}: expected a JSON object, got {type(obj).__name__}")
@@ -80,7 +84,8 @@ def _parse_row(obj: Any, n: int, path: Path, tokenizer: ChatTokenizer, defaults:
         except (ValueError, TypeError, KeyError) as exc:
             raise BatchInputError(f"{where}: bad 'messages': {exc}") from None
     elif isinstance(obj.get("prompt"), str) and obj["prompt"]:
-        bos = [tokenizer.bos_id] if tokenizer.bos_id is not None else []
+        # Our own models were pretrained on BOS-led documents; existing models' tokenizers decide themselves.
+        bos = [tokenizer.bos_id] if prepend_bos and tokenizer.bos_id is not None else []
         prompt_ids = bos + tokenizer.encode(obj["prompt"])
     else:
         raise BatchInputError(f"{where}: each row needs a non-empty 'prompt' string or a 'messages' list")
@@ -136,13 +141,14 @@ def run_batch(
     output_path: Path,
     defaults: SamplingParams,
     max_in_flight: int = 64,
+    prepend_bos: bool = False,
     progress: Callable[[int, int, int, float], None] | None = None,
 ) -> BatchSummary:
     """Generate every row of `input_path` not yet in `output_path`.
 
     `engine` is an LLMEngine; `progress(done, total, completion_tokens, seconds)` is called as rows finish.
     """
-    rows = read_rows(input_path, tokenizer, defaults)
+    rows = read_rows(input_path, tokenizer, defaults, prepend_bos)
     done = done_ids(output_path)
     todo: Iterator[BatchRow] = iter([r for r in rows if r.row_id not in done])
     skipped = sum(1 for r in rows if r.row_id in done)

@@ -1,0 +1,64 @@
+"""`portachat generate --model PATH --input prompts.jsonl --output out.jsonl`: batch inference."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from portachat.commands.common import EPILOG, flag
+from portachat.commands.inference import add_model_flags, add_sampling_flags, load_options, sampling_params
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from portachat.serve.api.loading import load_served_model
+    from portachat.serve.batch import BatchInputError, read_rows, run_batch
+
+    input_path, output_path = Path(args.input), Path(args.output)
+    if not input_path.is_file():
+        raise BatchInputError(f"--input {input_path} does not exist (expected a JSONL file)")
+    if output_path.resolve() == input_path.resolve():
+        raise BatchInputError("--output must differ from --input (the output is appended to)")
+    print(f"[portachat] loading {args.model} ...", file=sys.stderr, flush=True)
+    served = load_served_model(load_options(args))
+    print(f"[portachat] {served.description}", file=sys.stderr, flush=True)
+    params = sampling_params(args, served.generation_defaults, fallback_temperature=0.0)
+    total = len(read_rows(input_path, served.tokenizer, params))  # validates every row before any work
+    bar = tqdm(total=total, unit="row", file=sys.stderr, dynamic_ncols=True)
+
+    def progress(done: int, _total: int, tokens: int, seconds: float) -> None:
+        bar.n = done
+        bar.set_postfix_str(f"{tokens / max(seconds, 1e-9):.1f} tok/s")
+        bar.refresh()
+
+    try:
+        summary = run_batch(
+            served.engine, served.tokenizer, input_path, output_path, params,
+            max_in_flight=args.max_num_seqs * 2, prepend_bos=served.bos_for_completions, progress=progress,
+        )
+    finally:
+        bar.close()
+    rate = summary.completion_tokens / max(summary.seconds, 1e-9)
+    print(
+        f"[portachat] {summary.written} rows written to {output_path} ({summary.skipped} already done), "
+        f"{summary.completion_tokens} tokens in {summary.seconds:.1f}s = {rate:.1f} tok/s",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "generate", help="batch inference: JSONL prompts or conversations in, JSONL out (resumable)", epilog=EPILOG,
+        description="Each input line is {\"prompt\": TEXT} (continued as text) or {\"messages\": [...]} (answered as "
+                    "the assistant), with an optional \"id\" and per-row max_tokens/temperature/top_p/top_k/seed/stop. "
+                    "Output lines: {id, output, finish_reason, prompt_tokens, completion_tokens}. Each row is written "
+                    "durably as it finishes; rerunning the command skips rows already in --output.",
+    )
+    flag(p, "--input", required=True, help="JSONL file of prompts or conversations")
+    flag(p, "--output", required=True, help="JSONL file to append results to (created if missing)")
+    add_model_flags(p, max_num_seqs=32)
+    add_sampling_flags(p, temperature=0.0, max_tokens=256)
+    p.set_defaults(func=cmd_generate)

@@ -1,0 +1,107 @@
+"""Flags shared by the commands that load a model for inference (chat, generate, serve, eval)."""
+
+from __future__ import annotations
+
+import argparse
+
+from portachat.commands.common import flag, int_at_least, positive_int
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {value}")
+    return value
+
+
+def nonneg_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
+def add_model_flags(p: argparse.ArgumentParser, max_num_seqs: int = 32) -> None:
+    g = p.add_argument_group("model")
+    flag(g, "--model", required=True,
+         help="our checkpoint (a step directory, a stage directory, or run/stage under $PORTACHAT_HOME/runs), "
+              "a Hugging Face model directory, or a .gguf file")
+    flag(g, "--device", default=None, help="cpu|cuda|rocm|dcu|npu|xpu|mps (default: auto-detect)")
+    flag(g, "--dtype", default=None, help="bf16|fp16|fp32 weights (default: the device's best for inference)")
+    flag(g, "--compile", default=None, choices=["0", "1"], help="torch.compile the decode step (default: per device policy)")
+    g = p.add_argument_group("engine")
+    flag(g, "--max-model-len", type=positive_int, default=None, help="prompt + reply tokens per request (default: the model's)")
+    flag(g, "--max-num-seqs", type=positive_int, default=max_num_seqs,
+         help=f"requests decoded together (default {max_num_seqs})")
+    flag(g, "--max-num-batched-tokens", type=positive_int, default=None, help="tokens per engine step (prefill chunk budget)")
+    flag(g, "--kv-cache-gb", type=positive_float, default=None, help="KV-cache size in GiB (default: from free device memory)")
+    flag(g, "--max-waiting", type=int_at_least(0), default=256, help="requests queued beyond the running batch (default 256)")
+    flag(g, "--no-prefix-caching", action="store_true", help="do not reuse KV blocks of identical prompt prefixes")
+
+
+def add_sampling_flags(p: argparse.ArgumentParser, temperature: float | None, max_tokens: int) -> None:
+    g = p.add_argument_group("sampling")
+    flag(g, "--temperature", type=nonneg_float, default=temperature,
+         help="0 = greedy (default: the model's generation_config, else "
+              f"{0.6 if temperature is None else temperature})")
+    flag(g, "--top-p", type=positive_float, default=None, help="nucleus sampling mass (default: the model's, else 1.0)")
+    flag(g, "--top-k", type=int_at_least(0), default=None, help="sample among the k likeliest tokens; 0 = off")
+    flag(g, "--max-tokens", type=positive_int, default=max_tokens, help=f"longest reply in tokens (default {max_tokens})")
+    flag(g, "--seed", type=int, default=None, help="random seed: the same seed gives the same replies")
+
+
+def resolve_model_arg(spec: str) -> str:
+    """--model as the loader wants it: a stage directory or `run/stage` becomes its latest checkpoint."""
+    from pathlib import Path
+
+    from portachat.checkpoint import CheckpointError, resolve_model_path
+
+    path = Path(spec).expanduser()
+    if path.suffix.lower() == ".gguf" or (path / "config.json").is_file():
+        return str(path)
+    try:
+        return str(resolve_model_path(spec))
+    except CheckpointError:
+        return spec  # the loader says what is wrong with it
+
+
+def load_options(args: argparse.Namespace):
+    from portachat.serve.api.loading import LoadOptions
+
+    return LoadOptions(
+        model=resolve_model_arg(args.model),
+        device=args.device,
+        dtype=args.dtype,
+        compile=None if args.compile is None else args.compile == "1",
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_cache_gb=args.kv_cache_gb,
+        max_waiting=args.max_waiting,
+        enable_prefix_caching=not args.no_prefix_caching,
+    )
+
+
+def sampling_params(args: argparse.Namespace, model_defaults: dict, fallback_temperature: float = 0.6):
+    """SamplingParams from the flags; unset ones take the model's generation_config, then our defaults."""
+    from portachat.serve.engine import SamplingParams
+
+    def pick(name: str, fallback):
+        value = getattr(args, name)
+        if value is not None:
+            return value
+        return model_defaults.get(name, fallback)
+
+    return SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=float(pick("temperature", fallback_temperature)),
+        top_p=float(pick("top_p", 1.0)),
+        top_k=int(pick("top_k", 0)),
+        seed=args.seed,
+    )

@@ -1,0 +1,148 @@
+"""`portachat generate` (batch JSONL, resumable) and `portachat chat` over a real tiny checkpoint."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from portachat.checkpoint.model_dir import save_model_files
+from portachat.model import GPT, GPTConfig
+from portachat.serve.api.loading import LoadOptions, load_served_model
+from portachat.serve.batch import BatchInputError, done_ids, run_batch
+from portachat.serve.engine import SamplingParams
+from portachat.serve.terminal_chat import ChatSession, chat_loop, handle_command, reply_parts
+from tests.e2e.helpers import run_cli
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, small_tokenizer) -> Path:
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=small_tokenizer.vocab_size, n_layer=1, n_embd=64, n_head=4, n_kv_head=2,
+                    head_dim=16, intermediate_size=128, max_seq_len=128)
+    model = GPT(cfg)
+    with torch.no_grad():  # random everywhere, so replies depend on the prompt
+        for p in model.parameters():
+            p.normal_(0, 0.5)
+    path = tmp_path_factory.mktemp("ckpt") / "step_000001"
+    path.mkdir()
+    save_model_files(path, model, small_tokenizer, {"stage": "sft", "step": 1})
+    return path
+
+
+@pytest.fixture(scope="module")
+def served(checkpoint):
+    return load_served_model(LoadOptions(model=str(checkpoint), device="cpu", dtype="fp32", compile=False,
+                                         max_num_seqs=4))
+
+
+def _write_rows(path: Path, rows: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+
+
+def test_batch_writes_every_row_and_resumes(tmp_path, served):
+    rows = [{"id": f"r{i}", "prompt": f"To be or not {i}"} for i in range(6)]
+    rows.append({"id": "chat", "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 3})
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write_rows(inp, rows)
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+    first = run_batch(served.engine, served.tokenizer, inp, out, params, max_in_flight=3, prepend_bos=True)
+    assert (first.total, first.skipped, first.written) == (7, 0, 7)
+    records = {r["id"]: r for r in map(json.loads, out.read_text(encoding="utf-8").splitlines())}
+    assert set(records) == {r["id"] for r in rows}
+    assert records["chat"]["completion_tokens"] <= 3
+    assert all(r["finish_reason"] in ("stop", "length") for r in records.values())
+    # Greedy rows are what a one-row run gives (batching must not change results).
+    solo_in, solo_out = tmp_path / "solo.jsonl", tmp_path / "solo_out.jsonl"
+    _write_rows(solo_in, [rows[2]])
+    run_batch(served.engine, served.tokenizer, solo_in, solo_out, params, prepend_bos=True)
+    assert json.loads(solo_out.read_text(encoding="utf-8"))["output"] == records["r2"]["output"]
+
+    # A crash mid-write leaves a partial last line: it is cut off and that row is generated again.
+    lines = out.read_text(encoding="utf-8").splitlines()
+    out.write_text("\n".join(lines[:4]) + "\n" + lines[4][:10], encoding="utf-8")
+    assert len(done_ids(out)) == 4
+    second = run_batch(served.engine, served.tokenizer, inp, out, params, prepend_bos=True)
+    assert (second.skipped, second.written) == (4, 3)
+    again = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
+    assert sorted(r["id"] for r in again) == sorted(r["id"] for r in rows)
+    assert {r["id"]: r["output"] for r in again} == {k: v["output"] for k, v in records.items()}
+    assert not served.engine.has_unfinished()
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("{not json", "not valid JSON"),
+        ('{"prompt": ""}', "non-empty 'prompt'"),
+        ('{"messages": [{"role": "assistant", "content": "hi"}]}', "bad 'messages'"),
+        ('{"prompt": "x", "temperature": -1, "bogus": 1}', "in.jsonl:2"),
+    ],
+)
+def test_batch_rejects_bad_rows_before_generating(tmp_path, served, line, message):
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text('{"prompt": "fine"}\n' + line + "\n", encoding="utf-8")
+    with pytest.raises(BatchInputError, match=message):
+        run_batch(served.engine, served.tokenizer, inp, out, SamplingParams(max_tokens=2))
+    assert not out.exists() or out.read_text(encoding="utf-8") == ""
+
+
+def test_chat_loop_multi_turn_and_commands(served):
+    lines = iter(["/temperature 0", "/max-tokens 4", "Hello", "/temperature -1", "And again?", "/clear", "/quit"])
+    out = io.StringIO()
+    chat_loop(served.engine, served.tokenizer, SamplingParams(max_tokens=8, temperature=1.0),
+              read_line=lambda _prompt: next(lines), out=out)
+    text = out.getvalue()
+    assert "(temperature 0.0)" in text and "(max tokens 4)" in text
+    assert "/temperature needs a number >= 0" in text
+    assert text.count("assistant> ") == 2
+    assert "(conversation cleared)" in text
+    assert not served.engine.has_unfinished()
+
+
+def test_slash_commands_change_the_session():
+    session = ChatSession(params=SamplingParams())
+    out = io.StringIO()
+    session.messages.append({"role": "user", "content": "hi"})
+    assert handle_command("/system be brief", session, out)
+    assert session.system == "be brief" and session.messages == []
+    assert session.history()[0] == {"role": "system", "content": "be brief"}
+    assert not handle_command("/quit", session, out)
+
+
+def test_reply_parts_rebuild_tool_calls(served):
+    tok = served.tokenizer
+    t = tok.tool_tokens
+    ids = tok.encode("Let me see") + [t.python_start] + tok.encode("2+3") + [t.python_end, t.output_start]
+    ids += tok.encode("5") + [t.output_end] + tok.encode("It is 5")
+    parts = reply_parts(tok, ids)
+    assert [p["type"] for p in parts] == ["text", "python", "python_output", "text"]
+    assert parts[1]["text"] == "2+3" and parts[2]["text"] == "5"
+    assert reply_parts(tok, tok.encode("plain")) == "plain"
+
+
+@pytest.mark.slow
+def test_generate_and_chat_commands(tmp_path, checkpoint):
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write_rows(inp, [{"prompt": "Once upon"}, {"id": "b", "messages": [{"role": "user", "content": "Hi"}]}])
+    args = ["generate", "--model", str(checkpoint), "--input", str(inp), "--output", str(out), "--max-tokens", "4"]
+    proc = run_cli(args, tmp_path / "home", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "2 rows written" in proc.stderr
+    assert [json.loads(x)["id"] for x in out.read_text(encoding="utf-8").splitlines()] == ["1", "b"]
+    proc = run_cli(args, tmp_path / "home", timeout=300)  # everything done: nothing to do
+    assert proc.returncode == 0 and "0 rows written" in proc.stderr and "(2 already done)" in proc.stderr
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{"nope": 1}\n', encoding="utf-8")
+    proc = run_cli(["generate", "--model", str(checkpoint), "--input", str(bad), "--output", str(tmp_path / "o2.jsonl")],
+                   tmp_path / "home", timeout=300)
+    assert proc.returncode == 1 and "bad.jsonl:2" in proc.stderr
+    assert not (tmp_path / "o2.jsonl").exists() or (tmp_path / "o2.jsonl").read_text() == ""
+
+    proc = run_cli(["chat", "--model", str(checkpoint), "--prompt", "Hello", "--max-tokens", "3", "--temperature", "0"],
+                   tmp_path / "home", timeout=300)
+    assert proc.returncode == 0, proc.stderr
