@@ -136,3 +136,20 @@ def kv_cache_budget(dev: Device, utilization: float, wanted_bytes: int) -> Choic
         f"{max(budget, 0) / 2**30:.2f} GiB: {utilization:.0%} of "
         f"{stats.total / 2**30:.1f} GiB minus {used / 2**30:.2f} GiB in use",
     )
+
+
+def measure_memory_bandwidth(dev: Device, megabytes: int = 256, reps: int = 5) -> float:
+    """Bytes per second a large device-to-device copy moves (read + write), best of `reps`:
+    the ceiling a memory-bound decode step is measured against."""
+    n = megabytes * 2**20 // 4
+    src = torch.empty(n, dtype=torch.float32, device=dev.torch_device).fill_(1.0)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    dev.synchronize()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        dev.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * src.numel() * src.element_size() / best

