@@ -45,6 +45,14 @@ def small_tokenizer(shakespeare_path):
     return train_tokenizer(text.split("\n\n"), vocab_size=384)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _one_cpu_probe_per_session(tmp_path_factory):
+    """The CPU bf16 probe is a machine fact: measure it once per test session, not once per test home."""
+    if "PORTACHAT_CPU_PROBE_CACHE" not in os.environ:
+        os.environ["PORTACHAT_CPU_PROBE_CACHE"] = str(tmp_path_factory.mktemp("cpu-probe") / "cpu_probe.json")
+    yield
+
+
 @pytest.fixture(autouse=True)
 def _isolated_home(tmp_path, monkeypatch):
     """Nothing a test does touches the user's ~/.cache/portachat."""

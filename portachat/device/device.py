@@ -186,37 +186,38 @@ class Device:
         return read_telemetry(self.kind, self.index, self.facts.env)
 
     def peak_flops(self, dtype: torch.dtype | None = None) -> PeakFlops:
-        """Peak FLOP/s for MFU: the table, else a cached calibration, else a quick measurement (cached).
+        """Peak FLOP/s for MFU: the published table, the CPU's spec, else `doctor --calibrate`'s figure.
 
-        Never raises; returns source "unknown" (value nan) only if even a measurement fails.
+        Never measures on the spot (a short or busy measurement underestimates the peak and shows MFU
+        above 100%); without any of the three the value is nan with source "uncalibrated".
         """
         dtype = dtype or self.dtype
         value = flops_mod.table_peak(self.name, dtype)
         if value is not None:
             return PeakFlops(value, "table")
+        if self.type == "cpu":
+            f = self.facts
+            value = flops_mod.cpu_spec_peak(f.cpu_flags, f.cpu_vendor, f.cpu_family, f.cpu_cores, f.cpu_max_mhz, dtype)
+            if value is not None:
+                return PeakFlops(value, "cpu spec")
         try:
             cached = flops_mod.cached_peak(self.name, dtype)
         except Exception:
             cached = None
-        if cached is not None:
-            return cached
-        try:
-            measured = flops_mod.measure_matmul_flops(
-                self.torch_device, dtype, self.synchronize, budget_s=0.6
-            )
-        except Exception:
-            return PeakFlops(float("nan"), "unknown")
-        with contextlib.suppress(OSError):
-            flops_mod.save_calibration(self.name, dtype, measured, "measured")
-        return PeakFlops(measured, "measured")
+        return cached if cached is not None else PeakFlops(float("nan"), "uncalibrated")
 
-    def calibrate(self, dtype: torch.dtype | None = None, budget_s: float = 3.0) -> PeakFlops:
-        """A fuller matmul sweep (doctor --calibrate); the result is cached and used by peak_flops()."""
+    def calibrate(self, dtype: torch.dtype | None = None, budget_s: float = 3.0, rounds: int = 3) -> PeakFlops:
+        """`doctor --calibrate`: large matmuls, best of `rounds`, cached unless a fresh quick probe beats
+        it (then the source says the calibration was refused and why)."""
         dtype = dtype or self.dtype
         sizes = flops_mod.calibrate_sizes(self.type)
-        measured = flops_mod.measure_matmul_flops(self.torch_device, dtype, self.synchronize, sizes, budget_s)
-        flops_mod.save_calibration(self.name, dtype, measured, "calibrated")
-        return PeakFlops(measured, "calibrated")
+        return flops_mod.calibrate_peak(
+            self.name,
+            dtype,
+            lambda: flops_mod.measure_matmul_flops(self.torch_device, dtype, self.synchronize, sizes, budget_s / rounds),
+            lambda: flops_mod.measure_matmul_flops(self.torch_device, dtype, self.synchronize, budget_s=0.3),
+            rounds,
+        )
 
     def describe(self) -> dict:
         """JSON-able summary for doctor and training logs."""

@@ -2,8 +2,9 @@
 
 Table values are dense (no sparsity) tensor-core figures for bf16/fp16. fp32 is the figure a plain
 fp32 matmul can reach (CUDA cores on NVIDIA, i.e. no TF32; matrix cores on AMD Instinct).
-A device not in the table is measured by a matmul sweep (`portachat doctor --calibrate`) and the
-result cached in `<home>/calibration.json`, so MFU is never blank on Ascend, DCU, XPU, MPS or CPU.
+x86 CPUs get cores x vector width x FMA units x clock. Anything else is measured by `portachat doctor
+--calibrate` (large matmuls, best of several, cached in `<home>/calibration.json`); until then MFU shows
+"n/a (run portachat doctor --calibrate)" rather than a figure from a short or busy measurement.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ T = 1e12
 @dataclass
 class PeakFlops:
     value: float  # FLOP/s
-    source: str  # "table" | "calibrated" | "measured" | "unknown"
+    source: str  # "table" | "cpu spec" | "calibrated" | "uncalibrated" (value nan: MFU shows n/a)
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,42 @@ PEAK_TABLE: tuple[PeakEntry, ...] = (
     PeakEntry(r"910(A|Pro|Premium)|Ascend910$", None, 256 * T, None),
 )
 DTYPE_KEYS = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def cpu_spec_peak(
+    flags: tuple[str, ...],
+    vendor: str | None,
+    family: int | None,
+    cores: int | None,
+    mhz: float | None,
+    dtype: torch.dtype,
+) -> float | None:
+    """cores x vector lanes x 2 (FMA) x FMA units x clock, for x86 CPUs whose vector units are known.
+
+    FMA units per core are not in the flags: Intel cores with AVX-512 and AMD Zen 5 (family 26) have
+    two 512-bit pipes; AMD Zen 4 (family 25) runs AVX-512 on two 256-bit pipes (one 512-bit op per
+    cycle); AVX2-only cores have two 256-bit pipes. bf16 doubles the rate with AVX512-BF16 (VDPBF16PS)
+    and AMX-BF16 tiles do 1024 FLOP/cycle/core. None (calibrate instead) for anything else.
+    """
+    if not cores or not mhz or vendor not in ("GenuineIntel", "AuthenticAMD"):
+        return None
+    if "avx512f" in flags:
+        lanes = 16
+        units = 1 if vendor == "AuthenticAMD" and (family or 0) < 26 else 2
+    elif "avx2" in flags and "fma" in flags:
+        lanes, units = 8, 2
+    else:
+        return None
+    fp32_per_cycle = lanes * 2 * units
+    if dtype == torch.float32:
+        per_cycle = fp32_per_cycle
+    elif dtype == torch.bfloat16 and "amx_bf16" in flags:
+        per_cycle = 1024
+    elif dtype == torch.bfloat16 and "avx512_bf16" in flags:
+        per_cycle = 2 * fp32_per_cycle
+    else:
+        return None  # fp16, or bf16 emulated through fp32: no meaningful published rate
+    return cores * per_cycle * mhz * 1e6
 
 
 def table_peak(device_name: str, dtype: torch.dtype) -> float | None:
@@ -151,10 +188,43 @@ def save_calibration(device_name: str, dtype: torch.dtype, flops: float, source:
 
 
 def cached_peak(device_name: str, dtype: torch.dtype) -> PeakFlops | None:
+    """The `doctor --calibrate` figure. Quick probe figures ("measured") are not trusted for MFU: a
+    short or busy measurement underestimates the peak and shows MFU above 100%."""
     entry = load_calibration().get(calibration_key(device_name, dtype))
     if not isinstance(entry, dict) or not isinstance(entry.get("flops"), int | float) or entry["flops"] <= 0:
         return None
-    return PeakFlops(float(entry["flops"]), str(entry.get("source", "measured")))
+    if entry.get("source") != "calibrated":
+        return None
+    return PeakFlops(float(entry["flops"]), "calibrated")
+
+
+def calibrate_peak(
+    device_name: str,
+    dtype: torch.dtype,
+    measure: Callable[[], float],
+    quick_probe: Callable[[], float],
+    rounds: int = 3,
+) -> PeakFlops:
+    """Best of `rounds` large-matmul sweeps, cached only when it is trustworthy.
+
+    Refused (nothing cached; the earlier calibration, if any, stays) when it comes out below a fresh
+    quick probe on smaller matrices, which means the machine got busier during the sweep. A lower
+    figure than an earlier calibration never replaces it: a peak is a ceiling, a lower reading only
+    means a busier run."""
+    best = max(measure() for _ in range(max(1, rounds)))
+    probe = quick_probe()
+    previous = cached_peak(device_name, dtype)
+    if best < REFUSE_BELOW_PROBE * probe:
+        return PeakFlops(previous.value if previous else float("nan"),
+                         f"refused: {best / 1e12:.3g} TFLOPS is below a quick probe's {probe / 1e12:.3g} (busy "
+                         "machine); rerun `portachat doctor --calibrate` when it is idle")
+    if previous is not None and previous.value >= best:
+        return previous
+    save_calibration(device_name, dtype, best, "calibrated")
+    return PeakFlops(best, "calibrated")
+
+
+REFUSE_BELOW_PROBE = 0.9  # a little slack: small and large matmuls reach slightly different rates
 
 
 def calibrate_sizes(device_type: str) -> tuple[int, ...]:

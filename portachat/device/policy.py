@@ -55,7 +55,10 @@ def normalize_dtype(name: str, source: str = "--dtype / PORTACHAT_DTYPE") -> str
 def bf16_support(p: ProbeResult) -> Decision:
     """Whether the device computes bf16 natively, and how we know."""
     if p.kind == "cpu":
-        return Decision(True, "CPUs compute bf16 (fast only with AMX / AVX512-BF16)")
+        isa = cpu_bf16_isa(p)
+        if isa:
+            return Decision(True, f"{isa} computes bf16 natively")
+        return Decision(False, "no AMX / AVX512-BF16 / ARM BF16: bf16 would be emulated (slower than fp32)")
     if p.kind == "cuda":
         cap = p.capability or (0, 0)
         ok = cap >= (8, 0)
@@ -86,6 +89,30 @@ def bf16_support(p: ProbeResult) -> Decision:
     raise ValueError(f"unknown kind {p.kind!r}")
 
 
+CPU_BF16_ISAS = (("amx_bf16", "AMX-BF16"), ("avx512_bf16", "AVX512-BF16"), ("bf16", "ARM BF16"))
+CPU_BF16_MIN_SPEEDUP = 1.2  # below this the measurement is within noise of fp32: keep full precision
+
+
+def cpu_bf16_isa(p: ProbeResult) -> str | None:
+    """The CPU's native bf16 instruction set, from its flags."""
+    return next((name for flag, name in CPU_BF16_ISAS if flag in p.cpu_flags), None)
+
+
+def _cpu_dtype(p: ProbeResult) -> Decision:
+    """CPU training dtype: bf16 autocast only where the CPU computes bf16 natively AND a short
+    (cached) probe measured it faster than fp32; the reason quotes the measurement."""
+    isa = cpu_bf16_isa(p)
+    override = "; set PORTACHAT_DTYPE=fp32|bf16 to override"
+    if isa is None:
+        return Decision("fp32", "CPU without AMX / AVX512-BF16 / ARM BF16: bf16 autocast would be slower" + override)
+    speedup = p.cpu_bf16_speedup
+    if speedup is None:
+        return Decision("fp32", f"CPU with {isa}, but the bf16 probe did not run or failed" + override)
+    if speedup >= CPU_BF16_MIN_SPEEDUP:
+        return Decision("bf16", f"CPU with {isa}: bf16 autocast measured {speedup:.2f}x fp32 (cached probe)" + override)
+    return Decision("fp32", f"CPU with {isa}, but bf16 autocast measured only {speedup:.2f}x fp32 here" + override)
+
+
 def _fp16_support(p: ProbeResult) -> bool:
     if p.kind == "cuda":
         return (p.capability or (0, 0)) >= (7, 0)  # tensor cores from Volta on
@@ -102,10 +129,7 @@ def decide_dtype(p: ProbeResult, requested: str | None = None) -> Decision:
             warning = f"bf16 forced on a device without native bf16 ({bf16.reason}); expect errors or slow emulation"
         return Decision(key, f"requested ({requested})", warning)
     if p.kind == "cpu":
-        return Decision(
-            "fp32",
-            "CPU: bf16 autocast is slower than fp32 on most CPUs; set PORTACHAT_DTYPE=bf16 to override",
-        )
+        return _cpu_dtype(p)
     if p.kind == "mps":
         if bf16.value:
             return Decision("bf16", f"bf16: {bf16.reason}")

@@ -102,6 +102,13 @@ class ProbeResult:
     attention_kernels: tuple[
         str, ...
     ] = ()  # vendor fused-attention entry points found, e.g. npu_fusion_attention
+    # CPU facts (kind "cpu"): ISA flags, usable cores, clock, and the measured bf16 autocast speed-up.
+    cpu_flags: tuple[str, ...] = ()
+    cpu_vendor: str | None = None  # "AuthenticAMD", "GenuineIntel", "ARM", ...
+    cpu_family: int | None = None  # x86 family number (AMD 25 = Zen 3/4, 26 = Zen 5)
+    cpu_cores: int | None = None  # physical cores this process may use
+    cpu_max_mhz: float | None = None
+    cpu_bf16_speedup: float | None = None  # fp32 time / bf16 autocast time of a training-like step
 
     @property
     def name(self) -> str:
@@ -316,4 +323,137 @@ def probe(kind: str | None = None) -> ProbeResult:
     else:
         res.names = [_cpu_name()]
         res.total_memory = [_system_memory()]
+        fill_cpu_facts(res)
     return res
+
+
+# --- CPU facts -------------------------------------------------------------------------------------
+BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")  # x86 AMX, x86 AVX512-BF16, ARM (FEAT_BF16)
+_CPU_PROBE_FILE = "cpu_probe.json"
+
+
+def _cpuinfo() -> dict[str, str]:
+    """First processor's fields of /proc/cpuinfo (empty off Linux)."""
+    fields: dict[str, str] = {}
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return fields
+    for line in text.splitlines():
+        if not line.strip():
+            if fields:
+                break
+            continue
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def _cpu_max_mhz(info: dict[str, str]) -> float | None:
+    try:  # the highest clock the cores run at; a VM without cpufreq shows its nominal clock in cpuinfo
+        return int(Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").read_text()) / 1000
+    except (OSError, ValueError):
+        pass
+    try:
+        return float(info["cpu MHz"])
+    except (KeyError, ValueError):
+        return None
+
+
+def _usable_cores(info: dict[str, str]) -> int:
+    logical = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:  # hyperthreads share a core's vector units
+        per_core = max(1, int(info["siblings"]) // int(info["cpu cores"]))
+    except (KeyError, ValueError, ZeroDivisionError):
+        per_core = 1
+    return max(1, logical // per_core)
+
+
+def fill_cpu_facts(res: ProbeResult) -> None:
+    info = _cpuinfo()
+    flags = (info.get("flags") or info.get("Features") or "").split()
+    if sys.platform == "darwin":
+        feats = run_cli(["sysctl", "-n", "hw.optional.arm.FEAT_BF16"]) or ""
+        flags = ["bf16"] if feats.strip() == "1" else []
+    res.cpu_flags = tuple(flags)
+    res.cpu_vendor = info.get("vendor_id") or ("ARM" if info.get("CPU implementer") else None)
+    res.cpu_family = int(info["cpu family"]) if info.get("cpu family", "").isdigit() else None
+    res.cpu_cores = _usable_cores(info)
+    res.cpu_max_mhz = _cpu_max_mhz(info)
+    if any(f in res.cpu_flags for f in BF16_CPU_FLAGS):
+        res.cpu_bf16_speedup = cpu_bf16_speedup(res.name, res.cpu_flags)
+
+
+def cpu_probe_cache() -> Path:
+    """Where the bf16 probe result is kept: per machine, so one measurement serves every run."""
+    override = os.environ.get("PORTACHAT_CPU_PROBE_CACHE")
+    if override:
+        return Path(override)
+    from portachat.paths import portachat_home
+
+    return portachat_home() / _CPU_PROBE_FILE
+
+
+def cpu_bf16_speedup(name: str, flags: tuple[str, ...]) -> float | None:
+    """The cached bf16 speed-up for this CPU and torch, measuring it (about a second) the first time."""
+    import json
+
+    key = f"{name}|{'+'.join(f for f in BF16_CPU_FLAGS if f in flags)}|torch {torch.__version__}"
+    path = cpu_probe_cache()
+    try:
+        cached = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cached = {}
+    if isinstance(cached, dict) and isinstance(cached.get(key), int | float):
+        return float(cached[key])
+    try:
+        speedup = measure_bf16_speedup()
+    except Exception:  # a broken bf16 path is a "no", never a crash
+        return None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        merged = {**(cached if isinstance(cached, dict) else {}), key: round(speedup, 3)}
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(merged, indent=2, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return speedup
+
+
+def measure_bf16_speedup(rounds: int = 3) -> float:
+    """fp32 time / bf16-autocast time of a small training-like step (two matmuls forward and backward),
+    best of `rounds` each, alternating so that background load hits both alike."""
+    import time
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 512, generator=gen)
+    w1 = torch.randn(512, 1024, generator=gen, requires_grad=True)
+    w2 = torch.randn(1024, 512, generator=gen, requires_grad=True)
+
+    def step() -> None:
+        (torch.relu(x @ w1) @ w2).float().square().mean().backward()
+        w1.grad = w2.grad = None
+
+    def best(autocast: bool) -> float:
+        times = []
+        for _ in range(2):
+            start = time.perf_counter()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                step()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    # One thread: the ratio is a per-core property, and on a shared machine a descheduled thread
+    # stalls its peers and turns a multi-threaded timing into noise.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        best(False), best(True)  # warm up both kernels
+        fp32 = bf16 = float("inf")
+        for _ in range(rounds):
+            fp32 = min(fp32, best(False))
+            bf16 = min(bf16, best(True))
+    finally:
+        torch.set_num_threads(threads)
+    return fp32 / bf16

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -242,3 +243,70 @@ def _cpu_telemetry() -> Telemetry:
     return Telemetry(
         utilization_pct=float(psutil.cpu_percent(interval=None)), temperature_c=temp, power_w=None
     )
+
+
+class TelemetryMonitor:
+    """Samples telemetry and memory on a background thread, so the training step never waits on a
+    vendor tool (nvidia-smi / npu-smi / hy-smi take tens of milliseconds).
+
+    `latest()` is what the progress line shows; `sink(sample)`, when given, receives every sample
+    (e.g. RunLogger.log_device for the log and TensorBoard)."""
+
+    def __init__(self, device, interval_s: float = 5.0, sink=None) -> None:
+        self.device = device
+        self.interval_s = interval_s
+        self.sink = sink
+        self._latest: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def sample(self) -> dict[str, float]:
+        t = self.device.telemetry()
+        mem = self.device.memory()
+        values = {
+            "util_pct": t.utilization_pct,
+            "temp_c": t.temperature_c,
+            "power_w": t.power_w,
+            "mem_allocated_bytes": mem.allocated,
+            "mem_reserved_bytes": mem.reserved,
+            "mem_free_bytes": mem.free,
+        }
+        return {k: float(v) for k, v in values.items() if v is not None}
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                sample = self.sample()
+            except Exception:  # monitoring must never take training down
+                sample = {}
+            with self._lock:
+                self._latest = sample
+            if self.sink is not None and sample:
+                try:
+                    self.sink(sample)
+                except Exception:
+                    pass
+            self._stop.wait(self.interval_s)
+
+    def start(self) -> TelemetryMonitor:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="portachat-telemetry", daemon=True)
+            self._thread.start()
+        return self
+
+    def latest(self) -> dict[str, float]:
+        with self._lock:
+            return dict(self._latest)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=max(5.0, self.interval_s))
+            self._thread = None
+
+    def __enter__(self) -> TelemetryMonitor:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ class RunLogger:
     def __init__(self, stage_path: Path, enabled: bool = True) -> None:
         self.enabled = enabled
         self._tb = None
+        self._lock = threading.Lock()  # the telemetry monitor logs from its own thread
         if not enabled:
             return
         stage_path.mkdir(parents=True, exist_ok=True)
@@ -30,12 +32,19 @@ class RunLogger:
         if not self.enabled:
             return
         record = {"step": step, "time": time.time(), **values}
-        self._jsonl.write(json.dumps(record) + "\n")
-        self._jsonl.flush()
-        if self._tb is not None:
-            for key, value in values.items():
-                if isinstance(value, (int, float)) and value is not None and math.isfinite(value):
-                    self._tb.add_scalar(key if "/" in key else f"train/{key}", value, step)
+        with self._lock:
+            if self._jsonl.closed:
+                return
+            self._jsonl.write(json.dumps(record) + "\n")
+            self._jsonl.flush()
+            if self._tb is not None:
+                for key, value in values.items():
+                    if isinstance(value, (int, float)) and value is not None and math.isfinite(value):
+                        self._tb.add_scalar(key if "/" in key else f"train/{key}", value, step)
+
+    def log_device(self, step: int, sample: dict[str, float]) -> None:
+        """A TelemetryMonitor sample: memory, utilisation, temperature, power under device/ in TensorBoard."""
+        self.log(step, {f"device/{key}": value for key, value in sample.items()})
 
     def log_text(self, step: int, tag: str, text: str) -> None:
         if self.enabled and self._tb is not None:
@@ -44,10 +53,11 @@ class RunLogger:
     def close(self) -> None:
         if not self.enabled:
             return
-        self._jsonl.close()
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+        with self._lock:
+            self._jsonl.close()
+            if self._tb is not None:
+                self._tb.close()
+                self._tb = None
 
 
 def _duration(seconds: float) -> str:
@@ -57,10 +67,19 @@ def _duration(seconds: float) -> str:
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
 
 
+def format_mfu(mfu: float | None) -> str:
+    """MFU as the progress line shows it: never above 100% (that would mean the peak is wrong)."""
+    if mfu is None or not math.isfinite(mfu):
+        return "n/a (run portachat doctor --calibrate)"
+    if mfu > 1.0:
+        return "n/a (peak too low: portachat doctor --calibrate)"
+    return f"{100 * mfu:.1f}%"
+
+
 def format_progress(step: int, total: int, r: dict[str, Any], eta_s: float) -> str:
     """One line per logged step: what a user watching the run wants to see."""
     width = len(str(total))
-    mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "n/a"
+    mfu = format_mfu(r.get("mfu"))
     mem = f"{r['mem_bytes'] / 2**30:.2f} GiB" if r.get("mem_bytes") else "n/a"
     device = ""
     if r.get("util_pct") is not None:

@@ -17,12 +17,14 @@ def test_cpu_defaults():
     dev = get_device()
     assert (dev.kind, dev.type, dev.index, dev.count) == ("cpu", "cpu", 0, 1)
     assert dev.torch_device == torch.device("cpu")
-    assert dev.dtype == torch.float32 and "PORTACHAT_DTYPE=bf16" in dev.dtype_reason
+    # bf16 only where the CPU computes it natively and the probe measured it faster (the reason says so)
+    native_fast = dev.supports_bf16 and (dev.facts.cpu_bf16_speedup or 0) >= 1.2
+    assert dev.dtype == (torch.bfloat16 if native_fast else torch.float32) and "PORTACHAT_DTYPE" in dev.dtype_reason
     assert not dev.compile and not dev.fused_optimizer
     assert dev.dist_backend == "gloo" and dev.supports_distributed
     assert dev.attention_backend == "sdpa"
     assert dev.grad_scaler() is None
-    assert isinstance(dev.autocast(), contextlib.nullcontext)
+    assert isinstance(get_device(dtype="fp32").autocast(), contextlib.nullcontext)
     json.dumps(dev.describe())
 
 
@@ -97,19 +99,24 @@ def test_telemetry_on_cpu():
     assert t.power_w is None
 
 
-def test_peak_flops_measured_then_cached():
+def test_peak_flops_never_comes_from_a_quick_measurement():
     dev = get_device()
     first = dev.peak_flops()
-    assert first.source == "measured" and first.value > 1e8 and math.isfinite(first.value)
-    assert calibration_path().exists()
-    entry = next(iter(load_calibration().values()))
-    assert entry["flops"] == first.value and entry["source"] == "measured"
-    second = dev.peak_flops()
-    assert (second.value, second.source) == (first.value, "measured")  # from the cache, not re-measured
+    # x86 CPUs: cores x lanes x FMA x clock; elsewhere nothing until `doctor --calibrate`.
+    assert first.source in ("cpu spec", "uncalibrated")
+    assert not calibration_path().exists()  # asking for the peak measured and cached nothing
+    if first.source == "cpu spec":
+        assert first.value > 1e9 and math.isfinite(first.value)
 
 
-def test_calibrate_overrides_quick_measurement():
-    dev = get_device()
+def test_calibrate_is_used_where_no_spec_exists():
+    dev = get_device(dtype="fp32")
     cal = dev.calibrate(budget_s=0.5)
+    if cal.source.startswith("refused"):  # the host got busier during the sweep: nothing cached
+        assert not calibration_path().exists()
+        return
     assert cal.source == "calibrated" and cal.value > 0
-    assert dev.peak_flops().source == "calibrated"
+    entry = next(iter(load_calibration().values()))
+    assert entry["source"] == "calibrated"
+    spec = dev.peak_flops()
+    assert spec.source in ("cpu spec", "calibrated")

@@ -135,3 +135,22 @@ def test_collective_prefers_torch_default_when_it_differs():
 def test_index_beyond_visible_devices_is_a_clear_error():
     with pytest.raises(DeviceError, match="LOCAL_RANK"):
         Device(v100(), index=3)
+
+
+def test_cpu_dtype_follows_native_bf16_and_the_measured_speedup():
+    from portachat.device.policy import decide_dtype
+
+    def cpu(flags=(), speedup=None):
+        return ProbeResult(kind="cpu", device_type="cpu", cpu_flags=flags, cpu_bf16_speedup=speedup)
+
+    plain = decide_dtype(cpu(("avx2", "fma")))
+    assert plain.value == "fp32" and "AVX512-BF16" in plain.reason
+    fast = decide_dtype(cpu(("avx512f", "avx512_bf16"), 1.65))
+    assert fast.value == "bf16" and "1.65x" in fast.reason and "PORTACHAT_DTYPE" in fast.reason
+    assert decide_dtype(cpu(("amx_bf16",), 3.0)).reason.startswith("CPU with AMX-BF16")
+    slow = decide_dtype(cpu(("avx512_bf16",), 1.05))
+    assert slow.value == "fp32" and "1.05x" in slow.reason
+    assert decide_dtype(cpu(("avx512_bf16",), None)).value == "fp32"
+    assert decide_dtype(cpu(("avx512_bf16",), 2.0), "fp32").value == "fp32"  # override wins
+    forced = decide_dtype(cpu(("avx2",)), "bf16")
+    assert forced.value == "bf16" and forced.warning

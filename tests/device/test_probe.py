@@ -72,3 +72,21 @@ def test_probe_with_fake_hip_torch(monkeypatch):
     assert p.kind == "dcu" and p.gcn_arch == "gfx928" and p.hip_version.startswith("6.2")
     with pytest.raises(DeviceError, match="rocm"):
         probe("rocm")
+
+
+def test_cpu_facts_and_the_cached_bf16_probe(tmp_path, monkeypatch):
+    from portachat.device.probe import BF16_CPU_FLAGS, cpu_bf16_speedup, probe
+
+    facts = probe("cpu")
+    assert facts.cpu_cores and facts.cpu_cores >= 1
+    native = any(f in facts.cpu_flags for f in BF16_CPU_FLAGS)
+    assert (facts.cpu_bf16_speedup is not None) == native
+    cache = tmp_path / "probe.json"
+    monkeypatch.setenv("PORTACHAT_CPU_PROBE_CACHE", str(cache))
+    first = cpu_bf16_speedup("Some CPU", ("avx512_bf16",))
+    assert first is not None and first > 0 and cache.exists()
+    import json
+
+    key = next(iter(json.loads(cache.read_text())))
+    cache.write_text(json.dumps({key: 1.234}))
+    assert cpu_bf16_speedup("Some CPU", ("avx512_bf16",)) == 1.234  # cached: not measured again

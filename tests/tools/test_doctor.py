@@ -35,7 +35,8 @@ def test_doctor_json_on_cpu_is_healthy(monkeypatch, tmp_path):
     report = json.loads(out.getvalue())
     assert code == 0 and report["ok"]
     assert report["device"]["kind"] == "cpu"
-    assert report["decisions"]["dtype"]["value"] == "fp32" and report["decisions"]["dtype"]["reason"]
+    dtype = report["decisions"]["dtype"]
+    assert dtype["value"] in ("fp32", "bf16") and "CPU" in dtype["reason"]
     assert report["decisions"]["collective"]["value"] == "gloo"
     assert report["probes"]["matmul_tflops"] > 0
     assert report["probes"]["h2d_gbps"] > 0 and "host" in report["probes"]["h2d_note"]
@@ -57,7 +58,7 @@ def test_bad_dtype_is_a_finding_with_exit_1(monkeypatch, tmp_path):
         and "bf16, fp16, fp32" in failed[0]["message"]
         and failed[0]["fix"]
     )
-    assert report["decisions_if_unconfigured"]["dtype"]["value"] == "fp32"
+    assert report["decisions_if_unconfigured"]["dtype"]["value"] in ("fp32", "bf16")
     text = format_report(report)
     assert "FAIL" in text and "bf17" in text and "problem(s) found" in text
 
@@ -73,8 +74,11 @@ def test_human_report_is_aligned_text(monkeypatch, tmp_path):
 def test_calibrate_caches_a_calibrated_peak(monkeypatch, tmp_path):
     _clean(monkeypatch, tmp_path)
     report = collect_report(calibrate=True)
-    assert report["probes"]["peak_flops"]["source"] == "calibrated"
-    assert (tmp_path / "calibration.json").exists()
+    source = report["probes"]["peak_flops"]["source"]
+    if source.startswith("refused"):  # the machine got busier during the sweep: nothing may be cached
+        assert "doctor --calibrate" in source and not (tmp_path / "calibration.json").exists()
+    else:
+        assert source == "calibrated" and (tmp_path / "calibration.json").exists()
 
 
 def test_exit_code_in_a_fresh_process(tmp_path):
