@@ -303,20 +303,29 @@ def unpermute_qk(weight: np.ndarray, n_head: int) -> np.ndarray:
     return weight.reshape(n_head, half, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def _dequantizable() -> set[str]:
+def _dequantizable_names() -> list[str]:
+    """The types the installed gguf package dequantizes, for error messages (best effort: private table)."""
     import gguf.quants
 
     traits = getattr(gguf.quants, "_type_traits", {})
-    return {"F32", "F16", *(t.name for t in traits)}
+    return sorted({"F32", "F16", *(t.name for t in traits)})
 
 
 def _check_tensor_types(reader: Any, path: Path) -> None:
-    supported = _dequantizable()
-    bad = sorted({t.tensor_type.name for t in reader.tensors} - supported)
+    """Fail before any work when a tensor type cannot be dequantized: one row of each type is tried."""
+    from gguf.quants import dequantize
+
+    bad = []
+    for qtype, tensor in {t.tensor_type: t for t in reader.tensors}.items():
+        try:
+            dequantize(tensor.data[:1], qtype)
+        except NotImplementedError:
+            bad.append(qtype.name)
     if bad:
         raise UnsupportedGGUFError(
-            f"{path.name} holds tensors of type {', '.join(bad)}, which the installed gguf package cannot dequantize; "
-            f"supported: {', '.join(sorted(supported))}. Upgrade it (pip install -U gguf) or use another quantization."
+            f"{path.name} holds tensors of type {', '.join(sorted(bad))}, which the installed gguf package cannot "
+            f"dequantize; supported: {', '.join(_dequantizable_names())}. "
+            "Upgrade it (pip install -U gguf) or use a file with another quantization."
         )
 
 
