@@ -220,13 +220,16 @@ TASKS: dict[str, Callable[[random.Random], TaskExample]] = {
     "spelling": spelling,
 }
 
-# How often each task is drawn by default: most weight on what a tiny model learns reliably.
+# How often each task is drawn by default: most weight on what a tiny model learns reliably. (A 0.7M
+# model trained from scratch for 900 steps of 16 conversations reached 63% held-out: the two tool
+# tasks ~90%, comparison near chance, column addition and spelling 0%. Held-out spelling words are
+# never spelled in the train split, so spelling measures what pretraining taught about letters.)
 DEFAULT_WEIGHTS: dict[str, float] = {
     "calc_arithmetic": 0.35,
     "mental_arithmetic": 0.15,
-    "letter_count": 0.2,
+    "letter_count": 0.25,
     "comparison": 0.2,
-    "spelling": 0.1,
+    "spelling": 0.05,
 }
 
 
