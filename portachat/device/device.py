@@ -123,6 +123,15 @@ class Device:
         else:
             device_module(self.type).synchronize()
 
+    def pin(self, t: torch.Tensor) -> torch.Tensor:
+        """Page-locked host copy of `t` where the device copies from it asynchronously (non_blocking=True)."""
+        if self.type in ("cpu", "mps") or t.device.type != "cpu":
+            return t
+        try:
+            return t.pin_memory()  # pinned for the current accelerator (set_current() picks it)
+        except RuntimeError:  # no pinned allocator for this backend: plain memory still works
+            return t
+
     def set_current(self) -> None:
         """Make this the current device of the process (before allocating or joining a process group)."""
         if self.type not in ("cpu", "mps"):
