@@ -444,3 +444,14 @@ def test_transformers_runs_what_we_read(tmp_path, bpe, arch):
         want, got = original(ids).logits, rebuilt(ids).logits
     assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
     assert not math.isnan(got.abs().max().item())
+
+    # and portachat's own model, built from the same parts by the loader every source goes through
+    from portachat.model.load import build_from_parts
+
+    ours, tokenizer, _ = build_from_parts(parts, device="cpu", dtype=torch.float32, where=str(path))
+    with torch.no_grad():
+        assert torch.allclose(ours(ids).float(), want, atol=1e-5)
+    assert (
+        tokenizer.render_prompt([{"role": "user", "content": "hi"}])
+        == bpe.encode("<|im_start|>user\nhi<|im_end|>\n").ids
+    )
