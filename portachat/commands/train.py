@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from portachat.commands.common import EPILOG, device_from_args, flag, nonneg_int, positive_int
+from portachat.commands.common import EPILOG, device_from_args, flag, int_at_least, nonneg_int, positive_int
 
 
 def add_train_flags(p: argparse.ArgumentParser) -> None:
@@ -175,8 +175,70 @@ def add_chat_stage_parser(tsub, stage: str) -> None:
     t.set_defaults(func=cmd_train_chat, warmdown_ratio=d.warmdown_ratio)
 
 
+def cmd_train_rl(args: argparse.Namespace) -> int:
+    from portachat.device import destroy_distributed, dist_env
+    from portachat.train.rl import RLOptions, run_rl
+
+    dev = device_from_args(args)
+    cfg = train_config(args, dev)
+    if args.device_batch_size is None:
+        cfg.device_batch_size = args.num_samples * (1 if dev.type == "cpu" else 4)
+    opts = RLOptions(
+        init=args.init,
+        data=args.data or [],
+        max_prompts=args.max_prompts,
+        num_samples=args.num_samples,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        normalize_std=args.normalize_std,
+        lr_scale=args.lr_scale,
+        num_epochs=args.num_epochs,
+        num_iterations=args.num_iterations,
+        eval_examples=args.eval_examples,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        train=cfg,
+    )
+    try:
+        result = run_rl(opts, dev=dev)
+    finally:
+        destroy_distributed()
+    if result.final_checkpoint is not None and dist_env().is_main:
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in result.metrics.items() if isinstance(v, float))
+        print(f"[portachat] done: {result.steps} steps; {shown}")
+        print(f"[portachat] model: {result.final_checkpoint}")
+    return 0
+
+
+def add_rl_parser(tsub) -> None:
+    from portachat.train.rl import RLOptions
+
+    d = RLOptions()
+    t = tsub.add_parser("rl", help="reinforcement learning on verifiable rewards (GRPO-style)", epilog=EPILOG,
+                        description="On-policy policy gradient with group-relative advantages: sample G replies per "
+                                    "prompt through the inference engine (calculator on), reward 1 for a correct final "
+                                    "answer, advantage = reward - group mean. Starts from the run's sft checkpoint "
+                                    "(<home>/runs/<run>/sft/latest) unless --init says otherwise. Logs reward, pass@k "
+                                    "and reply length every step.")
+    g = t.add_argument_group("tasks and sampling")
+    flag(g, "--init", default=None, help="checkpoint to start from (default: this run's sft/latest)")
+    flag(g, "--data", action="append", default=None,
+         help="jsonl/parquet rows with verifiable answers (GSM8K 'question'/'answer', ARC/MMLU); repeat to mix "
+              "(default: built-in synthetic tasks)")
+    flag(g, "--max-prompts", type=positive_int, default=None, help="use at most N prompts (synthetic default: 2000)")
+    flag(g, "--num-samples", type=int_at_least(2), default=d.num_samples, help=f"replies per prompt, G (default {d.num_samples})")
+    flag(g, "--max-new-tokens", type=positive_int, default=d.max_new_tokens, help=f"reply length limit (default {d.max_new_tokens})")
+    flag(g, "--temperature", type=float, default=d.temperature, help=f"sampling temperature (default {d.temperature})")
+    flag(g, "--normalize-std", action="store_true", help="divide advantages by the group's reward std (GRPO); default: mean only")
+    flag(g, "--lr-scale", type=float, default=d.lr_scale, help=f"multiply every learning rate by this (default {d.lr_scale})")
+    flag(g, "--num-epochs", type=float, default=1.0, help="passes over the prompts when --num-iterations is not given")
+    flag(g, "--eval-examples", type=nonneg_int, default=d.eval_examples, help="held-out questions answered at each evaluation")
+    add_train_flags(t)
+    t.set_defaults(func=cmd_train_rl, warmdown_ratio=1.0, eval_every=20)
+
+
 def register(sub) -> None:
-    p = sub.add_parser("train", help="training stages (base pretraining, mid-training, SFT)")
+    p = sub.add_parser("train", help="training stages: base pretraining, mid-training, SFT, RL")
     tsub = p.add_subparsers(dest="stage", metavar="STAGE")
     tsub.required = True
     t = tsub.add_parser("base", help="pretrain a GPT on raw text", epilog=EPILOG,
@@ -193,3 +255,4 @@ def register(sub) -> None:
     t.set_defaults(func=cmd_train_base)
     add_chat_stage_parser(tsub, "mid")
     add_chat_stage_parser(tsub, "sft")
+    add_rl_parser(tsub)

@@ -18,7 +18,7 @@ from portachat.data.synthetic_tasks import extract_answer, final_segment, normal
 from portachat.device import Device
 from portachat.model import GPT
 from portachat.tokenizer import Tokenizer, render_for_completion
-from portachat.train.rollout import sample_replies
+from portachat.train.rollout import RolloutEngine
 
 
 def reply_answer(reply: str) -> str | None:
@@ -44,16 +44,21 @@ def answer_accuracy_evaluator(
     dev: Device,
     max_tokens: int = 64,
     name: str = "accuracy",
+    sampler: RolloutEngine | None = None,
 ):
-    """An evaluator hook: fraction of `conversations` (each with "messages" and "answer") answered right."""
+    """An evaluator hook: fraction of `conversations` (each with "messages" and "answer") answered right.
+    `sampler` shares an existing engine over the same model (RL) instead of building another."""
     items = [c for c in conversations if c.get("answer") is not None]
+    engines: dict[int, RolloutEngine] = {id(sampler.model): sampler} if sampler is not None else {}
 
     def evaluate(model: GPT, step: int) -> dict[str, float]:
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         mine = items[rank::world]
         prompts = [render_for_completion(tokenizer, c["messages"]) for c in mine]
-        replies = sample_replies(model, tokenizer, prompts, max_tokens, temperature=0.0, autocast=dev.autocast)
+        if id(model) not in engines:
+            engines[id(model)] = RolloutEngine(model, tokenizer, dev, max_num_seqs=max(1, min(len(mine), 32)))
+        replies = engines[id(model)].sample(prompts, max_tokens, temperature=0.0, seeds=[0] * len(prompts))
         counts = torch.tensor([sum(is_correct(r.text, c["answer"]) for r, c in zip(replies, mine, strict=True)),
                                len(mine)], dtype=torch.float64, device=dev.torch_device)
         if world > 1:

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from portachat.checkpoint import CheckpointError, latest_checkpoint, resolve_model_path, stage_dir
-from portachat.checkpoint.model_dir import read_config
+from portachat.checkpoint.model_dir import read_config, read_meta
 from portachat.checkpoint.runs import list_steps
 from portachat.data.chat_data import Conversation, load_conversations, synthetic_conversations
 from portachat.data.chat_loader import ChatLoader, iter_chat_val_batches
@@ -183,6 +183,7 @@ def run_chat_stage(opts: ChatOptions, dev: Device | None = None, print_fn=print)
         val_batches=lambda rank, world: iter_chat_val_batches(val_convs, tokenizer, B, T, rank, world, max_val_batches),
         evaluators=evaluators,
     )
-    extra = {"data": described, "init_from": str(init_from) if init_from else None, "pack": pack, "lr_scale": scale}
+    origin = str(init_from) if init_from else read_meta(resume_from).get("init_from")
+    extra = {"data": described, "init_from": origin, "pack": pack, "lr_scale": scale}
     return train(model, tokenizer, stage, cfg, dev, env, path, resume_from=resume_from, init_from=init_from,
                  extra_meta=extra, print_fn=print_fn)

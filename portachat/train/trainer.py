@@ -74,6 +74,8 @@ class Stage:
     sample_prompts: list[str] = field(default_factory=list)
     loss: LossHook = token_loss
     evaluators: list[Evaluator] = field(default_factory=list)
+    # called on every rank after each step's forward/backward; its metrics join the step's log record
+    step_metrics: Callable[[], dict[str, float]] | None = None
 
 
 StageData = Stage  # the name stages used before the Trainer split
@@ -344,6 +346,8 @@ class Trainer:
             "supervised_tokens": stats.tokens,
             "mem_bytes": mem.peak_allocated or mem.allocated,
         }
+        if self.stage.step_metrics is not None:
+            record.update(self.stage.step_metrics())
         return record, stats.stop
 
     def _guard(self, applied: bool, step_loss: float) -> None:

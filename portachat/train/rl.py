@@ -1,0 +1,211 @@
+"""RL on verifiable rewards: on-policy policy gradient with group-relative advantages (GRPO-style).
+
+Each micro-batch takes a few prompts, samples G replies per prompt through the inference engine
+(calculator tool on) from the current weights, and scores each with the task's verifier (1 right,
+0 wrong). A reply's advantage is its reward minus its group's mean (optionally over the group's
+std). The loss is -sum(advantage * log p(token)) over the tokens the model sampled: prompt tokens,
+padding and the tool's forced output tokens are masked out. The Trainer divides by the global
+number of sampled tokens. Rewards, pass@G and reply lengths are logged every step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from portachat.checkpoint import stage_dir
+from portachat.checkpoint.model_dir import read_meta
+from portachat.data.chat_data import Conversation, load_conversations, synthetic_conversations
+from portachat.device import Device, get_device, init_distributed
+from portachat.model import GPT
+from portachat.tokenizer import Tokenizer, render_for_completion
+from portachat.train.batch import Batch
+from portachat.train.chat_eval import answer_accuracy_evaluator, is_correct
+from portachat.train.chat_stage import model_from_checkpoint, prepare_stage_dir, resolve_init
+from portachat.train.rollout import Reply, RolloutEngine
+from portachat.train.trainer import Stage, TrainConfig, TrainingError, TrainResult, train
+
+
+@dataclass
+class RLOptions:
+    init: str | None = None  # None = this run's sft/latest
+    data: list[str] = field(default_factory=list)  # rows with answers (GSM8K, ...); empty = synthetic tasks
+    max_prompts: int | None = None  # None: all rows of --data, or 2000 synthetic prompts
+    num_samples: int = 8  # G: replies per prompt
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    normalize_std: bool = False  # divide advantages by the group's reward std (GRPO) or not (Dr. GRPO)
+    lr_scale: float = 0.05  # times the base learning rates (nanochat's RL init_lr_frac)
+    num_epochs: float = 1.0
+    num_iterations: int | None = None
+    eval_examples: int = 64
+    resume: str | None = None
+    overwrite: bool = False
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+def group_advantages(rewards: torch.Tensor, normalize_std: bool = False) -> torch.Tensor:
+    """rewards [groups, G] -> advantages: reward minus the group mean (over the std if asked)."""
+    adv = rewards - rewards.mean(dim=1, keepdim=True)
+    if normalize_std:
+        adv = adv / (rewards.std(dim=1, keepdim=True) + 1e-6)
+    return adv
+
+
+def rollout_batch(prompts: Sequence[list[int]], replies: Sequence[Reply], advantages: Sequence[float], pad_id: int) -> Batch:
+    """Rows of prompt + reply; only the model-sampled reply tokens are targets, weighted by their advantage."""
+    rows = [list(p) + r.token_ids for p, r in zip(prompts, replies, strict=True)]
+    width = max(2, max(len(r) for r in rows))
+    inputs = torch.full((len(rows), width - 1), pad_id, dtype=torch.long)
+    targets = torch.full((len(rows), width - 1), -1, dtype=torch.long)
+    weights = torch.zeros((len(rows), width - 1), dtype=torch.float32)
+    for i, (prompt, reply, adv) in enumerate(zip(prompts, replies, advantages, strict=True)):
+        row = rows[i]
+        inputs[i, : len(row) - 1] = torch.tensor(row[:-1], dtype=torch.long)
+        for j, (token, sampled) in enumerate(zip(reply.token_ids, reply.mask, strict=True)):
+            if sampled:
+                targets[i, len(prompt) + j - 1] = token  # position t predicts token t + 1
+        weights[i] = float(adv)
+    return Batch(inputs, targets, weights)
+
+
+class RolloutStats:
+    """Per-step rollout metrics, summed over micro-batches and ranks when read."""
+
+    def __init__(self, dev: Device) -> None:
+        self.dev = dev
+        self.reset()
+
+    def reset(self) -> None:
+        self.sums = [0.0, 0.0, 0.0, 0.0, 0.0]  # reward, replies, groups solved, groups, reply tokens
+
+    def add(self, rewards: torch.Tensor, lengths: list[int]) -> None:
+        self.sums[0] += rewards.sum().item()
+        self.sums[1] += rewards.numel()
+        self.sums[2] += (rewards.max(dim=1).values > 0).sum().item()
+        self.sums[3] += rewards.shape[0]
+        self.sums[4] += sum(lengths)
+
+    def read(self) -> dict[str, float]:
+        totals = torch.tensor(self.sums, dtype=torch.float64, device=self.dev.torch_device)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(totals)
+        reward, replies, solved, groups, tokens = totals.tolist()
+        self.reset()
+        return {"reward": reward / max(replies, 1), "pass_at_k": solved / max(groups, 1),
+                "response_length": tokens / max(replies, 1)}
+
+
+class RolloutStream:
+    """Stream s of n: prompts s, s+n, ... of the task list; each batch = prompts_per_batch x G rollouts."""
+
+    def __init__(self, tasks: list[Conversation], tokenizer: Tokenizer, sampler: RolloutEngine, stats: RolloutStats,
+                 opts: RLOptions, prompts_per_batch: int, stream: int, num_streams: int, seed: int) -> None:
+        self.tasks, self.tokenizer, self.sampler, self.stats, self.opts = tasks, tokenizer, sampler, stats, opts
+        self.prompts_per_batch, self.seed = prompts_per_batch, seed
+        self.mine = list(range(stream % len(tasks), len(tasks), num_streams)) or [stream % len(tasks)]
+        self.stream = stream
+        self.index = 0  # prompts read so far (wraps around the share)
+
+    def next_batch(self) -> Batch:
+        G = self.opts.num_samples
+        picked = [self.tasks[self.mine[(self.index + k) % len(self.mine)]] for k in range(self.prompts_per_batch)]
+        prompts = [render_for_completion(self.tokenizer, t["messages"]) for t in picked for _ in range(G)]
+        base = (self.seed * 1_000_003 + self.stream * 7919 + self.index) * 64
+        replies = self.sampler.sample(prompts, self.opts.max_new_tokens, self.opts.temperature,
+                                      seeds=[base + k for k in range(len(prompts))])
+        self.index += self.prompts_per_batch
+        rewards = torch.tensor([[float(is_correct(replies[g * G + k].text, t["answer"])) for k in range(G)]
+                                for g, t in enumerate(picked)])
+        self.stats.add(rewards, [sum(r.mask) for r in replies])
+        adv = group_advantages(rewards, self.opts.normalize_std).flatten().tolist()
+        return rollout_batch(prompts, replies, adv, self.tokenizer.bos_id)
+
+    def state_dict(self) -> dict:
+        return {"index": self.index, "count": len(self.tasks)}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("count") == len(self.tasks):
+            self.index = int(state["index"])
+
+
+def rl_tasks(opts: RLOptions, seed: int) -> tuple[list[Conversation], list[Conversation], str]:
+    """(training prompts, held-out prompts, description); every row carries the answer its verifier checks."""
+    if opts.data:
+        rows = [c for c in load_conversations(opts.data, limit=opts.max_prompts) if c.get("answer") is not None]
+        if not rows:
+            raise TrainingError(f"--data {', '.join(opts.data)}: no rows with a verifiable answer (GSM8K "
+                                "'question'/'answer', multiple choice, or 'messages' rows with an 'answer' field)")
+        n_val = min(200, len(rows) // 10) if len(rows) >= 10 else 0
+        return rows[: len(rows) - n_val] or rows, rows[len(rows) - n_val :] or rows[:1], ", ".join(opts.data)
+    n = opts.max_prompts or 2000
+    return (synthetic_conversations(n, "train", f"rl:{seed}"), synthetic_conversations(max(opts.eval_examples, 1),
+            "heldout", f"rl:{seed}"), f"synthetic tasks ({n} prompts)")
+
+
+def run_rl(opts: RLOptions, dev: Device | None = None, print_fn=print) -> TrainResult:
+    """RL from the run's SFT checkpoint (or --init); returns the final checkpoint."""
+    dev = dev or get_device()
+    env = init_distributed(dev)
+    say = print_fn if env.is_main else (lambda _m: None)
+    cfg = opts.train
+    cfg.stage = "rl"
+    if opts.num_samples < 2:
+        raise TrainingError("--num-samples must be at least 2: advantages compare replies within a group")
+    if cfg.device_batch_size % opts.num_samples:
+        raise TrainingError(f"--device-batch-size {cfg.device_batch_size} must be a multiple of --num-samples "
+                            f"{opts.num_samples} (each row is one reply; a prompt's G replies share a micro-batch)")
+    runs_root = Path(cfg.runs_root) if cfg.runs_root else None
+    path = stage_dir(cfg.run, "rl", runs_root)
+    resume_from = prepare_stage_dir(path, opts.resume, opts.overwrite, "rl", cfg.run, env)
+    init_from = None if resume_from else resolve_init("rl", opts.init, cfg.run, runs_root)
+    model, tokenizer = model_from_checkpoint(resume_from or init_from, dev)
+    cfg.max_seq_len = model.config.max_seq_len
+    cfg.muon_momentum_warmup = 0
+    o = cfg.optim
+    o.matrix_lr, o.embedding_lr, o.unembedding_lr, o.scalar_lr = (
+        o.matrix_lr * opts.lr_scale, o.embedding_lr * opts.lr_scale, o.unembedding_lr * opts.lr_scale,
+        o.scalar_lr * opts.lr_scale)
+    tasks, heldout, described = rl_tasks(opts, cfg.seed)
+    prompts_per_batch = cfg.device_batch_size // opts.num_samples
+    streams = env.world_size * cfg.grad_accum_steps(env.world_size)
+    if opts.num_iterations is not None:
+        cfg.num_iterations = opts.num_iterations
+    else:
+        cfg.num_iterations = max(1, math.ceil(opts.num_epochs * len(tasks) / (prompts_per_batch * streams)))
+    say(f"[portachat] rl: {len(tasks)} prompts from {described}, {opts.num_samples} samples each, "
+        f"{prompts_per_batch * streams} prompts per step; starting from {init_from or resume_from}")
+    if not opts.data:
+        say("[portachat] NOTE: no --data given: RL on the built-in SYNTHETIC tasks (offline).")
+
+    sampler = RolloutEngine(model, tokenizer, dev, max_num_seqs=max(cfg.device_batch_size, 1))
+    stats = RolloutStats(dev)
+    evaluators = []
+    if opts.eval_examples > 0:
+        evaluators.append(answer_accuracy_evaluator(heldout[: opts.eval_examples], tokenizer, dev,
+                                                    opts.max_new_tokens, name="heldout_accuracy", sampler=sampler))
+    stage = Stage(
+        make_stream=lambda s, n: RolloutStream(tasks, tokenizer, sampler, stats, opts, prompts_per_batch, s, n,
+                                               cfg.seed),
+        evaluators=evaluators,
+        step_metrics=stats.read,
+    )
+    origin = str(init_from) if init_from else read_meta(resume_from).get("init_from")
+    extra = {"data": described, "init_from": origin, "num_samples": opts.num_samples, "lr_scale": opts.lr_scale,
+             "normalize_std": opts.normalize_std}
+    return train(model, tokenizer, stage, cfg, dev, env, path, resume_from=resume_from, init_from=init_from,
+                 extra_meta=extra, print_fn=print_fn)
+
+
+def logprob_of(model: GPT, prompt: list[int], reply: list[int]) -> float:
+    """Sum of log p(reply | prompt) under `model` (for tests and diagnostics)."""
+    ids = torch.tensor([prompt + reply])
+    with torch.no_grad():
+        nll = model(ids[:, :-1], ids[:, 1:].masked_fill(torch.arange(ids.shape[1] - 1) < len(prompt) - 1, -1),
+                    loss_reduction="sum")
+    return -float(nll)
