@@ -3,15 +3,19 @@ behind (no processes, no files outside its temp dir, no connections, the evaluat
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
+import shutil
 import socket
+import subprocess
 import sys
 import threading
 from pathlib import Path
 
 import pytest
 
+from portachat.eval import sandbox
 from portachat.eval.sandbox import SandboxLimits, run_program
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox is Linux-only")
@@ -157,3 +161,33 @@ def test_without_the_guard_no_network_no_outside_writes_no_signals():
         os.remove("/tmp/portachat-sandbox-escape2.txt")  # documented: only the guard stops this
     r = run_program("open('big', 'wb').write(b'x' * (64 << 20))", limits)
     assert r.status == "failed" and "File too large" in r.stderr
+
+
+@pytest.mark.skipif(not IS_ROOT or not shutil.which("setpriv") or not os.path.exists("/usr/bin/python3"),
+                    reason="needs root, setpriv and a system python3 to run the evaluator as a plain user")
+def test_an_unprivileged_evaluator_gets_the_same_containment():
+    """The evaluator itself as `nobody` (no uid to drop to): rlimits, user+network namespaces, guard."""
+    script = (
+        "import importlib.util, json, os, sys\n"
+        f"path = {str(Path(sandbox.__file__))!r}\n"
+        "if not os.access(path, os.R_OK):\n"
+        "    print('UNREADABLE'); sys.exit(0)\n"
+        "spec = importlib.util.spec_from_file_location('sandbox', path)\n"
+        "sb = importlib.util.module_from_spec(spec); sys.modules['sandbox'] = sb; spec.loader.exec_module(sb)\n"
+        "L = sb.SandboxLimits(timeout_s=2, cpu_seconds=2, python_guard=False)\n"
+        "out = {}\n"
+        "for name, src in {'ok': 'print(1)', 'loop': 'while True: pass', 'mem': 'x = bytearray(8 << 30)',\n"
+        "                  'net': 'import socket; socket.create_connection((\"127.0.0.1\", 9), timeout=1)'}.items():\n"
+        "    r = sb.run_program(src, L)\n"
+        "    out[name] = [r.status, r.isolation]\n"
+        "print(json.dumps(out))\n"
+    )
+    p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", script],
+                       capture_output=True, text=True, timeout=60, cwd="/")
+    if p.stdout.strip() == "UNREADABLE":
+        pytest.skip("the checkout is not readable by nobody")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["ok"][0] == "passed" and out["loop"][0] == "timeout" and out["mem"][0] == "failed"
+    assert out["net"][0] == "failed"
+    assert "rlimits" in out["ok"][1] and not any(i.startswith("uid-") for i in out["ok"][1])
