@@ -10,6 +10,8 @@ the models' original `tokenizer.json`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers, processors
@@ -27,6 +29,11 @@ TOKEN_TYPE_USER_DEFINED = 4
 _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_TEKKEN_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
@@ -52,21 +59,32 @@ def _starcoder() -> pre_tokenizers.PreTokenizer:
     return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), _gpt2()])
 
 
-# tokenizer.ggml.pre -> (pre-tokenizer, ignore_merges), grouped as llama.cpp's llama-vocab.cpp groups them.
-_PRE_TOKENIZERS: dict[str, tuple[Any, bool]] = {
-    **{name: (_gpt2, False) for name in ("default", "gpt-2", "mpt", "olmo", "jais", "trillion")},
-    **{
-        name: (_starcoder, False)
-        for name in ("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b")
-    },
-    **{
-        name: (lambda: _regex_split(_LLAMA3_SPLIT), True)
-        for name in ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2")
-    },
-    **{
-        name: (lambda: _regex_split(_QWEN2_SPLIT), False)
-        for name in ("qwen2", "deepseek-r1-qwen", "megrez", "kormo", "f2llmv2")
-    },
+@dataclass(frozen=True)
+class PreTokenizerRule:
+    """What llama.cpp does for one `tokenizer.ggml.pre` name (llama-vocab.cpp)."""
+
+    make: Callable[[], pre_tokenizers.PreTokenizer]
+    ignore_merges: bool = False  # a word already in the vocabulary is one token, whatever the merges say
+    add_bos: bool = False  # BOS is prepended when the file has no tokenizer.ggml.add_bos_token
+
+
+_GPT2 = PreTokenizerRule(_gpt2)
+_STARCODER = PreTokenizerRule(_starcoder)
+_LLAMA3 = PreTokenizerRule(lambda: _regex_split(_LLAMA3_SPLIT), ignore_merges=True, add_bos=True)
+_TEKKEN = PreTokenizerRule(lambda: _regex_split(_TEKKEN_SPLIT), ignore_merges=True, add_bos=True)
+_QWEN2 = PreTokenizerRule(lambda: _regex_split(_QWEN2_SPLIT))
+
+# tokenizer.ggml.pre -> rule, grouped as llama.cpp groups them.
+_PRE_TOKENIZERS: dict[str, PreTokenizerRule] = {
+    **dict.fromkeys(("default", "gpt-2", "mpt", "olmo", "jais", "trillion"), _GPT2),
+    **dict.fromkeys(
+        ("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b"), _STARCODER
+    ),
+    **dict.fromkeys(
+        ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"), _LLAMA3
+    ),
+    "tekken": _TEKKEN,  # Mistral Nemo (a "llama" GGUF)
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez", "kormo", "f2llmv2"), _QWEN2),
 }
 
 SUPPORTED_PRE_TOKENIZERS = tuple(sorted(_PRE_TOKENIZERS))
@@ -114,7 +132,7 @@ def build_tokenizer(metadata: dict[str, Any]) -> Tokenizer:
         raise GGUFTokenizerError(
             f"unknown pre-tokenizer tokenizer.ggml.pre={pre!r}; supported: {', '.join(SUPPORTED_PRE_TOKENIZERS)}"
         )
-    make_pre_tokenizer, ignore_merges = _PRE_TOKENIZERS[pre]
+    rule = _PRE_TOKENIZERS[pre]
 
     tokens = [_respelled(t) for t in metadata["tokenizer.ggml.tokens"]]
     vocab = {token: index for index, token in enumerate(tokens)}
@@ -127,10 +145,10 @@ def build_tokenizer(metadata: dict[str, Any]) -> Tokenizer:
             continuing_subword_prefix="",
             end_of_word_suffix="",
             fuse_unk=False,
-            ignore_merges=ignore_merges,
+            ignore_merges=rule.ignore_merges,
         )
     )
-    tokenizer.pre_tokenizer = make_pre_tokenizer()
+    tokenizer.pre_tokenizer = rule.make()
     tokenizer.decoder = decoders.ByteLevel()
 
     # Control tokens (<|im_start|>, <|endoftext|>) and added words (<think>) must match whole, not be
@@ -159,16 +177,30 @@ def build_tokenizer(metadata: dict[str, Any]) -> Tokenizer:
     return tokenizer
 
 
+def adds_bos(metadata: dict[str, Any]) -> bool:
+    """Whether encoding prepends BOS: the file's flag, else llama.cpp's default for its pre-tokenizer
+    (on for the Llama 3 group; Llama 3.x files often carry no flag)."""
+    flag = metadata.get("tokenizer.ggml.add_bos_token")
+    if flag is not None:
+        return bool(flag)
+    rule = _PRE_TOKENIZERS.get(metadata.get("tokenizer.ggml.pre", "default"))
+    return bool(rule and rule.add_bos)
+
+
+def adds_eos(metadata: dict[str, Any]) -> bool:
+    return bool(metadata.get("tokenizer.ggml.add_eos_token", False))
+
+
 def _post_processor(metadata: dict[str, Any], tokens: list[str]) -> processors.PostProcessor | None:
     """BOS/EOS added around encoded text when the file asks for it (Llama 3 adds <|begin_of_text|>)."""
 
-    def added(flag: str, id_key: str) -> list[tuple[str, int]]:
+    def added(wanted: bool, id_key: str) -> list[tuple[str, int]]:
         token_id = metadata.get(f"tokenizer.ggml.{id_key}")
-        if not metadata.get(f"tokenizer.ggml.{flag}") or token_id is None:
+        if not wanted or token_id is None:
             return []
         return [(tokens[int(token_id)], int(token_id))]
 
-    bos, eos = added("add_bos_token", "bos_token_id"), added("add_eos_token", "eos_token_id")
+    bos, eos = added(adds_bos(metadata), "bos_token_id"), added(adds_eos(metadata), "eos_token_id")
     if not bos and not eos:
         return None
     bos_tokens, eos_tokens = [t for t, _ in bos], [t for t, _ in eos]
@@ -213,8 +245,8 @@ def tokenizer_config(metadata: dict[str, Any], tokenizer: Tokenizer) -> dict[str
         "eos_token": named("eos_token_id"),
         "pad_token": named("padding_token_id"),
         "unk_token": named("unknown_token_id"),
-        "add_bos_token": bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
-        "add_eos_token": bool(metadata.get("tokenizer.ggml.add_eos_token", False)),
+        "add_bos_token": adds_bos(metadata),
+        "add_eos_token": adds_eos(metadata),
         "added_tokens_decoder": added,
         "clean_up_tokenization_spaces": False,
     }

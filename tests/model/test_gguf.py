@@ -455,3 +455,36 @@ def test_transformers_runs_what_we_read(tmp_path, bpe, arch):
         tokenizer.render_prompt([{"role": "user", "content": "hi"}])
         == bpe.encode("<|im_start|>user\nhi<|im_end|>\n").ids
     )
+
+
+def _metadata(tok: Tokenizer, pre: str, extra_tokens: tuple[str, ...] = (), **flags: object) -> dict:
+    tokens, types, merges = _tokenizer_arrays(tok)
+    meta = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": pre,
+        "tokenizer.ggml.tokens": tokens + list(extra_tokens),
+        "tokenizer.ggml.token_type": types + [1] * len(extra_tokens),
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.bos_token_id": tokens.index("<|im_start|>"),
+        "tokenizer.ggml.eos_token_id": tokens.index("<|im_end|>"),
+    }
+    return meta | {f"tokenizer.ggml.{k}": v for k, v in flags.items()}
+
+
+def test_llama3_group_adds_bos_by_default_and_ignores_merges(bpe):
+    """llama.cpp's Llama 3 rules: BOS unless the file says otherwise; a word in the vocabulary is one token."""
+    from portachat.model.gguf_tokenizer import build_tokenizer, tokenizer_config
+
+    bos = bpe.token_to_id("<|im_start|>")
+    meta = _metadata(bpe, "llama-bpe", extra_tokens=("Ġlazydog",))
+    llama3 = build_tokenizer(meta)
+    assert llama3.encode("Hi").ids[0] == bos
+    assert llama3.encode(" lazydog", add_special_tokens=False).tokens == ["Ġlazydog"]
+    assert tokenizer_config(meta, llama3)["add_bos_token"] is True
+
+    gpt2 = build_tokenizer(_metadata(bpe, "gpt-2", extra_tokens=("Ġlazydog",)))
+    assert gpt2.encode("Hi").ids[0] != bos
+    assert len(gpt2.encode(" lazydog").tokens) > 1  # merges decide: the added word is unreachable
+
+    no_bos = build_tokenizer(_metadata(bpe, "llama-bpe", add_bos_token=False))
+    assert no_bos.encode("Hi").ids == bpe.encode("Hi").ids
