@@ -33,6 +33,7 @@ class Rule:
 _BATCH = "lower --device-batch-size (gradient accumulation keeps the total batch size)"
 _TUNE = "run `portachat tune batch-size` to find the largest batch that fits"
 _CTX = "shorten --max-seq-len, or use a smaller --depth"
+_ESTIMATE = "see what fits before running: `portachat estimate memory --depth N --device-batch-size B --max-seq-len T`"
 
 RULES: tuple[Rule, ...] = (
     Rule(
@@ -47,13 +48,13 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "Out of memory on the Ascend NPU",
         "The NPU ran out of HBM while allocating a tensor.",
-        (_BATCH, _TUNE, "export PYTORCH_NPU_ALLOC_CONF=expandable_segments:True (less fragmentation)", _CTX),
+        (_BATCH, _TUNE, "export PYTORCH_NPU_ALLOC_CONF=expandable_segments:True (less fragmentation)", _CTX, _ESTIMATE),
         pattern=r"NPU out of memory|NPU memory.*(exhausted|insufficient)|EL0004|207018",
     ),
     Rule(
         "Out of memory on the AMD / Hygon GPU",
         "The HIP device ran out of memory while allocating a tensor.",
-        (_BATCH, _TUNE, "export PYTORCH_HIP_ALLOC_CONF=expandable_segments:True (less fragmentation)", _CTX),
+        (_BATCH, _TUNE, "export PYTORCH_HIP_ALLOC_CONF=expandable_segments:True (less fragmentation)", _CTX, _ESTIMATE),
         pattern=r"HIP out of memory|hipErrorOutOfMemory",
     ),
     Rule(
@@ -64,6 +65,7 @@ RULES: tuple[Rule, ...] = (
             _TUNE,
             "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (less fragmentation)",
             _CTX,
+            _ESTIMATE,
             "check `nvidia-smi` for other processes holding GPU memory",
         ),
         pattern=r"CUDA out of memory|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation",
@@ -83,7 +85,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "Out of memory",
         "A memory allocation failed.",
-        (_BATCH, _TUNE, _CTX, "on CPU, close other programs or use a smaller model"),
+        (_BATCH, _TUNE, _CTX, _ESTIMATE, "on CPU, close other programs or use a smaller model"),
         pattern=r"out of memory|can't allocate memory|Cannot allocate memory",
         type_names=("OutOfMemoryError", "MemoryError"),
     ),
