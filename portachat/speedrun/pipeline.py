@@ -1,0 +1,303 @@
+"""The whole pipeline in one call: tokenizer -> base -> mid -> SFT -> RL -> evals -> report.md.
+
+Each stage is the same library function its own command runs (`train base`, `train mid`, ...). A
+state file, `<run>/speedrun.json`, records which stages finished, how long they took and what they
+measured; run the same command again after an interruption and it skips finished stages and
+resumes the interrupted one from its latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from portachat.checkpoint import latest_checkpoint, stage_dir
+from portachat.checkpoint.runs import list_steps
+from portachat.device import Device, DistEnv, get_device, init_distributed
+from portachat.speedrun.presets import Preset, StagePlan, choose_preset
+from portachat.speedrun.report import hardware_summary, write_report
+
+STAGES = ("tokenizer", "base", "mid", "sft", "rl", "eval")
+STATE_FILE = "speedrun.json"
+
+
+class SpeedrunError(RuntimeError):
+    """The speedrun cannot go on; the message says why and what to do."""
+
+
+@dataclass
+class SpeedrunOptions:
+    run: str = "speedrun"
+    preset: str = "auto"
+    data_dir: str | None = None  # base/ (parquet/txt/jsonl) and chat/ (conversation files); None = Hub or synthetic
+    runs_root: str | None = None
+    price_per_device_hour: float | None = None  # USD; None = 2.0 on accelerators, 0.05 on a CPU
+    overwrite: bool = False
+    stop_after: str | None = None  # run up to and including this stage
+    seed: int = 42
+    overrides: dict[str, Any] = field(default_factory=dict)  # e.g. {"base.num_iterations": 50} for tests
+
+
+def _run_dir(opts: SpeedrunOptions) -> Path:
+    return stage_dir(opts.run, "x", Path(opts.runs_root) if opts.runs_root else None).parent
+
+
+def load_state(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / STATE_FILE
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise SpeedrunError(f"{path} is damaged ({exc}); delete it to rerun every stage, or use --overwrite") from exc
+
+
+def save_state(run_dir: Path, state: dict[str, Any]) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir / f".{STATE_FILE}.tmp"
+    tmp.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, run_dir / STATE_FILE)
+
+
+def _plan(preset: Preset, stage: str, overrides: dict[str, Any]) -> StagePlan:
+    plan: StagePlan = getattr(preset, stage)
+    changes = {k.split(".", 1)[1]: v for k, v in overrides.items() if k.startswith(stage + ".")}
+    if changes:
+        from dataclasses import replace
+
+        plan = replace(plan, **changes)
+    return plan
+
+
+def _train_config(plan: StagePlan, stage: str, opts: SpeedrunOptions):
+    from portachat.train.trainer import TrainConfig
+
+    return TrainConfig(
+        run=opts.run,
+        stage=stage,
+        runs_root=opts.runs_root,
+        device_batch_size=plan.device_batch_size,
+        total_batch_size=plan.total_batch_size,
+        max_seq_len=plan.max_seq_len,
+        eval_every=plan.eval_every,
+        log_every=max(1, (plan.num_iterations or 1000) // 20),
+        save_every=max(0, (plan.num_iterations or 0) // 2),
+        keep_last=1,
+        seed=opts.seed,
+    )
+
+
+def _data_source(opts: SpeedrunOptions, say: Callable[[str], None]) -> tuple[str | None, list[str], str]:
+    """(base data, chat data files, note): --data-dir, else the synthetic curriculum (said loudly)."""
+    if opts.data_dir:
+        root = Path(opts.data_dir).expanduser()
+        if not root.is_dir():
+            raise SpeedrunError(f"--data-dir {root} is not a directory (expected base/ and optionally chat/ inside)")
+        base = root / "base" if (root / "base").exists() else root
+        chat = sorted(str(p) for p in (root / "chat").glob("*") if p.suffix in (".jsonl", ".parquet")) \
+            if (root / "chat").is_dir() else []
+        note = f"{base} for pretraining" + (f", {len(chat)} chat file(s) for mid/SFT" if chat else
+                                             ", the synthetic curriculum for mid/SFT/RL")
+        return str(base), chat, note
+    say("[speedrun] " + "=" * 88)
+    say("[speedrun] NO --data-dir: every stage uses the built-in SYNTHETIC curriculum (offline). For real data")
+    say("[speedrun] pass --data-dir DIR with base/ (FineWeb-style parquet shards) and chat/ (conversation jsonl).")
+    say("[speedrun] " + "=" * 88)
+    return None, [], "built-in synthetic curriculum (offline)"
+
+
+def _has_checkpoints(opts: SpeedrunOptions, stage: str) -> bool:
+    return bool(list_steps(stage_dir(opts.run, stage, Path(opts.runs_root) if opts.runs_root else None)))
+
+
+def run_speedrun(opts: SpeedrunOptions, dev: Device | None = None, print_fn: Callable[[str], None] = print) -> Path:
+    """Run (or continue) the pipeline; returns the path of report.md."""
+    dev = dev or get_device()
+    env = init_distributed(dev)
+    say = print_fn if env.is_main else (lambda _m: None)
+    preset, why = choose_preset(opts.preset, dev.type, env.world_size)
+    run_dir = _run_dir(opts)
+    state = load_state(run_dir)
+    if state and opts.overwrite:
+        if env.is_main:
+            import shutil
+
+            shutil.rmtree(run_dir)
+        if env.is_distributed:
+            import torch.distributed as dist
+
+            dist.barrier()
+        state = {}
+    if state and state.get("preset") != preset.name:
+        raise SpeedrunError(
+            f"run '{opts.run}' was started with preset {state.get('preset')}, not {preset.name}; continue it with "
+            f"--preset {state.get('preset')}, pick another --run-name, or pass --overwrite"
+        )
+    base_data, chat_data, data_note = _data_source(opts, say)
+    price = opts.price_per_device_hour
+    if price is None:
+        price = 0.05 if dev.type == "cpu" else 2.0
+    state.update(run=opts.run, preset=preset.name, preset_reason=why, data_note=data_note,
+                 world_size=env.world_size, price_per_device_hour=price)
+    state.setdefault("stages", {})
+    state.setdefault("evals", {})
+    say(f"[speedrun] run '{opts.run}' in {run_dir}: preset {preset.name} ({why}; {preset.note})")
+    last = opts.stop_after or STAGES[-1]
+    if last not in STAGES:
+        raise SpeedrunError(f"--stop-after must be one of {', '.join(STAGES)}, got {last!r}")
+
+    runners: dict[str, Callable[[], dict[str, Any]]] = {
+        "tokenizer": lambda: _tokenizer_stage(opts, preset, base_data, run_dir, env, say),
+        "base": lambda: _base_stage(opts, preset, base_data, dev, say),
+        "mid": lambda: _chat_stage("mid", opts, preset, chat_data, dev, say),
+        "sft": lambda: _chat_stage("sft", opts, preset, chat_data, dev, say),
+        "rl": lambda: _rl_stage(opts, preset, dev, say),
+        "eval": lambda: _eval_stage(opts, preset, dev, env, say, state),
+    }
+    for stage in STAGES:
+        info = state["stages"].get(stage, {})
+        if info.get("done"):
+            say(f"[speedrun] {stage}: already done ({info.get('seconds', 0):.0f}s), skipping")
+        else:
+            say(f"[speedrun] ---- {stage} " + "-" * (80 - len(stage)))
+            t0 = time.perf_counter()
+            metrics = runners[stage]()
+            spent = float(info.get("seconds") or 0.0) + time.perf_counter() - t0
+            state["stages"][stage] = {"done": True, "seconds": spent, "metrics": metrics}
+            if env.is_main:
+                save_state(run_dir, state)
+            say(f"[speedrun] {stage}: done in {spent:.0f}s")
+        if stage == last:
+            break
+    final = latest_checkpoint(stage_dir(opts.run, "rl", Path(opts.runs_root) if opts.runs_root else None)) or \
+        latest_checkpoint(stage_dir(opts.run, "sft", Path(opts.runs_root) if opts.runs_root else None))
+    state["final_model"] = str(final) if final else None
+    report = run_dir / "report.md"
+    if env.is_main:
+        save_state(run_dir, state)
+        report = write_report(run_dir, state, hardware_summary(dev, env.world_size))
+        say(f"[speedrun] report: {report}")
+        if final:
+            say(f"[speedrun] chat with it: portachat chat --model {final}")
+    return report
+
+
+# ---------------------------------------------------------------------------------------------- stages
+
+
+def _tokenizer_stage(opts: SpeedrunOptions, preset: Preset, base_data: str | None, run_dir: Path, env: DistEnv,
+                     say) -> dict[str, Any]:
+    from portachat.data.sources import open_source
+    from portachat.tokenizer import Tokenizer
+    from portachat.train.base import BaseOptions, prepare_tokenizer
+
+    base_opts = BaseOptions(data=base_data, vocab_size=preset.vocab_size,
+                            tokenizer_max_chars=int(opts.overrides.get("tokenizer_max_chars", preset.tokenizer_max_chars)))
+    source = open_source(base_data, split="train")
+    prepare_tokenizer(base_opts, source, run_dir, env, say)
+    tok = Tokenizer.load(run_dir / "tokenizer")
+    return {"vocab_size": tok.vocab_size}
+
+
+def _base_stage(opts: SpeedrunOptions, preset: Preset, base_data: str | None, dev: Device, say) -> dict[str, Any]:
+    from portachat.train.base import BaseOptions, run_base
+
+    plan = _plan(preset, "base", opts.overrides)
+    result = run_base(
+        BaseOptions(
+            data=base_data,
+            vocab_size=preset.vocab_size,
+            tokenizer_max_chars=int(opts.overrides.get("tokenizer_max_chars", preset.tokenizer_max_chars)),
+            depth=int(opts.overrides.get("depth", preset.depth)),
+            num_iterations=plan.num_iterations,
+            resume="auto" if _has_checkpoints(opts, "base") else None,
+            train=_train_config(plan, "base", opts),
+        ),
+        dev=dev,
+        print_fn=say,
+    )
+    return {"steps": result.steps, "val_bpb": result.val_bpb, **_float_metrics(result.metrics)}
+
+
+def _chat_stage(stage: str, opts: SpeedrunOptions, preset: Preset, chat_data: list[str], dev: Device,
+                say) -> dict[str, Any]:
+    from portachat.train.chat_stage import ChatOptions, run_chat_stage
+
+    plan = _plan(preset, stage, opts.overrides)
+    result = run_chat_stage(
+        ChatOptions(
+            stage=stage,
+            data=list(chat_data),
+            max_conversations=None if chat_data else int(opts.overrides.get(
+                f"{stage}.conversations", preset.synthetic_conversations if stage == "mid"
+                else preset.synthetic_conversations // 3)),
+            num_iterations=plan.num_iterations,
+            max_seq_len=plan.max_seq_len,
+            eval_examples=int(opts.overrides.get("chat_eval_examples", 64)),
+            resume="auto" if _has_checkpoints(opts, stage) else None,
+            train=_train_config(plan, stage, opts),
+        ),
+        dev=dev,
+        print_fn=say,
+    )
+    return {"steps": result.steps, **_float_metrics(result.metrics)}
+
+
+def _rl_stage(opts: SpeedrunOptions, preset: Preset, dev: Device, say) -> dict[str, Any]:
+    from portachat.train.rl import RLOptions, run_rl
+
+    steps = int(opts.overrides.get("rl.steps", preset.rl_steps))
+    result = run_rl(
+        RLOptions(
+            num_iterations=steps,
+            prompts_per_step=preset.rl_prompts_per_step,
+            samples_per_prompt=preset.rl_samples_per_prompt,
+            max_new_tokens=preset.rl_max_tokens,
+            resume="auto" if _has_checkpoints(opts, "rl") else None,
+            train=_train_config(_plan(preset, "sft", {}), "rl", opts),
+        ),
+        dev=dev,
+        print_fn=say,
+    )
+    return {"steps": result.steps, **_float_metrics(result.metrics)}
+
+
+def _eval_stage(opts: SpeedrunOptions, preset: Preset, dev: Device, env: DistEnv, say,
+                state: dict[str, Any]) -> dict[str, Any]:
+    """Held-out synthetic accuracy (plus any task whose data is present) for each chat stage's model."""
+    from portachat.eval.report import format_table, summary
+    from portachat.eval.run import EvalOptions, run_evals
+
+    if not env.is_main:  # evaluation is cheap next to training: rank 0 does it, the others wait
+        if env.is_distributed:
+            import torch.distributed as dist
+
+            dist.barrier()
+        return {}
+    limit = int(opts.overrides.get("eval.limit", preset.eval_limit)) or None
+    root = Path(opts.runs_root) if opts.runs_root else None
+    headline: dict[str, Any] = {}
+    for stage in ("mid", "sft", "rl"):  # base's bits/byte is already in its own metrics
+        ckpt = latest_checkpoint(stage_dir(opts.run, stage, root))
+        if ckpt is None:
+            continue
+        results = run_evals(EvalOptions(task="synthetic", model=str(ckpt), limit=limit, device=dev.kind,
+                                        seed=opts.seed), log=lambda _m: None)
+        say(f"[speedrun] {stage}:\n{format_table(results)}")
+        state["evals"][stage] = summary(results)
+        for r in results:
+            headline[f"{stage}_{r.task}"] = r.value
+    if env.is_distributed:
+        import torch.distributed as dist
+
+        dist.barrier()
+    return headline
+
+
+def _float_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in (metrics or {}).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
