@@ -9,6 +9,7 @@ directory of the same model load identically.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -206,27 +207,10 @@ def load_for_inference(
     layer's inference dtype. Unsupported architectures raise UnsupportedConfigError naming the
     supported ones; missing or damaged files raise CheckpointError saying which file.
     """
-    path = Path(path).expanduser()
+    path = resolve_model_source(path)
     torch_device, dtype = _resolve_device(device, dtype)
-    if path.is_file() and path.suffix.lower() == ".gguf":
-        return _load_gguf(path, torch_device, dtype)
-    if not path.exists():
-        raise CheckpointError(
-            f"no model at {path}: pass a checkpoint directory (e.g. <home>/runs/<run>/sft/latest), "
-            "a Hugging Face model directory (config.json + safetensors + tokenizer.json) or a .gguf file"
-        )
     if path.is_file():
-        raise UnsupportedConfigError(
-            f"{path} is a file but not a .gguf; pass a model directory or a .gguf file ({SUPPORTED} families)"
-        )
-    if not (path / "config.json").is_file():
-        ggufs = sorted(path.glob("*.gguf"))
-        if len(ggufs) == 1:
-            return _load_gguf(ggufs[0], torch_device, dtype)
-        raise CheckpointError(
-            f"{path} is not a model directory: config.json is missing"
-            + (f" and it holds {len(ggufs)} .gguf files; pass one of them" if ggufs else "")
-        )
+        return _load_gguf(path, torch_device, dtype)
     from_hf_config(read_json(path / "config.json"))  # an unsupported family fails before any weight is read
     parts = read_hf_dir(path)
     if _is_our_tokenizer(path):
@@ -236,12 +220,75 @@ def load_for_inference(
         model=model,
         tokenizer=tokenizer,
         generation=generation,
-        name=path.name,
+        name=display_name(path),
         description=_describe(model.config, model, dtype, "huggingface", path),
         source="huggingface",
         path=path,
         device=torch_device,
         dtype=dtype,
+    )
+
+
+def display_name(path: Path) -> str:
+    """A short model name: `run-stage` for our step directories, `org/name` for a Hub cache
+    snapshot, the file stem of a .gguf, else the directory name."""
+    if path.is_file():
+        return path.stem
+    if path.name.startswith("step_"):  # <run>/<stage>/step_N: the run and stage say more
+        return f"{path.parent.parent.name}-{path.parent.name}"
+    repo = path.parent.parent.name
+    if path.parent.name == "snapshots" and repo.startswith("models--"):
+        return repo.removeprefix("models--").replace("--", "/")
+    return path.name
+
+
+def _hub_snapshot(repo_id: str) -> Path | None:
+    """The local snapshot of a Hugging Face Hub model already in the HF cache (never downloads)."""
+    if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo_id):
+        return None
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id=repo_id, local_files_only=True))
+    except Exception:  # noqa: BLE001 - not cached, no huggingface_hub, bad name: all mean "not here"
+        return None
+
+
+def resolve_model_source(spec: str | Path) -> Path:
+    """The model directory or .gguf file `spec` names: a path (a stage directory means its latest
+    checkpoint; a directory holding one .gguf means that file), `run/stage` under the portachat
+    home, or a Hub id (`org/name`) already in the Hugging Face cache."""
+    from portachat.checkpoint.runs import latest_checkpoint
+    from portachat.paths import portachat_home
+
+    path = Path(spec).expanduser()
+    if not path.exists():
+        runs = portachat_home() / "runs" / str(spec)
+        hub = None if path.is_absolute() or runs.exists() else _hub_snapshot(str(spec))
+        if path.is_absolute() or (not runs.exists() and hub is None):
+            looked = "" if path.is_absolute() else f" (also looked in {runs} and the Hugging Face cache)"
+            raise CheckpointError(
+                f"no model at {spec}{looked}: pass a checkpoint directory, a Hugging Face model directory "
+                "(config.json + safetensors + tokenizer.json) or a .gguf file"
+            )
+        path = runs if runs.exists() else hub
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise UnsupportedConfigError(
+                f"{path} is a file but not a .gguf; pass a model directory or a .gguf file ({SUPPORTED} families)"
+            )
+        return path
+    if (path / "config.json").is_file():
+        return path
+    latest = latest_checkpoint(path)
+    if latest is not None:
+        return latest
+    ggufs = sorted(path.glob("*.gguf"))
+    if len(ggufs) == 1:
+        return ggufs[0]
+    raise CheckpointError(
+        f"{path} is not a model directory: config.json is missing"
+        + (f" and it holds {len(ggufs)} .gguf files; pass one of them" if ggufs else " and it has no `latest` checkpoint")
     )
 
 
@@ -255,14 +302,11 @@ def _load_ours(path: Path, parts: ModelParts, device: torch.device, dtype: torch
     meta = read_meta(path)
     check_tokenizer_matches(tokenizer, cfg, meta, where=str(path))
     model = build_model(cfg, parts.state_dict, device, dtype, where=str(path))
-    name = path.name
-    if name.startswith("step_") or name == "latest":  # <run>/<stage>/step_N: the run and stage say more
-        name = f"{path.parent.parent.name}-{path.parent.name}"
     return InferenceModel(
         model=model,
         tokenizer=PortachatChatTokenizer(tokenizer),
         generation=GenerationDefaults.from_dict(parts.generation_config),
-        name=name,
+        name=display_name(path),
         description=_describe(cfg, model, dtype, "portachat checkpoint", path),
         source="portachat",
         path=path,
@@ -283,7 +327,7 @@ def _load_gguf(path: Path, device: torch.device, dtype: torch.dtype) -> Inferenc
         model=model,
         tokenizer=tokenizer,
         generation=generation,
-        name=path.stem,
+        name=display_name(path),
         description=_describe(model.config, model, dtype, "gguf", path),
         source="gguf",
         path=path,

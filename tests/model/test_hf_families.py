@@ -136,7 +136,7 @@ def test_weights_that_do_not_match_the_config_are_one_clear_error(tmp_path, bpe)
 
 
 def test_missing_paths_say_what_to_pass(tmp_path):
-    with pytest.raises(CheckpointError, match="pass a checkpoint directory .* or a .gguf file"):
+    with pytest.raises(CheckpointError, match="no model at .*nope: pass a checkpoint directory, .* or a .gguf file"):
         load_for_inference(tmp_path / "nope", device="cpu", dtype=torch.float32)
     with pytest.raises(CheckpointError, match="config.json is missing"):
         load_for_inference(tmp_path, device="cpu", dtype=torch.float32)
