@@ -23,8 +23,8 @@ from portachat.model.kv_cache import KVCache
 from portachat.train.optim import OptimConfig, build_optimizers
 
 PHASES = ("data", "forward", "backward", "optimizer", "communication")
-COMM_MARKERS = ("nccl", "hccl", "rccl", "xccl", "gloo", "allreduce", "all_reduce", "c10d", "reduce_scatter",
-                "all_gather", "allgather", "broadcast")
+# Collective ops by their generic names; the backend's own name (dev.dist_backend) is added per device.
+COMM_MARKERS = ("allreduce", "all_reduce", "c10d", "reduce_scatter", "all_gather", "allgather", "broadcast")
 
 
 @dataclass
@@ -56,11 +56,12 @@ def random_batches(cfg: GPTConfig, batch_size: int, seq_len: int, seed: int = 0)
         yield rows[:, :-1], rows[:, 1:]
 
 
-def _communication_ms(prof: profile, steps: int) -> float:
+def _communication_ms(prof: profile, steps: int, backend: str) -> float:
     """Time in collective kernels/ops per step, from the profiler's own events (0 on one device)."""
+    markers = (*COMM_MARKERS, backend.lower()) if backend and backend != "none" else COMM_MARKERS
     total_us = 0.0
     for evt in prof.key_averages():
-        if any(marker in evt.key.lower() for marker in COMM_MARKERS):
+        if any(marker in evt.key.lower() for marker in markers):
             total_us += max(getattr(evt, "device_time_total", 0.0) or 0.0, evt.cpu_time_total)
     return total_us / 1000 / max(steps, 1)
 
@@ -143,7 +144,7 @@ def _run(dev: Device, out_dir: Path, mode: str, step: Callable[[], None], steps:
     device_sort = "device_time_total" if len(dev.profiler_activities()) > 1 else "self_cpu_time_total"
     top = prof.key_averages().table(sort_by=device_sort, row_limit=15, max_name_column_width=48)
     phase_ms = {p: statistics.median(v) if v else 0.0 for p, v in times.items()}
-    phase_ms["communication"] = _communication_ms(prof, steps)
+    phase_ms["communication"] = _communication_ms(prof, steps, dev.dist_backend)
     events = len(json.loads(trace_path.read_text()).get("traceEvents", []))
     return ProfileResult(mode, steps, trace_path, phase_ms, statistics.median(step_times), top, events)
 
