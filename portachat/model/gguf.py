@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+from portachat.model.gguf_file import GGUFFile, GGUFFormatError
 from portachat.model.gguf_tokenizer import GGUFTokenizerError, build_tokenizer, tokenizer_config
 from portachat.model.hf import UnsupportedConfigError
 
@@ -57,30 +58,20 @@ def is_gguf(path: str | Path) -> bool:
         return f.read(4) == b"GGUF"
 
 
-def _open(path: str | Path) -> Any:
-    import gguf
-
+def _open(path: str | Path) -> GGUFFile:
     path = Path(path)
     if not path.is_file():
         raise GGUFError(f"no GGUF file at {path}: pass the path of an existing .gguf file")
     try:
-        return gguf.GGUFReader(path)
-    except Exception as e:  # the reader raises ValueError, struct.error, IndexError on a damaged file
+        return GGUFFile(path)
+    except GGUFFormatError as e:
         raise GGUFError(f"{path} is not a readable GGUF file ({e}); re-download or re-convert it") from e
-
-
-def _metadata(reader: Any) -> dict[str, Any]:
-    out = {}
-    for key, fld in reader.fields.items():
-        if key.startswith("GGUF."):
-            continue
-        out[key] = fld.contents()
-    return out
 
 
 def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
     """All metadata key/values of a GGUF file (vocabulary included), without touching its tensors."""
-    return _metadata(_open(path))
+    with _open(path) as f:
+        return f.metadata
 
 
 def _check_architecture(metadata: dict[str, Any], path: Path) -> str:
@@ -311,55 +302,60 @@ def _dequantizable_names() -> list[str]:
     return sorted({"F32", "F16", *(t.name for t in traits)})
 
 
-def _check_tensor_types(reader: Any, path: Path) -> None:
-    """Fail before any work when a tensor type cannot be dequantized: one row of each type is tried."""
+def _check_tensor_types(f: GGUFFile) -> None:
+    """Fail before any work when a tensor type cannot be dequantized: one block of each type is tried."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
     from gguf.quants import dequantize
 
     bad = []
-    for qtype, tensor in {t.tensor_type: t for t in reader.tensors}.items():
+    for ggml_type, info in {t.ggml_type: t for t in f.tensors.values()}.items():
+        qtype = GGMLQuantizationType(ggml_type)
+        block_bytes = GGML_QUANT_SIZES[qtype][1]
         try:
-            dequantize(tensor.data[:1], qtype)
+            dequantize(f.raw(info.name).reshape(-1)[:block_bytes], qtype)
         except NotImplementedError:
             bad.append(qtype.name)
     if bad:
         raise UnsupportedGGUFError(
-            f"{path.name} holds tensors of type {', '.join(sorted(bad))}, which the installed gguf package cannot "
+            f"{f.path.name} holds tensors of type {', '.join(sorted(bad))}, which the installed gguf package cannot "
             f"dequantize; supported: {', '.join(_dequantizable_names())}. "
             "Upgrade it (pip install -U gguf) or use a file with another quantization."
         )
 
 
-def _dequantize(tensor: Any) -> np.ndarray:
+def _dequantize(f: GGUFFile, name: str) -> np.ndarray:
+    from gguf.constants import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    shape = tuple(int(d) for d in reversed(tensor.shape))  # ggml lists the fastest-moving dimension first
-    return np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32).reshape(shape)
+    info = f.tensors[name]
+    values = dequantize(f.raw(name), GGMLQuantizationType(info.ggml_type))
+    return np.array(values, dtype=np.float32).reshape(info.shape)  # a copy: nothing keeps the file mapped
 
 
 def read_gguf(path: str | Path) -> GGUFParts:
     """Config, float32 state dict (HF names), tokenizer and its config, generation config of a GGUF file."""
     path = Path(path)
-    reader = _open(path)
-    metadata = _metadata(reader)
-    arch = _check_architecture(metadata, path)
-    _check_tensor_types(reader, path)
-    tensors = {t.name: t for t in reader.tensors}
-    if "token_embd.weight" not in tensors:
-        raise GGUFError(f"{path.name} has no token_embd.weight tensor; it is not a complete model")
-    shapes = {name: tuple(int(d) for d in reversed(t.shape)) for name, t in tensors.items()}
+    with _open(path) as f:
+        metadata = f.metadata
+        arch = _check_architecture(metadata, path)
+        _check_tensor_types(f)
+        if "token_embd.weight" not in f.tensors:
+            raise GGUFError(f"{path.name} has no token_embd.weight tensor; it is not a complete model")
+        shapes = {name: info.shape for name, info in f.tensors.items()}
+        freq_factors = _dequantize(f, "rope_freqs.weight") if "rope_freqs.weight" in shapes else None
+        config = gguf_config(metadata, shapes, freq_factors)
 
-    freq_factors = _dequantize(tensors.pop("rope_freqs.weight")) if "rope_freqs.weight" in tensors else None
-    config = gguf_config(metadata, shapes, freq_factors)
-
-    state_dict: dict[str, torch.Tensor] = {}
-    for name, tensor in tensors.items():
-        weight = _dequantize(tensor)
-        # Only "llama" files were permuted: llama.cpp runs qwen2/qwen3 with NeoX-style rotary.
-        if arch == "llama" and re.fullmatch(r"blk\.\d+\.attn_q\.(weight|bias)", name):
-            weight = unpermute_qk(weight, config["num_attention_heads"])
-        elif arch == "llama" and re.fullmatch(r"blk\.\d+\.attn_k\.(weight|bias)", name):
-            weight = unpermute_qk(weight, config["num_key_value_heads"])
-        state_dict[hf_name(name)] = torch.from_numpy(np.ascontiguousarray(weight))
+        state_dict: dict[str, torch.Tensor] = {}
+        for name in shapes:
+            if name == "rope_freqs.weight":  # folded into config["rope_scaling"]
+                continue
+            weight = _dequantize(f, name)
+            # Only "llama" files were permuted: llama.cpp runs qwen2/qwen3 with NeoX-style rotary.
+            if arch == "llama" and re.fullmatch(r"blk\.\d+\.attn_q\.(weight|bias)", name):
+                weight = unpermute_qk(weight, config["num_attention_heads"])
+            elif arch == "llama" and re.fullmatch(r"blk\.\d+\.attn_k\.(weight|bias)", name):
+                weight = unpermute_qk(weight, config["num_key_value_heads"])
+            state_dict[hf_name(name)] = torch.from_numpy(np.ascontiguousarray(weight))
 
     try:
         tokenizer = build_tokenizer(metadata)
