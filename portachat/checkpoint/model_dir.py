@@ -21,6 +21,7 @@ from portachat.checkpoint.atomic import CheckpointError
 from portachat.model import GPT, GPTConfig
 from portachat.model.hf import exportable, from_hf_config, generation_config, own_config_json, to_hf_config
 from portachat.tokenizer import Tokenizer
+from portachat.tokenizer.chat_tokenizer import TemplateChatTokenizer
 
 FORMAT_VERSION = 1
 WEIGHTS = "model.safetensors"
@@ -31,12 +32,23 @@ def _write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def save_model_files(directory: Path, model: GPT, tokenizer: Tokenizer, meta: dict[str, Any]) -> None:
-    """Write the HF model directory contents into `directory` (already created, not yet in place)."""
+def save_model_files(
+    directory: Path,
+    model: GPT,
+    tokenizer: Tokenizer | TemplateChatTokenizer,
+    meta: dict[str, Any],
+    generation_defaults: dict[str, Any] | None = None,
+) -> None:
+    """Write the HF model directory contents into `directory` (already created, not yet in place).
+
+    `tokenizer` is ours, or an imported model's TemplateChatTokenizer (a fine-tuned Llama/Qwen keeps
+    its tokenizer and chat template); `generation_defaults` (e.g. temperature, top_p) go into
+    generation_config.json next to the bos/eos ids."""
     cfg: GPTConfig = model.config
     ok, reason = exportable(cfg)
     if ok:
-        hf_config = to_hf_config(cfg, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id)
+        weights_dtype = model.model.embed_tokens.weight.dtype
+        hf_config = to_hf_config(cfg, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, dtype=weights_dtype)
     else:  # options outside every HF family: exact for us, refused by transformers by name
         hf_config = own_config_json(cfg, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id)
     state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
@@ -44,7 +56,8 @@ def save_model_files(directory: Path, model: GPT, tokenizer: Tokenizer, meta: di
         state.pop("lm_head.weight", None)  # transformers re-ties it from embed_tokens
     save_file(state, str(directory / WEIGHTS), metadata={"format": "pt"})
     _write_json(directory / "config.json", hf_config)
-    _write_json(directory / "generation_config.json", generation_config(bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id))
+    generation = {**(generation_defaults or {}), **generation_config(bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id)}
+    _write_json(directory / "generation_config.json", generation)
     tokenizer.save(directory, model_max_length=cfg.max_seq_len)
     full_meta = dict(meta)
     full_meta.update(

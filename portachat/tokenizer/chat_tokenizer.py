@@ -11,12 +11,14 @@ for conversations without control strings in their content the ids are therefore
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import secrets
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
@@ -29,6 +31,7 @@ from portachat.tokenizer.bpe import (
     PYTHON_END,
     PYTHON_START,
     Tokenizer,
+    _atomic_write,
     _byte_decoder,
 )
 from portachat.tokenizer.chat import render_for_completion
@@ -182,6 +185,7 @@ class TemplateChatTokenizer:
                 "it is a base model: use it for completions, or add a chat template to its directory"
             )
         self.chat_template = template
+        self.tokenizer_config = dict(tokenizer_config)
         self._template = _compile_template(template)
         self._special_strings = {
             name: _token_content(tokenizer_config.get(name))
@@ -239,6 +243,28 @@ class TemplateChatTokenizer:
 
     def render_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
         return self.encode_rendered(*self.render_text(messages, add_generation_prompt=True))
+
+    # ---- saving next to a checkpoint (same interface as our Tokenizer) --------------------------
+
+    @property
+    def eos_id(self) -> int | list[int]:
+        """generation_config.json's eos_token_id: every stop id (an int when there is one)."""
+        ids = sorted(self._stop_ids)
+        return ids[0] if len(ids) == 1 else ids
+
+    def fingerprint(self) -> str:
+        """Short hash of what decides the ids (the tokenizer JSON), to catch mismatched checkpoints."""
+        blob = self._hf_template.to_str().encode("utf-8")
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def save(self, directory: str | Path, model_max_length: int | None = None) -> None:
+        """Write tokenizer.json and tokenizer_config.json (chat template inside) as the model shipped them."""
+        directory = Path(directory)
+        config = {**self.tokenizer_config, "chat_template": self.chat_template}
+        if model_max_length is not None:
+            config["model_max_length"] = int(model_max_length)
+        _atomic_write(directory / "tokenizer.json", self._hf_template.to_str(pretty=True))
+        _atomic_write(directory / "tokenizer_config.json", json.dumps(config, indent=2, ensure_ascii=False) + "\n")
 
     # ---- rendering -------------------------------------------------------------------------
 

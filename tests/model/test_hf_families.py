@@ -168,3 +168,31 @@ def test_imported_family_exports_as_itself(tmp_path, bpe):
         idx = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
         with torch.no_grad():
             torch.testing.assert_close(model(idx), hf(idx).logits, atol=1e-4, rtol=0)
+
+
+def test_fine_tuned_import_saves_with_its_own_tokenizer_and_template(tmp_path, bpe):
+    from portachat.checkpoint.model_dir import save_model_files
+
+    make_hf_dir(tmp_path / "src", "llama", tokenizer=bpe, tie_word_embeddings=True)
+    src = load_for_inference(tmp_path / "src", device="cpu", dtype=torch.float32)
+    with torch.no_grad():  # "fine-tune": change a weight so the comparison is with the new model
+        src.model.model.layers[0].mlp.up_proj.weight.mul_(1.5)
+    out = tmp_path / "out"
+    out.mkdir()
+    save_model_files(out, src.model, src.tokenizer, {"stage": "sft", "step": 1}, generation_defaults={"temperature": 0.3})
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+    assert type(hf).__name__ == "LlamaForCausalLM"
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(out))
+    messages = [{"role": "user", "content": "the quick brown fox?"}]
+    theirs = hf_tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    theirs = list(theirs["input_ids"]) if hasattr(theirs, "keys") else list(theirs)
+    assert src.tokenizer.render_prompt(messages) == theirs
+    idx = torch.tensor([theirs])
+    with torch.no_grad():
+        torch.testing.assert_close(src.model(idx), hf(idx).logits, atol=1e-4, rtol=0)
+
+    back = load_for_inference(out, device="cpu", dtype=torch.float32)
+    assert back.source == "huggingface" and back.generation.temperature == 0.3
+    assert back.tokenizer.stop_ids == src.tokenizer.stop_ids
+    torch.testing.assert_close(back.model(idx), src.model(idx), atol=0, rtol=0)
