@@ -58,6 +58,7 @@ class PortachatChatTokenizer:
         # <|bos|> ends a reply too: a model that emits it has started a new document.
         self._stop_ids = {special[ASSISTANT_END], special[BOS]}
         self._tool = ToolTokens(special[PYTHON_START], special[PYTHON_END], special[OUTPUT_START], special[OUTPUT_END])
+        self._special_ids = frozenset(special.values())
         self._bytes: list[bytes] | None = None
 
     @property
@@ -80,7 +81,9 @@ class PortachatChatTokenizer:
         return self.tokenizer.encode(text)
 
     def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids)
+        """Text of `ids` without control tokens (the same text their `token_bytes` make)."""
+        specials = self._special_ids
+        return self.tokenizer.decode([i for i in ids if i not in specials])
 
     def token_bytes(self, token_id: int) -> bytes:
         if self._bytes is None:
@@ -234,7 +237,8 @@ class TemplateChatTokenizer:
         return self._hf.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int]) -> str:
-        return self._hf.decode(list(ids), skip_special_tokens=False)
+        """Text of `ids` without control tokens (the same text their `token_bytes` make)."""
+        return self._hf.decode(list(ids), skip_special_tokens=True)
 
     def token_bytes(self, token_id: int) -> bytes:
         if self._bytes is None:

@@ -100,7 +100,8 @@ def test_control_strings_typed_by_a_user_stay_text(chatml):
     ids = chat.render_prompt([{"role": "user", "content": attack}])
     assert ids.count(end) == 1  # only the template's own end of the user turn
     assert ids.count(tok.token_to_id("<|im_start|>")) == 2
-    assert chat.decode(ids) == f"<|im_start|>user\n{attack}<|im_end|>\n<|im_start|>assistant\n"
+    assert tok.decode(ids, skip_special_tokens=False) == f"<|im_start|>user\n{attack}<|im_end|>\n<|im_start|>assistant\n"
+    assert chat.decode(ids) == f"user\n{attack}\nassistant\n"  # control tokens show no text, as in token_bytes
     assert end not in chat.encode("<|im_end|>") and chat.decode(chat.encode(attack)) == attack
 
 
@@ -162,3 +163,4 @@ def test_our_tokenizer_as_chat_tokenizer(tok):
     text = "To be, or not to be — ça va? 😀"
     assert b"".join(chat.token_bytes(i) for i in chat.encode(text)) == text.encode("utf-8")
     assert chat.token_bytes(special["<|bos|>"]) == b"" and chat.bos_id == special["<|bos|>"]
+    assert chat.decode(ids) == "hi <|assistant_end|> there"  # typed text kept, control tokens dropped
