@@ -8,7 +8,10 @@ every variant alike; the median ms/token is reported. Ratios: weight memory vs b
 fp32 (relative rise), decode tok/s vs fp32.
 
     python benchmarks/quantize.py                               # SmolLM2-135M-Instruct (the GGUF test model)
-    python benchmarks/quantize.py --model PATH --ppl-chars 5000 --decode-tokens 16 --rounds 2
+    python benchmarks/quantize.py --model PATH --ppl-chars 5000 --decode-tokens 16 --rounds 2 --threads 1
+
+On a shared machine, `--threads 1` gives steadier decode timings: with every core busy, a parallel
+kernel waits for its slowest thread.
 """
 
 from __future__ import annotations
@@ -88,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode-tokens", type=int, default=32, help="tokens generated per timed decode")
     parser.add_argument("--rounds", type=int, default=3, help="alternating timing rounds per variant")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of fp32,bf16,int8,int4")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--json", action="store_true", help="also print one JSON line with every figure")
     args = parser.parse_args(argv)
 
@@ -100,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"unknown variants {bad}; choose from {', '.join(VARIANTS)}", file=sys.stderr)
         return 1
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = get_device("cpu")
     torch.manual_seed(0)
     loaded = load_for_inference(path, device="cpu", dtype="fp32")
