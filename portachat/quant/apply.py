@@ -75,6 +75,20 @@ def weight_bytes(model: nn.Module) -> int:
     return total
 
 
+def model_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype a (possibly quantized) model computes in: its norm weights stay unquantized, so the
+    first floating-point parameter says it. Use this instead of `model.lm_head.weight.dtype`."""
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    raise QuantizationError("the model has no floating-point parameters to read its dtype from")
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """Where a (possibly quantized) model's weights live; use instead of `embed_tokens.weight.device`."""
+    return next(model.parameters()).device
+
+
 def _set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
     parent_name, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent_name) if parent_name else model, child, new)

@@ -146,6 +146,16 @@ def test_torchao_backend_runs_int8_weight_only():
     assert (ref - out).abs().max() < 0.05
 
 
+def test_dtype_and_device_of_a_quantized_model_are_readable():
+    from portachat.quant import model_device, model_dtype
+
+    model = tiny_gpt().to(torch.bfloat16)
+    quantize_model(model, "int4", plan=cpu_plan("int4"))
+    assert model_dtype(model) == torch.bfloat16 and model_device(model) == torch.device("cpu")
+    assert model(torch.tensor([[1, 2, 3]])).dtype == torch.float32  # logits come back in fp32
+    assert model.model.embed_tokens(torch.tensor([1])).dtype == torch.bfloat16
+
+
 def test_quantizing_twice_is_refused():
     model = tiny_gpt()
     quantize_model(model, "int8", plan=cpu_plan("int8"))
