@@ -27,7 +27,7 @@ def cmd_export_gguf(args: argparse.Namespace) -> int:
     print(
         f"[portachat] exported {result.architecture} GGUF ({result.type}, pre-tokenizer {result.pre_tokenizer!r}, "
         f"{result.bytes / 2**20:.1f} MiB) to {result.path}\n"
-        f"  llama.cpp: llama-cli -m {result.path} -cnv   |   llama-server -m {result.path}"
+        f"  llama.cpp: llama-server -m {result.path} --jinja   (--jinja: use the chat template stored in the file)"
     )
     for note in result.notes:
         print(f"  note: {note}")
