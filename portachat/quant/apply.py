@@ -115,17 +115,21 @@ def _aten_linear(linear: nn.Linear, plan: QuantPlan) -> tuple[nn.Module | None, 
     return Int4Linear.from_linear(linear, group, plan.activation_dtype), ""
 
 
-def _torchao_quantize(model: nn.Module, names: list[str], plan: QuantPlan) -> None:
-    from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
+def torchao_config(plan: QuantPlan):
+    """torchao's config for a plan: per-channel int8, or int4 in tinygemm's tile-packed layout."""
+    from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig
 
-    config = (
-        Int8WeightOnlyConfig()
-        if plan.mode == "int8"
-        else Int4WeightOnlyConfig(group_size=plan.group_size or 128, int4_packing_format="tile_packed_to_4d")
-    )
+    if plan.mode == "int8":
+        return Int8WeightOnlyConfig()
+    return Int4WeightOnlyConfig(group_size=plan.group_size or 128, int4_packing_format="tile_packed_to_4d")
+
+
+def _torchao_quantize(model: nn.Module, names: list[str], plan: QuantPlan) -> None:
+    from torchao.quantization import quantize_
+
     wanted = set(names)
-    model.to(plan.activation_dtype)
-    quantize_(model, config, filter_fn=lambda module, fqn: fqn in wanted)
+    model.to(plan.activation_dtype)  # tinygemm takes bf16 activations and scales
+    quantize_(model, torchao_config(plan), filter_fn=lambda module, fqn: fqn in wanted)
 
 
 @torch.no_grad()

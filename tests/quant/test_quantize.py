@@ -156,6 +156,19 @@ def test_dtype_and_device_of_a_quantized_model_are_readable():
     assert model.model.embed_tokens(torch.tensor([1])).dtype == torch.bfloat16
 
 
+def test_torchao_configs_for_gpu_plans():
+    from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig
+
+    from portachat.device.quantization import decide_quantization as decide
+    from portachat.quant.apply import torchao_config
+    from tests.device.device_sim import h100
+
+    int4 = torchao_config(decide(h100(), "int4"))
+    assert isinstance(int4, Int4WeightOnlyConfig) and int4.group_size == 128
+    assert int4.int4_packing_format == "tile_packed_to_4d"
+    assert isinstance(torchao_config(decide(h100(), "int8", compiles=True)), Int8WeightOnlyConfig)
+
+
 def test_quantizing_twice_is_refused():
     model = tiny_gpt()
     quantize_model(model, "int8", plan=cpu_plan("int8"))
