@@ -169,3 +169,45 @@ def find_batch_size(
             bad = mid
     result.batch_size = good
     return result
+
+
+def parse_device_batch_size(text: str) -> int | str:
+    """`--device-batch-size` value: a positive integer or "auto" (find it with find_batch_size)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"--device-batch-size must be a positive integer or auto, got {text!r}")
+    return value
+
+
+def auto_device_batch_size(
+    cfg: GPTConfig,
+    seq_len: int,
+    dev: Device,
+    total_batch_tokens: int | None,
+    world_size: int = 1,
+    memory_limit: int | None = None,
+    activation_checkpointing: bool = False,
+    say: Callable[[str], None] = lambda _msg: None,
+) -> tuple[int, int]:
+    """(device batch size, gradient accumulation steps) for `--device-batch-size auto`.
+
+    The batch is the largest that fits (find_batch_size), capped so one optimizer step does not
+    exceed `total_batch_tokens`; accumulation makes up the rest of the total. Under torchrun every
+    rank must use the same value: take the minimum over ranks before training."""
+    cap = max(1, total_batch_tokens // (seq_len * world_size)) if total_batch_tokens else 1024
+    found = find_batch_size(cfg, seq_len, dev, memory_limit=memory_limit, max_batch_size=cap,
+                            activation_checkpointing=activation_checkpointing, say=say)
+    if found.batch_size == 0:
+        raise ValueError(
+            f"not even --device-batch-size 1 fits in {found.limit_bytes / 2**30:.2f} GiB at --max-seq-len {seq_len}; "
+            "use a smaller --depth or --max-seq-len"
+        )
+    batch = found.batch_size
+    accum = grad_accum_steps(total_batch_tokens, batch, seq_len, world_size) if total_batch_tokens else 1
+    say(f"--device-batch-size auto: {batch} per device, {accum} accumulation step(s)")
+    return batch, accum

@@ -86,3 +86,17 @@ def test_cli_tune_with_memory_limit(capsys):
     with pytest.raises(SystemExit) as bad:
         main(["tune", "batch-size", "--memory-limit", "lots"])
     assert bad.value.code == 2 and "24GiB" in capsys.readouterr().err
+
+
+def test_device_batch_size_auto_derives_accumulation_from_the_total():
+    from portachat.tools.tune import auto_device_batch_size, parse_device_batch_size
+
+    assert parse_device_batch_size("auto") == "auto" and parse_device_batch_size("8") == 8
+    with pytest.raises(ValueError, match="positive integer or auto"):
+        parse_device_batch_size("0")
+    cfg = GPTConfig.from_depth(1, **TINY)
+    dev = get_device("cpu", dtype="fp32")
+    batch, accum = auto_device_batch_size(cfg, 64, dev, total_batch_tokens=64 * 4, memory_limit=2**30)
+    assert (batch, accum) == (4, 1)  # plenty of memory: capped by the total batch, no accumulation
+    small, accum = auto_device_batch_size(cfg, 64, dev, total_batch_tokens=64 * 16, memory_limit=5 * 2**20)
+    assert 1 <= small < 16 and accum == -(-16 // small)
