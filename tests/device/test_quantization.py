@@ -70,3 +70,16 @@ def test_bad_mode_names_the_valid_ones():
     assert normalize_mode(" INT8 ") == "int8"
     with pytest.raises(DeviceError, match="valid values: int8, int4"):
         normalize_mode("int3")
+
+
+def test_live_device_objects_get_the_same_decisions():
+    from portachat.device import Device
+    from portachat.device.quantization import quantization_plan
+
+    assert quantization_plan(Device(CPU), "int4").backend == BACKEND_ATEN_CPU
+    with pytest.raises(DeviceError, match="npu"):
+        quantization_plan(Device(ascend("Ascend910B3", True)), "int8")
+    # int8 on CUDA follows the compile decision: fused by inductor, or refused in eager mode
+    assert quantization_plan(Device(h100(), compile=True), "int8").backend == BACKEND_TORCHAO
+    with pytest.raises(DeviceError, match="PORTACHAT_COMPILE=1"):
+        quantization_plan(Device(h100(), compile=False), "int8")
