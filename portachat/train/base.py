@@ -175,6 +175,7 @@ def run_base(opts: BaseOptions, dev: Device | None = None, print_fn=print) -> Tr
         make_stream=lambda s, n: PackedLoader(train_src, tokenizer, B, T, stream=s, num_streams=n),
         val_batches=val_batches,
         sample_prompts=_sample_prompts(val_src),
+        prefetch=2,  # tokenize and pack the next batches while the step computes
     )
     baseline = None
     if env.is_main:

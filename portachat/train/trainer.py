@@ -27,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 from portachat.checkpoint import save_checkpoint
 from portachat.checkpoint.model_dir import check_tokenizer_matches, load_weights_into, read_config, read_meta
 from portachat.checkpoint.trainer_state import load_optimizers, load_rng
+from portachat.data.prefetch import PrefetchStream
 from portachat.device import Device, DistEnv
 from portachat.eval.bpb import evaluate_bpb
 from portachat.model import GPT
@@ -76,6 +77,8 @@ class Stage:
     evaluators: list[Evaluator] = field(default_factory=list)
     # called on every rank after each step's forward/backward; its metrics join the step's log record
     step_metrics: Callable[[], dict[str, float]] | None = None
+    # batches made ahead on a background thread (streams of (inputs, targets) that do not read the model)
+    prefetch: int = 0
 
 
 StageData = Stage  # the name stages used before the Trainer split
@@ -173,6 +176,8 @@ class Trainer:
         self.accum = cfg.grad_accum_steps(self.world)
         self.num_streams = self.world * self.accum
         self.streams = [stage.make_stream(env.rank * self.accum + m, self.num_streams) for m in range(self.accum)]
+        if stage.prefetch > 0:
+            self.streams = [PrefetchStream(s, depth=stage.prefetch, device=dev) for s in self.streams]
         self.meta_base = dict(extra_meta or {})
         self.step_count = 0
         self.start_step = 0
@@ -482,6 +487,9 @@ class Trainer:
                     _check_replicas_in_sync(self.model, self.world, self.say)
                 final = self.save(step, final=True)
             finally:
+                for stream in self.streams:
+                    if isinstance(stream, PrefetchStream):
+                        stream.close()
                 if self.logger is not None:
                     self.logger.close()
         _barrier(self.world)

@@ -1,4 +1,4 @@
-"""The chat stages through the real CLI: base -> mid -> sft on the synthetic curriculum, torchrun, resume."""
+"""The chat stages through the real CLI: base -> mid -> sft -> rl on the synthetic curriculum, torchrun, resume."""
 
 from __future__ import annotations
 
@@ -45,6 +45,14 @@ def test_base_mid_sft_chain_through_the_cli(tmp_path):
     assert sft.returncode == 0, sft.stdout[-2000:] + sft.stderr[-2000:]
     sft_meta = json.loads((home / "runs" / "default" / "sft" / "step_000003" / "portachat.json").read_text())
     assert sft_meta["init_from"].endswith("mid/step_000012") and sft_meta["pack"] is False
+
+    rl = run_cli(["train", "rl", "--num-iterations", "2", "--num-samples", "2", "--device-batch-size", "4",
+                  "--max-new-tokens", "8", "--max-prompts", "8", "--eval-examples", "2", *DEVICE], home)
+    assert rl.returncode == 0, rl.stdout[-2000:] + rl.stderr[-2000:]
+    rl_log = [json.loads(x) for x in (home / "runs" / "default" / "rl" / "log.jsonl").read_text().splitlines()]
+    assert all({"reward", "pass_at_k", "response_length"} <= set(r) for r in rl_log if "loss" in r)
+    rl_meta = json.loads((home / "runs" / "default" / "rl" / "step_000002" / "portachat.json").read_text())
+    assert rl_meta["init_from"].endswith("sft/step_000003")
 
     missing = run_cli(["train", "sft", "--run-name", "other", *CHAT], home)
     assert missing.returncode != 0 and "portachat train mid --run-name other" in missing.stderr
