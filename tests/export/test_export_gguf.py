@@ -34,10 +34,16 @@ def _rounded(model, dtype):
     return model
 
 
-@pytest.mark.parametrize("type_", ["f32", "f16"])
-@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+@pytest.mark.parametrize(
+    "type_, arch", [("f32", "qwen3"), ("f16", "qwen3"), ("f32", "llama"), ("f16", "llama"), ("f32", "qwen3-tied")]
+)
 def test_transformers_reads_our_gguf_with_the_same_logits(tmp_path, small_tokenizer, type_, arch):
-    overrides = {} if arch == "qwen3" else dict(architecture="llama", qk_norm=False)
+    overrides = {
+        "qwen3": {},
+        "qwen3-tied": dict(tie_embeddings=True),
+        "llama": dict(architecture="llama", qk_norm=False),
+    }[arch]
+    arch = arch.removesuffix("-tied")
     path, model = make_checkpoint(tmp_path / "ckpt", small_tokenizer, **overrides)
     result = export_gguf(path, tmp_path / "m.gguf", type_=type_)
     assert result.architecture == arch and result.pre_tokenizer == "qwen2"
