@@ -6,6 +6,7 @@ random GPT in the real engine, and a real uvicorn server on a free loopback port
 
 from __future__ import annotations
 
+import socket
 import time
 from typing import Any
 
@@ -17,65 +18,12 @@ from portachat.model import GPT, GPTConfig
 from portachat.serve.api import ServedModel, ServerSettings, create_app
 from portachat.serve.api.server import RunningServer, serve_in_thread
 from portachat.serve.engine import EngineConfig, LLMEngine
-from portachat.tokenizer.bpe import (
-    ASSISTANT_END,
-    OUTPUT_END,
-    OUTPUT_START,
-    PYTHON_END,
-    PYTHON_START,
-    Tokenizer,
-)
-from portachat.tokenizer.chat import render_for_completion
-from portachat.tokenizer.protocol import ToolTokens
+from portachat.tokenizer.bpe import Tokenizer
+from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
 
 
-def chat_tokenizer(tok: Tokenizer):
-    """The shared ChatTokenizer for our tokenizer when it exists, else a minimal local adapter."""
-    try:
-        from portachat.tokenizer.chat_tokenizer import OurChatTokenizer as Shared  # helper A's, when landed
-    except ImportError:
-        return _LocalChatTokenizer(tok)
-    return Shared(tok)
-
-
-class _LocalChatTokenizer:
-    def __init__(self, tok: Tokenizer) -> None:
-        from portachat.tokenizer.bpe import _byte_decoder
-
-        self.tok = tok
-        self._byte_of = _byte_decoder()
-        self._specials = set(tok.special_ids.values())
-
-    @property
-    def vocab_size(self) -> int:
-        return self.tok.vocab_size
-
-    @property
-    def bos_id(self) -> int:
-        return self.tok.bos_id
-
-    @property
-    def stop_ids(self) -> set[int]:
-        return {self.tok.special_ids[ASSISTANT_END]}
-
-    @property
-    def tool_tokens(self) -> ToolTokens:
-        s = self.tok.special_ids
-        return ToolTokens(s[PYTHON_START], s[PYTHON_END], s[OUTPUT_START], s[OUTPUT_END])
-
-    def encode(self, text: str) -> list[int]:
-        return self.tok.encode(text)
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tok.decode([i for i in ids if i not in self._specials])
-
-    def token_bytes(self, token_id: int) -> bytes:
-        if token_id in self._specials:
-            return b""
-        return bytes(self._byte_of[c] for c in self.tok.id_to_token(token_id))
-
-    def render_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
-        return render_for_completion(self.tok, messages)
+def chat_tokenizer(tok: Tokenizer) -> PortachatChatTokenizer:
+    return PortachatChatTokenizer(tok)
 
 
 def tiny_model(vocab_size: int, seed: int = 0, max_seq_len: int = 256) -> GPT:
@@ -105,6 +53,12 @@ def start_server(served: ServedModel, **settings: Any) -> RunningServer:
     server = serve_in_thread(app)
     wait_healthy(server.url)
     return server
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def wait_healthy(url: str, timeout_s: float = 60.0) -> None:

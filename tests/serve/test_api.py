@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
@@ -174,25 +175,32 @@ def test_openai_client_sees_bad_request(client):
     assert caught.value.body["code"] == "context_length_exceeded"
 
 
-def test_client_disconnect_mid_stream_frees_everything(server):
-    body = {"model": "tiny", "messages": HELLO, "max_tokens": 200, "temperature": 1.0, "ignore_eos": True,
-            "stream": True}
-    aborted = 'portachat:request_success_total{finished_reason="abort",model_name="tiny"}'
-    before = metric(server.url, aborted)
-    clients = [httpx.Client(timeout=30) for _ in range(4)]
+def test_client_disconnect_mid_stream_frees_everything(tok):
+    server = start_server(served_tiny(tok, max_model_len=2048))
     try:
-        for c in clients:
-            with c.stream("POST", f"{server.url}/v1/chat/completions", json=body) as r:
+        body = {"model": "tiny", "messages": HELLO, "max_tokens": 2000, "temperature": 1.0, "ignore_eos": True,
+                "stream": True}
+        aborted = 'portachat:request_success_total{finished_reason="abort",model_name="tiny"}'
+        for _ in range(4):
+            with httpx.Client(timeout=30) as c, c.stream("POST", f"{server.url}/v1/chat/completions", json=body) as r:
                 assert r.status_code == 200
                 lines = r.iter_lines()
                 next(lines)  # the role chunk
                 next(lines)
                 # Leaving the block closes the connection mid-stream.
-        # The non-streamed path: a client that times out and goes away.
-        with pytest.raises(httpx.ReadTimeout):
-            httpx.post(f"{server.url}/v1/chat/completions", json={**body, "stream": False}, timeout=0.3)
+        wait_idle(server.url)
+        assert metric(server.url, aborted) == 4
+
+        async def hang_up_unstreamed() -> None:
+            async with httpx.AsyncClient(timeout=60) as c:
+                task = asyncio.create_task(c.post(f"{server.url}/v1/chat/completions", json={**body, "stream": False}))
+                while metric(server.url, "portachat:num_requests_running") < 1:
+                    await asyncio.sleep(0.01)
+                task.cancel()  # the connection closes with the request half-done
+
+        asyncio.run(hang_up_unstreamed())
+        wait_idle(server.url)
+        assert metric(server.url, aborted) == 5
+        assert metric(server.url, "portachat:request_success_total") == 5  # nothing ran to its end
     finally:
-        for c in clients:
-            c.close()
-    wait_idle(server.url)
-    assert metric(server.url, aborted) == before + 5
+        server.stop()

@@ -13,17 +13,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from api_testing import tiny_model, wait_healthy
+from api_testing import free_port, tiny_model, wait_healthy
 
 from portachat.checkpoint.model_dir import save_model_files
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve(*args: str) -> subprocess.Popen:

@@ -88,8 +88,10 @@ def create_app(settings: ServerSettings, loader: Loader, on_load_error: Callable
     async def health() -> Response:
         if state.load_error is not None:
             return JSONResponse({"status": "error", "error": state.load_error}, status_code=503)
-        if not state.ready:
+        if state.engine_or_none is None:
             return JSONResponse({"status": "loading"}, status_code=503)
+        if not state.ready:
+            return JSONResponse({"status": "error", "error": "the engine has stopped"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     @app.get("/v1/models")

@@ -39,14 +39,14 @@ def generation_defaults(generation: Any) -> dict[str, Any]:
     return out
 
 
-def default_model_name(model_path: str) -> str:
+def default_model_name(model: str) -> str:
     """The name /v1/models shows when --served-model-name is not given (known before loading)."""
-    path = Path(model_path).expanduser()
-    if path.suffix.lower() == ".gguf":
-        return path.stem
-    if path.name.startswith("step_") or path.name == "latest":  # <run>/<stage>/step_N
-        return f"{path.parent.parent.name}-{path.parent.name}"
-    return path.name or str(path)
+    from portachat.model.load import display_name, resolve_model_source
+
+    try:
+        return display_name(resolve_model_source(model))
+    except Exception:  # noqa: BLE001 - a missing model fails properly when it loads; any name will do here
+        return Path(model).name or str(model)
 
 
 def load_served_model(options: LoadOptions) -> ServedModel:
