@@ -249,17 +249,24 @@ def _chat_stage(stage: str, opts: SpeedrunOptions, preset: Preset, chat_data: li
 
 
 def _rl_stage(opts: SpeedrunOptions, preset: Preset, dev: Device, say) -> dict[str, Any]:
+    from dataclasses import replace
+
     from portachat.train.rl import RLOptions, run_rl
 
     steps = int(opts.overrides.get("rl.steps", preset.rl_steps))
+    group = preset.rl_samples_per_prompt
+    # One micro-batch = prompts_per_step prompts x G replies (the group must share a micro-batch).
+    plan = replace(preset.sft, num_iterations=steps, device_batch_size=preset.rl_prompts_per_step * group,
+                   total_batch_size=None, eval_every=steps)
     result = run_rl(
         RLOptions(
-            num_iterations=steps,
-            prompts_per_step=preset.rl_prompts_per_step,
-            samples_per_prompt=preset.rl_samples_per_prompt,
+            num_samples=group,
             max_new_tokens=preset.rl_max_tokens,
+            num_iterations=steps,
+            max_prompts=max(200, steps * preset.rl_prompts_per_step),
+            eval_examples=int(opts.overrides.get("chat_eval_examples", 64)),
             resume="auto" if _has_checkpoints(opts, "rl") else None,
-            train=_train_config(_plan(preset, "sft", {}), "rl", opts),
+            train=_train_config(plan, "rl", opts),
         ),
         dev=dev,
         print_fn=say,
