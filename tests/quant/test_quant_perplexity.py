@@ -28,7 +28,7 @@ def trained(shakespeare_path, small_tokenizer):
     model.init_weights(seed=0)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     generator = torch.Generator().manual_seed(0)
-    for _ in range(50):
+    for _ in range(30):
         starts = torch.randint(0, len(train_ids) - SEQ - 1, (8,), generator=generator)
         batch = torch.stack([train_ids[s : s + SEQ + 1] for s in starts.tolist()])
         loss = model(batch[:, :-1], targets=batch[:, 1:])
