@@ -20,6 +20,7 @@ from portachat.eval.report import EvalResult
 
 TASKS = ("bpb", "synthetic", "gsm8k", "arc", "mmlu", "humaneval")
 CHOICES = (*TASKS, "core", "all")
+MAX_EVAL_CONTEXT = 2048
 
 
 @dataclass
@@ -139,7 +140,10 @@ def _make_complete(loaded: Any, opts: EvalOptions):
     from portachat.serve.engine.engine import LLMEngine
 
     dev = get_device(kind=opts.device, dtype=opts.dtype)
-    engine = LLMEngine(loaded.model, loaded.tokenizer, EngineConfig(dtype="model"), device=dev)
+    # Eval prompts are short (HumanEval's longest ~1k tokens with its reply): no need to reserve a KV
+    # cache for a model's full context (8k for SmolLM2) times the batch.
+    max_len = min(loaded.model.config.max_seq_len, MAX_EVAL_CONTEXT)
+    engine = LLMEngine(loaded.model, loaded.tokenizer, EngineConfig(dtype="model", max_model_len=max_len), device=dev)
     return engine_complete(engine, loaded.tokenizer, seed=opts.seed)
 
 
