@@ -186,6 +186,7 @@ class Trainer:
         self.samples: list[str] = []
         self.last_loss: float | None = None
         self.logger: RunLogger | None = None
+        self.bad_steps = 0  # non-finite steps in a row
 
     # ---- setup ---------------------------------------------------------------------------
 
@@ -290,19 +291,17 @@ class Trainer:
     def forward_backward(self, micro_batches: list[Batch], stop_requested: bool = False) -> StepStats:
         """Accumulate the gradient of sum(loss) / (global supervised tokens) over `micro_batches`.
 
-        Counting first costs one small all-reduce and makes the weighting exact: with DDP averaging
-        gradients over ranks, each rank scales by world / global_count."""
+        The count is taken before the first backward: one small all-reduce, kept on the device (no
+        host sync); with DDP averaging gradients over ranks, each rank scales by world / global count."""
         dev = self.dev
-        local = sum(b.num_supervised() for b in micro_batches)
-        counts = torch.tensor([float(local)], device=dev.torch_device)
+        batches = [b.to(dev.torch_device) for b in micro_batches]
+        count = torch.stack([(b.targets >= 0).sum() for b in batches]).sum().float()
         if self.world > 1:
-            dist.all_reduce(counts)
-        global_tokens = int(counts.item())
-        scale = self.world / max(global_tokens, 1)
+            dist.all_reduce(count)
+        scale = self.world / count.clamp(min=1.0)
         loss_sum = torch.zeros((), device=dev.torch_device)
-        for micro, batch in enumerate(micro_batches):
-            batch = batch.to(dev.torch_device)
-            last = micro == len(micro_batches) - 1
+        for micro, batch in enumerate(batches):
+            last = micro == len(batches) - 1
             ctx = self.ddp.no_sync() if (self.ddp is not None and not last) else contextlib.nullcontext()
             with ctx:
                 with dev.autocast():
@@ -310,11 +309,12 @@ class Trainer:
                 loss_sum += loss.detach().float()
                 scaled = loss * scale
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
-        # One collective carries the loss and the stop request.
+        # One collective carries the loss and the stop request; one host sync reads them with the count.
         packed = torch.stack([loss_sum, torch.tensor(float(stop_requested), device=dev.torch_device)])
         if self.world > 1:
             dist.all_reduce(packed)
-        return StepStats(loss=packed[0].item() / max(global_tokens, 1), tokens=global_tokens, stop=packed[1].item() > 0)
+        total_loss, stop, tokens = torch.cat([packed, count.reshape(1)]).tolist()
+        return StepStats(loss=total_loss / max(tokens, 1.0), tokens=int(tokens), stop=stop > 0)
 
     def step(self, stop_requested: bool = False) -> tuple[dict[str, Any], bool]:
         """One optimizer step; returns (the step's log record, whether any rank asked to stop)."""
@@ -365,7 +365,7 @@ class Trainer:
         elif overflow_only:
             self.say(f"[portachat] step {step}: fp16 gradient overflow, update skipped; loss scale now {scaler.get_scale():g}")
         else:
-            self.bad_steps = getattr(self, "bad_steps", 0) + 1
+            self.bad_steps += 1
             self.say(f"[portachat] step {step}: non-finite loss/gradient ({step_loss}); update skipped "
                      f"({self.bad_steps} in a row)")
             if self.bad_steps >= self.cfg.max_bad_steps:
