@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors import SafetensorError, safe_open
 from tokenizers import Tokenizer as HFTokenizer
 
 from portachat.checkpoint.atomic import CheckpointError
@@ -32,7 +32,7 @@ class ModelParts:
     dicts of tokenizer_config.json and generation_config.json."""
 
     config: dict[str, Any]
-    state_dict: dict[str, torch.Tensor]
+    state_dict: Mapping[str, torch.Tensor]  # a dict, or SafetensorsWeights that reads tensors on access
     tokenizer: HFTokenizer
     tokenizer_config: dict[str, Any]
     generation_config: dict[str, Any]
@@ -53,11 +53,37 @@ def read_json(path: Path, required: bool = True) -> dict[str, Any]:
     return data
 
 
-def _safetensors(path: Path) -> dict[str, torch.Tensor]:
-    try:
-        return load_file(str(path), device="cpu")
-    except (SafetensorError, OSError) as exc:
-        raise CheckpointError(f"{path} cannot be read ({exc}); the checkpoint is damaged or incomplete") from exc
+class SafetensorsWeights(Mapping[str, torch.Tensor]):
+    """The tensors of one or more safetensors files, read one at a time when asked for, so a
+    loader converting them to another dtype or device never holds a second full copy."""
+
+    def __init__(self, files: list[Path]) -> None:
+        self._handles: dict[Path, Any] = {}
+        self._file_of: dict[str, Path] = {}
+        for file in files:
+            try:
+                handle = safe_open(str(file), framework="pt", device="cpu")
+            except (SafetensorError, OSError) as exc:
+                raise CheckpointError(f"{file} cannot be read ({exc}); the checkpoint is damaged or incomplete") from exc
+            self._handles[file] = handle
+            for name in handle.keys():
+                self._file_of[name] = file
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._handles[self._file_of[name]].get_slice(name).get_shape())
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        file = self._file_of[name]
+        try:
+            return self._handles[file].get_tensor(name)
+        except (SafetensorError, OSError) as exc:
+            raise CheckpointError(f"{file}: tensor {name} cannot be read ({exc}); the checkpoint is damaged") from exc
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._file_of)
+
+    def __len__(self) -> int:
+        return len(self._file_of)
 
 
 def _torch_bin(path: Path) -> dict[str, torch.Tensor]:
@@ -73,29 +99,34 @@ def _torch_bin(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def _sharded(directory: Path, index_name: str, read: Any) -> dict[str, torch.Tensor]:
+def _shards(directory: Path, index_name: str) -> tuple[dict[str, str], list[Path]]:
     weight_map = read_json(directory / index_name).get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise CheckpointError(f"{directory / index_name} has no weight_map; the checkpoint is damaged")
-    state: dict[str, torch.Tensor] = {}
-    for shard in sorted(set(weight_map.values())):
-        shard_path = directory / shard
-        if not shard_path.is_file():
-            raise CheckpointError(f"{directory} is incomplete: shard {shard} named in {index_name} is missing")
-        state.update(read(shard_path))
+    files = [directory / shard for shard in sorted(set(weight_map.values()))]
+    for file in files:
+        if not file.is_file():
+            raise CheckpointError(f"{directory} is incomplete: shard {file.name} named in {index_name} is missing")
+    return weight_map, files
+
+
+def _check_index(directory: Path, index_name: str, weight_map: dict[str, str], state: Mapping[str, Any]) -> None:
     missing = sorted(set(weight_map) - set(state))
     if missing:
         raise CheckpointError(f"{directory}: tensors {missing[:5]} listed in {index_name} are not in their shards")
-    return state
 
 
-def read_weights(directory: str | Path) -> dict[str, torch.Tensor]:
-    """The state dict of an HF model directory (HF parameter names, stored dtypes, on the CPU)."""
+def read_weights(directory: str | Path) -> Mapping[str, torch.Tensor]:
+    """The state dict of an HF model directory (HF parameter names, stored dtypes, on the CPU);
+    safetensors are read lazily, tensor by tensor, as they are looked up."""
     directory = Path(directory)
     if (directory / SAFETENSORS).is_file():
-        return _safetensors(directory / SAFETENSORS)
+        return SafetensorsWeights([directory / SAFETENSORS])
     if (directory / SAFETENSORS_INDEX).is_file():
-        return _sharded(directory, SAFETENSORS_INDEX, _safetensors)
+        weight_map, files = _shards(directory, SAFETENSORS_INDEX)
+        weights = SafetensorsWeights(files)
+        _check_index(directory, SAFETENSORS_INDEX, weight_map, weights)
+        return weights
     if (directory / TORCH_BIN).is_file() or (directory / TORCH_BIN_INDEX).is_file():
         print(
             f"[portachat] {directory} has no safetensors weights; reading pytorch_model.bin with "
@@ -105,7 +136,12 @@ def read_weights(directory: str | Path) -> dict[str, torch.Tensor]:
         )
         if (directory / TORCH_BIN).is_file():
             return _torch_bin(directory / TORCH_BIN)
-        return _sharded(directory, TORCH_BIN_INDEX, _torch_bin)
+        weight_map, files = _shards(directory, TORCH_BIN_INDEX)
+        state: dict[str, torch.Tensor] = {}
+        for file in files:
+            state.update(_torch_bin(file))
+        _check_index(directory, TORCH_BIN_INDEX, weight_map, state)
+        return state
     raise CheckpointError(
         f"{directory} has no weights: expected {SAFETENSORS}, {SAFETENSORS_INDEX} (sharded) or {TORCH_BIN}"
     )

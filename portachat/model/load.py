@@ -10,6 +10,7 @@ directory of the same model load identically.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,18 +90,24 @@ def _eos_ids(*values: Any) -> list[int]:
     return []
 
 
-def check_state_dict(cfg: GPTConfig, state: dict[str, torch.Tensor], where: str) -> dict[str, torch.Tensor]:
-    """The state dict our GPT(cfg) loads: derived buffers dropped, a tied lm_head dropped, every
-    name and shape checked, so a mismatch is one clear error instead of a half-loaded model."""
-    state = {k: v for k, v in state.items() if not k.endswith(_IGNORED_KEYS)}
+def _shape(state: Mapping[str, torch.Tensor], name: str) -> tuple[int, ...]:
+    shape = getattr(state, "shape", None)  # SafetensorsWeights: from the header, without reading the tensor
+    return tuple(shape(name)) if shape is not None else tuple(state[name].shape)
+
+
+def check_state_dict(cfg: GPTConfig, state: Mapping[str, torch.Tensor], where: str) -> list[str]:
+    """The names our GPT(cfg) loads from `state` (derived buffers and a tied lm_head left out),
+    after checking every name and shape, so a mismatch is one clear error instead of a
+    half-loaded model."""
+    names = {k for k in state if not k.endswith(_IGNORED_KEYS)}
     if cfg.tie_embeddings:
-        state.pop("lm_head.weight", None)  # transformers ties it to embed_tokens, ignoring a stored copy
+        names.discard("lm_head.weight")  # transformers ties it to embed_tokens, ignoring a stored copy
     with torch.device("meta"):
-        expected = {k: v.shape for k, v in GPT(cfg).state_dict().items()}
+        expected = {k: tuple(v.shape) for k, v in GPT(cfg).state_dict().items()}
     if cfg.tie_embeddings:
         expected.pop("lm_head.weight")
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
+    missing = sorted(set(expected) - names)
+    unexpected = sorted(names - set(expected))
     if missing or unexpected:
         hint = ""
         if missing == ["lm_head.weight"]:
@@ -108,26 +115,26 @@ def check_state_dict(cfg: GPTConfig, state: dict[str, torch.Tensor], where: str)
         raise CheckpointError(
             f"{where}: the weights do not match config.json: missing {missing[:5]}, unexpected {unexpected[:5]}{hint}"
         )
-    wrong = [f"{k}: {tuple(state[k].shape)} != {tuple(s)}" for k, s in expected.items() if state[k].shape != s]
+    wrong = [f"{k}: {_shape(state, k)} != {s}" for k, s in expected.items() if _shape(state, k) != s]
     if wrong:
         raise CheckpointError(f"{where}: tensor shapes do not match config.json: {wrong[:3]}")
-    return state
+    return sorted(expected)
 
 
 def build_model(
     cfg: GPTConfig,
-    state_dict: dict[str, torch.Tensor],
+    state_dict: Mapping[str, torch.Tensor],
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     where: str = "model",
 ) -> GPT:
     """Our GPT for `cfg` holding `state_dict` (HF names), in eval mode on `device` in `dtype`.
-    Tensors are converted one at a time, so peak memory is about one copy of the weights."""
-    state = check_state_dict(cfg, state_dict, where)
+    Tensors are read and converted one at a time, so a lazily read checkpoint never needs a
+    second full copy of the weights in host memory."""
+    names = check_state_dict(cfg, state_dict, where)
     with torch.device("meta"):
         model = GPT(cfg)
-    for name in list(state):
-        state[name] = state.pop(name).to(device=device, dtype=dtype)
+    state = {name: state_dict[name].to(device=device, dtype=dtype) for name in names}
     model.load_state_dict(state, strict=False, assign=True)
     if cfg.tie_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight

@@ -196,3 +196,17 @@ def test_fine_tuned_import_saves_with_its_own_tokenizer_and_template(tmp_path, b
     assert back.source == "huggingface" and back.generation.temperature == 0.3
     assert back.tokenizer.stop_ids == src.tokenizer.stop_ids
     torch.testing.assert_close(back.model(idx), src.model(idx), atol=0, rtol=0)
+
+
+def test_damaged_or_incomplete_weights_are_clear_errors(tmp_path, bpe):
+    hf = make_hf_dir(tmp_path / "one", "qwen3", tokenizer=bpe)
+    (tmp_path / "one" / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    with pytest.raises(CheckpointError, match="model.safetensors cannot be read .* damaged or incomplete"):
+        load_for_inference(tmp_path / "one", device="cpu", dtype=torch.float32)
+    hf.save_pretrained(str(tmp_path / "sharded"), max_shard_size="40KB")
+    shards = sorted((tmp_path / "sharded").glob("model-*.safetensors"))
+    shards[-1].unlink()
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (tmp_path / "sharded" / f).write_bytes((tmp_path / "one" / f).read_bytes())
+    with pytest.raises(CheckpointError, match=f"is incomplete: shard {shards[-1].name} named in"):
+        load_for_inference(tmp_path / "sharded", device="cpu", dtype=torch.float32)
