@@ -161,7 +161,8 @@ def add_chat_stage_parser(tsub, stage: str) -> None:
          help=f"checkpoint to start from: a model dir, a stage dir, or RUN/STAGE (default: this run's {previous}/latest)")
     flag(g, "--data", action="append", default=None,
          help="jsonl/parquet file or directory of conversations ('messages'), GSM8K 'question'/'answer' or "
-              "ARC/MMLU multiple choice rows; repeat to mix (default: built-in synthetic task conversations)")
+              "ARC/MMLU multiple choice rows, or hf:OWNER/NAME[:GLOB] to download a Hub dataset; repeat to mix "
+              "(default: built-in synthetic task conversations)")
     flag(g, "--max-conversations", type=positive_int, default=None,
          help=f"read at most N conversations (synthetic default: {d.synthetic_conversations})")
     flag(g, "--rows", choices=["pack", "pad"], default=None,
@@ -224,7 +225,7 @@ def add_rl_parser(tsub) -> None:
     flag(g, "--init", default=None, help="checkpoint to start from (default: this run's sft/latest)")
     flag(g, "--data", action="append", default=None,
          help="jsonl/parquet rows with verifiable answers (GSM8K 'question'/'answer', ARC/MMLU); repeat to mix "
-              "(default: built-in synthetic tasks)")
+              "or hf:OWNER/NAME[:GLOB] (default: built-in synthetic tasks)")
     flag(g, "--max-prompts", type=positive_int, default=None, help="use at most N prompts (synthetic default: 2000)")
     flag(g, "--num-samples", type=int_at_least(2), default=d.num_samples, help=f"replies per prompt, G (default {d.num_samples})")
     flag(g, "--max-new-tokens", type=positive_int, default=d.max_new_tokens, help=f"reply length limit (default {d.max_new_tokens})")

@@ -8,11 +8,14 @@ Accepted rows (jsonl lines or parquet rows), one conversation each:
   {"question", "choices": [...], "answer": 2}        MMLU (answer = index or letter)
 Multiple choice renders as the question with lettered choices; the reply is the letter.
 
+`--data hf:OWNER/NAME[:GLOB]` downloads a Hub dataset's files (default glob: the train split's parquet)
+into <home>/chat_data/ once, when a network is there; later runs read the local copy.
 Without files, `synthetic_conversations` gives the built-in task curriculum (train split only).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -22,7 +25,9 @@ from typing import Any
 from portachat.data.sources import DataError
 
 Conversation = dict[str, Any]  # {"messages": [...]} plus, for verifiable rows, "answer"
-CHAT_SUFFIXES = (".jsonl", ".json", ".parquet")
+CHAT_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".parquet")
+HUB_PREFIX = "hf:"
+HUB_DEFAULT_GLOB = "*train*.parquet"
 LETTERS = "ABCDEFGHIJ"
 _CALC = re.compile(r"<<([^<>]*)>>")
 
@@ -94,7 +99,8 @@ def row_to_conversation(row: Mapping[str, Any], where: str = "row") -> Conversat
 
 
 def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
-    with open(path, encoding="utf-8") as f:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if line.strip():
                 try:
@@ -110,13 +116,38 @@ def _parquet_rows(path: Path) -> Iterator[tuple[str, Any]]:
         yield f"{path} row {i}", row
 
 
+def hub_dataset(spec: str) -> Path:
+    """`hf:OWNER/NAME[:GLOB]` -> a local directory with the dataset's matching files (downloaded once)."""
+    from portachat.paths import portachat_home
+
+    repo, _, pattern = spec[len(HUB_PREFIX) :].partition(":")
+    if repo.count("/") != 1:
+        raise DataError(f"--data {spec}: expected hf:OWNER/NAME or hf:OWNER/NAME:GLOB, e.g. hf:openai/gsm8k:main/train-*")
+    dest = portachat_home() / "chat_data" / repo.replace("/", "__")
+    pattern = pattern or HUB_DEFAULT_GLOB
+    if dest.is_dir() and any(p.name.endswith(CHAT_SUFFIXES) for p in dest.rglob("*")):
+        return dest
+    try:
+        from huggingface_hub import snapshot_download
+
+        snapshot_download(repo_id=repo, repo_type="dataset", allow_patterns=[pattern, f"**/{pattern}"], local_dir=dest)
+    except Exception as exc:  # offline, no access, a missing repo: the user's next move is the same
+        raise DataError(
+            f"--data {spec}: downloading {repo} from the Hugging Face Hub failed ({type(exc).__name__}: {exc}). "
+            "Without a network, download the files elsewhere and pass --data FILE_OR_DIR."
+        ) from None
+    return dest
+
+
 def chat_files(spec: str | Path) -> list[Path]:
     """The .jsonl/.json/.parquet files a --data argument names (a file or a directory, searched deeply)."""
+    if isinstance(spec, str) and spec.startswith(HUB_PREFIX):
+        spec = hub_dataset(spec)
     path = Path(spec).expanduser()
     if path.is_file():
         return [path]
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in CHAT_SUFFIXES
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(CHAT_SUFFIXES)
                        and not any(part.startswith(".") for part in p.relative_to(path).parts))
         if files:
             return files

@@ -77,3 +77,19 @@ def test_bad_rows_say_where(tmp_path, content, match):
         load_conversations([bad])
     with pytest.raises(DataError, match="no such file"):
         load_conversations([tmp_path / "missing.jsonl"])
+
+
+def test_hub_spec_offline_says_what_to_do(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(DataError, match="pass --data FILE_OR_DIR"):
+        load_conversations(["hf:nobody/not-a-dataset"])
+    with pytest.raises(DataError, match="hf:OWNER/NAME"):
+        load_conversations(["hf:justaname"])
+
+
+def test_gzipped_jsonl(tmp_path):
+    import gzip
+
+    with gzip.open(tmp_path / "c.jsonl.gz", "wt", encoding="utf-8") as f:
+        f.write(json.dumps({"question": "q", "choices": ["x", "y"], "answer": "B"}) + "\n")
+    assert load_conversations([tmp_path])[0]["answer"] == "B"
