@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import make_checkpoint
+from export_testing import make_checkpoint
 
 
 def run_cli(*args: str, cwd=None) -> subprocess.CompletedProcess:

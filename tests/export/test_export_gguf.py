@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_checkpoint
+from export_testing import make_checkpoint
 
 from portachat.export import ExportError, export_gguf
 from portachat.tokenizer.bpe import SPLIT_PATTERN

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import make_checkpoint
+from export_testing import make_checkpoint
 
 from portachat.export import ExportError, export_hf
 
