@@ -1,0 +1,66 @@
+"""The engine's forward equals the model's plain forward for every family our GPT covers
+(Qwen3 with QK-norm, Qwen2 with q/k/v biases, Llama with neither, rope scaling), and for the real
+SmolLM2-135M (slow)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from engine_testing import make_engine, plain_greedy, plain_logprobs, prompts_of, tiny_model
+from smollm2 import smollm2_gguf_path
+
+from portachat.serve.engine import SamplingParams
+
+FAMILIES = {
+    "qwen3": dict(),
+    "qwen2-bias": dict(architecture="qwen2", qk_norm=False, attention_bias=True),
+    "llama": dict(architecture="llama", qk_norm=False),
+    "llama-rope-scaling": dict(
+        architecture="llama",
+        qk_norm=False,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_engine_equals_plain_forward(chat_tokenizer, family):
+    model = tiny_model(chat_tokenizer.vocab_size, seed=3, **FAMILIES[family])
+    engine = make_engine(chat_tokenizer, model=model)
+    prompts = prompts_of([13, 4, 22], chat_tokenizer.vocab_size, seed=12)
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=True)
+    for prompt, c in zip(prompts, engine.generate(prompts, params), strict=True):
+        assert c.token_ids == plain_greedy(model, prompt, 8)
+        expected = plain_logprobs(model, prompt, c.token_ids)
+        assert torch.allclose(torch.tensor(c.logprobs), torch.tensor(expected), atol=1e-4)
+
+
+@pytest.mark.slow
+def test_smollm2_concurrent_greedy_equals_plain_forward():
+    from portachat.device import get_device
+    from portachat.model.load import load_for_inference
+    from portachat.serve.engine import EngineConfig, LLMEngine
+
+    loaded = load_for_inference(smollm2_gguf_path(), device="cpu", dtype="fp32")
+    tok = loaded.tokenizer
+    engine = LLMEngine(
+        loaded.model,
+        tok,
+        EngineConfig(
+            dtype="model", max_model_len=256, max_num_seqs=4, max_num_batched_tokens=32, compile=False
+        ),
+        device=get_device("cpu"),
+    )
+    questions = ["What is the capital of France?", "Write a haiku about rain.", "2+2="]
+    prompts = [tok.render_prompt([{"role": "user", "content": q}]) for q in questions]
+    completions = engine.generate(prompts, SamplingParams(max_tokens=8, temperature=0.0))
+    for prompt, c in zip(prompts, completions, strict=True):
+        assert c.token_ids == plain_greedy(loaded.model, prompt, 8, stop_ids=tok.stop_ids)
+        assert c.text and "\ufffd" not in c.text
+    assert "Paris" in completions[0].text
