@@ -57,10 +57,13 @@ def group_advantages(rewards: torch.Tensor, normalize_std: bool = False) -> torc
     return adv
 
 
-def rollout_batch(prompts: Sequence[list[int]], replies: Sequence[Reply], advantages: Sequence[float], pad_id: int) -> Batch:
-    """Rows of prompt + reply; only the model-sampled reply tokens are targets, weighted by their advantage."""
+def rollout_batch(prompts: Sequence[list[int]], replies: Sequence[Reply], advantages: Sequence[float], pad_id: int,
+                  multiple: int = 32) -> Batch:
+    """Rows of prompt + reply; only the model-sampled reply tokens are targets, weighted by their advantage.
+    Rows are padded to a multiple of `multiple` tokens, so a compiled model sees few distinct shapes."""
     rows = [list(p) + r.token_ids for p, r in zip(prompts, replies, strict=True)]
     width = max(2, max(len(r) for r in rows))
+    width = 1 + multiple * -(-(width - 1) // multiple)
     inputs = torch.full((len(rows), width - 1), pad_id, dtype=torch.long)
     targets = torch.full((len(rows), width - 1), -1, dtype=torch.long)
     weights = torch.zeros((len(rows), width - 1), dtype=torch.float32)

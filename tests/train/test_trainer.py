@@ -139,3 +139,56 @@ def test_samples_longer_than_the_context_do_not_break_training(small_tokenizer, 
     result = train(model, small_tokenizer, data, tc, get_device("cpu"), dist_env(), tmp_path / "s",
                    print_fn=lambda _: None)
     assert result.steps == 4 and result.samples
+
+
+def test_checkpoint_carries_the_metrics_of_its_own_step(small_tokenizer, tmp_path):
+    model, data, tc = _setup(small_tokenizer, steps=4, eval_every=2, save_every=2, keep_last=0)
+    train(model, small_tokenizer, data, tc, get_device("cpu"), dist_env(), tmp_path / "m", print_fn=lambda _: None)
+    log = [json.loads(x) for x in (tmp_path / "m" / "log.jsonl").read_text().splitlines()]
+    for step in (2, 4):
+        measured = [r["val/bpb"] for r in log if r["step"] == step and "val/bpb" in r]
+        meta = json.loads((tmp_path / "m" / f"step_{step:06d}" / "portachat.json").read_text())
+        assert measured and meta["metrics"]["val_bpb"] == measured[-1], step
+
+
+class FailingStream(RepeatingStream):
+    def next_batch(self):
+        if self.pos >= 2:
+            raise RuntimeError("disk gone")
+        return super().next_batch()
+
+
+def test_logger_is_closed_when_training_fails(small_tokenizer, tmp_path):
+    from portachat.train.trainer import Trainer
+
+    model, data, tc = _setup(small_tokenizer, steps=5, eval_every=0)
+    data.make_stream = lambda s, n: FailingStream(small_tokenizer.vocab_size, 4, 16, 0)
+    trainer = Trainer(model, small_tokenizer, data, tc, get_device("cpu"), dist_env(), tmp_path / "f",
+                      print_fn=lambda _: None)
+    trainer.setup()
+    with pytest.raises(RuntimeError, match="disk gone"):
+        trainer.fit()
+    assert trainer.logger._jsonl.closed
+    assert len([x for x in (tmp_path / "f" / "log.jsonl").read_text().splitlines() if '"loss"' in x]) == 2
+
+
+def test_resume_keeps_this_devices_optimizer_implementation(small_tokenizer, tmp_path):
+    """A checkpoint saved where fused AdamW ran (CUDA) resumes on a CPU with the CPU's choice."""
+    model, data, tc = _setup(small_tokenizer, steps=2, eval_every=0)
+    dev = get_device("cpu")
+    result = train(model, small_tokenizer, data, tc, dev, dist_env(), tmp_path / "r", print_fn=lambda _: None)
+    state = result.final_checkpoint / "trainer_state" / "optimizer.json"
+    saved = json.loads(state.read_text())
+    for group in saved["optimizers"][0]["param_groups"]:
+        group["fused"], group["foreach"] = True, None
+    state.write_text(json.dumps(saved))
+    from portachat.train.trainer import Trainer
+
+    model2, data2, tc2 = _setup(small_tokenizer, steps=3, eval_every=0)
+    trainer = Trainer(model2, small_tokenizer, data2, tc2, dev, dist_env(), tmp_path / "r", print_fn=lambda _: None)
+    trainer.setup(resume_from=result.final_checkpoint)
+    adamw = trainer.optimizers[0]
+    assert all(not g.get("fused") for g in adamw.param_groups)
+    assert all(g.get("foreach") == (not dev.fused_optimizer) for g in adamw.param_groups)
+    trainer.fit()  # and it trains on
+    assert trainer.step_count == 3
