@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from portachat.data.sources import DocumentSource, _check_split_args, _split_range
 from portachat.data.synthetic import WORDS
 
 SPLITS = ("train", "heldout")
@@ -298,6 +299,34 @@ def conversations(
     return [{"messages": ex.messages} for ex in task_examples(n, split, seed, tasks, weights)]
 
 
+def question_key(question: str) -> str | None:
+    """The canonical key of a question in any of the curriculum's phrasings (None if it is none of
+    them), so other generators - e.g. the base pretraining documents of synthetic.py, which ask some
+    of the same questions - can leave out held-out ones: `split_of(key) == "heldout"`."""
+    q = question.strip()
+    if m := re.fullmatch(r"(?:What is|Calculate) (\d+) ?([+\-*]) ?(\d+)[?.]", q):
+        a, op, b = m.groups()
+        return f"calc:{int(a)}{op}{int(b)}"
+    if m := re.fullmatch(r"What is (\d+) (plus|minus|times) (\d+)\?", q):
+        op = {"plus": "+", "minus": "-", "times": "*"}[m[2]]
+        return f"calc:{int(m[1])}{op}{int(m[3])}"
+    if m := re.fullmatch(r"What is (\d+) \+ (\d+) without the calculator\?|Without the calculator, what is (\d+) \+ (\d+)\?"
+                         r"|Add (\d+) and (\d+) in your head\.", q):
+        a, b = (int(x) for x in m.groups() if x is not None)
+        return f"mental:{a}+{b}"
+    if m := re.fullmatch(r"How many times does the letter (\w) appear in (\w+)\?|How many (\w)'s are in (\w+)\?"
+                         r"|Count the letter (\w) in (\w+)\.", q):
+        letter, word = (x for x in m.groups() if x is not None)
+        return f"count:{word}:{letter}"
+    if m := re.fullmatch(r"Which (?:number )?is (larger|smaller)[,:] (\d+) or (\d+)\?", q):
+        return f"compare:{m[1]}:{int(m[2])}:{int(m[3])}"
+    if m := re.fullmatch(r"Is (\d+) (less|greater) than (\d+)\?", q):
+        return f"compare:{m[2]}:{int(m[1])}:{int(m[3])}"
+    if m := re.fullmatch(r"(?:How do you spell|Spell the word|Spell) (\w+)[?.]", q):
+        return f"spell:{m[1]}"
+    return None
+
+
 # ----------------------------------------------------------------------------------------------
 # pretraining documents in the same phrasing (train split only, so held-out questions stay unseen)
 
@@ -327,3 +356,22 @@ def task_documents(n: int, seed: int | str = 0, per_doc: tuple[int, int] = (1, 6
         k = rng.randint(*per_doc)
         docs.append("\n\n".join(render_text(ex) for ex in task_examples(k, "train", f"doc:{seed}:{i}")))
     return docs
+
+
+class TaskDocumentSource(DocumentSource):
+    """`task_documents` as a pretraining document source (like synthetic.SyntheticSource): `num_units`
+    units of `docs_per_unit` documents, generated on demand; the last `val_fraction` of units is val.
+    Every document holds train-split questions only."""
+
+    def __init__(self, split: str = "train", val_fraction: float = 0.05, num_units: int = 2000,
+                 docs_per_unit: int = 64, seed: int = 0):
+        _check_split_args(split, val_fraction)
+        self._unit_ids = _split_range(num_units, split, val_fraction, "synthetic tasks")
+        self.num_units = len(self._unit_ids)
+        self.docs_per_unit = docs_per_unit
+        self.seed = seed
+        self.name = f"synthetic-tasks(seed={seed}) [{split}]"
+
+    def read_unit(self, u: int) -> list[str]:
+        self._check_unit(u)
+        return task_documents(self.docs_per_unit, seed=f"{self.seed}:{self._unit_ids[u]}")

@@ -131,3 +131,21 @@ def test_documents_use_only_train_questions():
     paragraphs = [p.split("\n")[0] for d in docs for p in d.split("\n\n")]
     assert not held_questions & set(paragraphs)
     assert st.task_documents(5, seed=0) == docs[:5]
+
+
+def test_question_key_recovers_the_key_from_any_phrasing():
+    for ex in st.task_examples(1500, "train", seed=7) + st.task_examples(300, "heldout", seed=7):
+        assert st.question_key(ex.question) == ex.key, ex
+    assert st.question_key("What is the capital of France?") is None
+    # the base curriculum (synthetic.py) asks some of the same questions: they map to the same keys
+    assert st.question_key("Which is larger, 47 or 52?") == "compare:larger:47:52"
+    assert st.question_key("What is 23 + 58?") == "calc:23+58"
+
+
+def test_task_document_source_units():
+    train, val = st.TaskDocumentSource("train", num_units=20, docs_per_unit=3), st.TaskDocumentSource("val", num_units=20, docs_per_unit=3)
+    assert train.num_units == 19 and val.num_units == 1
+    assert train.read_unit(0) == st.TaskDocumentSource("train", num_units=20, docs_per_unit=3).read_unit(0)
+    assert train.read_unit(0) != val.read_unit(0) and len(train.read_unit(1)) == 3
+    with pytest.raises(IndexError):
+        train.read_unit(19)
