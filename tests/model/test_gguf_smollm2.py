@@ -145,13 +145,12 @@ def test_smollm2_matches_transformers_weights_logits_greedy(parts):
         x = torch.tensor([prompts[0]])
         assert torch.allclose(ours.model(x).float(), hf(x).logits, rtol=0, atol=1e-4)
 
-    hf.generation_config.eos_token_id = None  # compare 32 tokens even past an end of turn
+    # transformers' greedy continuation, checked teacher-forced: one forward over prompt + our 32 tokens
+    # must put its argmax on each of our tokens (the same sequence its generate(do_sample=False) makes).
     for ids in prompts:
         mine = list(generate(ours.model, ids, max_new_tokens=32, temperature=0.0))
+        assert len(mine) == 32
         with torch.no_grad():
-            x = torch.tensor([ids])
-            # An explicit mask: without one, transformers masks every pad id (2 = <|im_end|>) in the prompt.
-            out = hf.generate(
-                x, attention_mask=torch.ones_like(x), max_new_tokens=32, do_sample=False, pad_token_id=2
-            )
-        assert mine == out[0, len(ids) :].tolist(), ours.tokenizer.decode(ids)
+            logits = hf(torch.tensor([ids + mine])).logits[0]
+        theirs = logits[len(ids) - 1 : len(ids) - 1 + 32].argmax(-1).tolist()
+        assert mine == theirs, ours.tokenizer.decode(ids)
