@@ -155,6 +155,8 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
         cmd += ["--device", args.device]
     if args.dtype:
         cmd += ["--dtype", args.dtype]
+    if args.kv_cache_gb:
+        cmd += ["--kv-cache-gb", str(args.kv_cache_gb)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + args.load_timeout
@@ -189,6 +191,7 @@ def main() -> int:
     p.add_argument("--max-model-len", type=int_at_least(64), default=1024, help="server context (default 1024)")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None)
+    p.add_argument("--kv-cache-gb", type=float, default=None, help="server KV-cache size (default: the server's)")
     p.add_argument("--timeout", type=float, default=900.0, help="per-request timeout in seconds")
     p.add_argument("--load-timeout", type=float, default=600.0, help="seconds to wait for the model to load")
     p.add_argument("--json", action="store_true", help="also print one JSON line with every figure")

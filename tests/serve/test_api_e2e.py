@@ -28,7 +28,7 @@ def server():
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "portachat", "serve", "--model", str(gguf), "--port", str(port),
-         "--served-model-name", "smol", "--max-model-len", "1024", "--max-num-seqs", "32", "--max-waiting", "64",
+         "--served-model-name", "smol", "--max-model-len", "1024", "--max-num-seqs", "32", "--max-waiting", "16",
          "--kv-cache-gb", "0.5", "--log-level", "warning"],
         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
@@ -57,7 +57,7 @@ def test_capital_of_france(client):
 
 def test_chinese_stream_is_clean_and_equals_the_whole_reply(client):
     args = dict(model="smol", messages=[{"role": "user", "content": "请用中文回答：中国的首都是哪里？"}],
-                max_tokens=32, temperature=0.7, seed=11)
+                max_tokens=24, temperature=0.7, seed=11)
     pieces = [c.choices[0].delta.content or "" for c in client.chat.completions.create(**args, stream=True)
               if c.choices]
     streamed = "".join(pieces)
@@ -109,7 +109,7 @@ def test_500_queued_requests_get_429_and_the_server_keeps_serving(server, client
 
     responses = asyncio.run(run())
     codes = [r.status_code for r in responses]
-    assert set(codes) <= {200, 429} and codes.count(429) >= 300, sorted(set(codes))
+    assert set(codes) <= {200, 429} and codes.count(429) >= 400, sorted(set(codes))
     busy = next(r for r in responses if r.status_code == 429).json()["error"]
     assert busy["code"] == "queue_full" and "Retry" in busy["message"]
     wait_idle(server, timeout_s=120)
