@@ -132,7 +132,12 @@ def decide_quantization(
     raise _no_kernel(kind, mode, reasons.get(kind, f"unknown device kind {kind!r}"))
 
 
-def quantization_plan(device, mode: str) -> QuantPlan:
-    """The plan for a live `portachat.device.Device` (reads the CPU's SIMD level from torch)."""
+def quantization_plan(device, mode: str, compiled: bool | None = None) -> QuantPlan:
+    """The plan for a live `portachat.device.Device` (reads the CPU's SIMD level from torch).
+
+    `compiled` says whether the caller runs the model under torch.compile (default: the device's
+    compile decision); pass False when it runs eagerly whatever the device would allow.
+    """
     cap = torch.backends.cpu.get_cpu_capability() if device.type == "cpu" else None
-    return decide_quantization(device.facts, mode, cpu_capability=cap, compiles=bool(device.compile))
+    compiles = bool(device.compile) if compiled is None else compiled
+    return decide_quantization(device.facts, mode, cpu_capability=cap, compiles=compiles)

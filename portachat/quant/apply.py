@@ -133,20 +133,23 @@ def _torchao_quantize(model: nn.Module, names: list[str], plan: QuantPlan) -> No
 
 
 @torch.no_grad()
-def quantize_model(model: nn.Module, mode: str, device=None, plan: QuantPlan | None = None) -> QuantReport:
+def quantize_model(
+    model: nn.Module, mode: str, device=None, plan: QuantPlan | None = None, compiled: bool | None = None
+) -> QuantReport:
     """Quantize `model` (a portachat GPT, weights already on `device`) in place; return what changed.
 
     Every nn.Linear becomes weight-only int8 (per output channel) or int4 (grouped); the token
     table becomes int8 per row (shared with the output head when they are tied, in int8 mode).
     `plan` overrides the device layer's choice (tests use it); otherwise `device` decides
-    (`portachat.device.get_device()` when None). Raises DeviceError where no kernel exists.
+    (`portachat.device.get_device()` when None); `compiled` says whether the caller will run the model
+    under torch.compile (default: the device's compile decision). Raises DeviceError where no kernel exists.
     """
     if plan is None:
         if device is None:
             from portachat.device import get_device
 
             device = get_device()
-        plan = quantization_plan(device, mode)
+        plan = quantization_plan(device, mode, compiled)
     elif plan.mode != mode:
         raise QuantizationError(f"plan is for {plan.mode}, but mode {mode!r} was asked")
     if any(isinstance(m, (Int8Linear, Int4Linear, Int8Embedding)) for m in model.modules()):

@@ -83,3 +83,5 @@ def test_live_device_objects_get_the_same_decisions():
     assert quantization_plan(Device(h100(), compile=True), "int8").backend == BACKEND_TORCHAO
     with pytest.raises(DeviceError, match="PORTACHAT_COMPILE=1"):
         quantization_plan(Device(h100(), compile=False), "int8")
+    with pytest.raises(DeviceError, match="PORTACHAT_COMPILE=1"):  # the caller runs eagerly after all
+        quantization_plan(Device(h100(), compile=True), "int8", compiled=False)
