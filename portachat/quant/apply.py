@@ -183,20 +183,15 @@ def quantize_model(
         qembed = Int8Embedding.from_embedding(embed)
         _set_submodule(model, "model.embed_tokens", qembed)
         report.quantized.append("model.embed_tokens")
-        if tied and (plan.mode == "int8" or plan.backend == BACKEND_TORCHAO):
-            if plan.backend == BACKEND_ATEN_CPU and qembed.embedding_dim % INT8_K_MULTIPLE == 0:
-                model.lm_head = Int8Linear(
-                    qembed.qweight, qembed.scale, plan.activation_dtype
-                )  # shares codes
+        if tied and plan.backend == BACKEND_ATEN_CPU and plan.mode == "int8":  # skipped in the loop above
+            if qembed.embedding_dim % INT8_K_MULTIPLE == 0:  # one int8 table serves lookup and output head
+                model.lm_head = Int8Linear(qembed.qweight, qembed.scale, plan.activation_dtype)
                 report.quantized.append("lm_head")
             else:
-                report.skipped["lm_head"] = "tied to the token table; kept in the model dtype"
-        elif tied and plan.backend == BACKEND_ATEN_CPU:  # int4 head from the original table
-            new, why = _aten_linear(head, plan)
-            if new is None:
-                report.skipped["lm_head"] = why
-            else:
-                model.lm_head = new
-                report.quantized.append("lm_head")
+                report.skipped["lm_head"] = (
+                    f"in_features {qembed.embedding_dim} is not a multiple of {INT8_K_MULTIPLE}"
+                )
+        elif tied and plan.backend == BACKEND_TORCHAO:
+            report.skipped["lm_head"] = "tied to the token table; kept in the model dtype"
     report.bytes_after = weight_bytes(model)
     return report
