@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import missing_reference, require_shared
+
+from tests.conftest import missing_reference, require_shared
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -20,6 +20,7 @@ from portachat.device.policy import (
     DTYPES,
     Decision,
     bf16_support,
+    cpu_bf16_isa,
     decide_attention,
     decide_collective,
     decide_compile,
@@ -254,6 +255,12 @@ class Device:
             "supports_distributed": self.supports_distributed,
             "capability": list(self.facts.capability) if self.facts.capability else None,
             "gcn_arch": self.facts.gcn_arch,
+            "cpu": {
+                "cores": self.facts.cpu_cores,
+                "max_mhz": self.facts.cpu_max_mhz,
+                "bf16_isa": cpu_bf16_isa(self.facts),
+                "bf16_speedup": self.facts.cpu_bf16_speedup,
+            } if self.type == "cpu" else None,
             "warnings": self.warnings,
         }
 
