@@ -8,6 +8,7 @@ import json
 import httpx
 import openai
 import pytest
+import torch
 from api_testing import chat_tokenizer, metric, served_tiny, start_server, wait_idle
 
 
@@ -88,6 +89,30 @@ def test_completions_stream_and_not(client, tok):
     # Token ids as the prompt give the same completion.
     by_ids = client.completions.create(model="tiny", prompt=tok.encode("To be or not"), max_tokens=8, temperature=0)
     assert by_ids.choices[0].text == reply.choices[0].text
+
+
+def test_stop_strings_and_chat_logprobs(client, tok):
+    args = dict(model="tiny", messages=HELLO, max_tokens=24, temperature=0, extra_body={"ignore_eos": True})
+    full = client.chat.completions.create(**args)
+    text = full.choices[0].message.content
+    assert full.choices[0].finish_reason == "length" and len(text) > 8
+    stop = text[4:7]
+    cut = client.chat.completions.create(**args, stop=[stop])
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].message.content == text[:text.index(stop)]
+
+    reply = client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=6, temperature=0, logprobs=True,
+                                           extra_body={"ignore_eos": True})
+    content = reply.choices[0].logprobs.content
+    assert len(content) == reply.usage.completion_tokens == 6
+    assert all(item.logprob <= 0 and item.bytes is not None for item in content)
+    # Greedy picks the most likely token, so its log-probability is at least log(1/vocab).
+    assert all(item.logprob >= -torch.log(torch.tensor(float(tok.vocab_size))).item() for item in content)
+    streamed = [c for c in client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=6, temperature=0,
+                                                          logprobs=True, stream=True, extra_body={"ignore_eos": True})
+                if c.choices and c.choices[0].logprobs]
+    assert [i.logprob for c in streamed for i in c.choices[0].logprobs.content] == pytest.approx(
+        [i.logprob for i in content], abs=1e-4)
 
 
 def test_raw_sse_format(server):

@@ -24,7 +24,7 @@ def tok(small_tokenizer):
 
 
 def test_api_key_guards_every_route_but_health_and_cors_preflight(tok):
-    server = start_server(served_tiny(tok), api_key="sekret", cors_origins=["http://page.test"])
+    server = start_server(served_tiny(tok), api_key="sekret", cors_origins=["http://page.test"], max_messages=3)
     try:
         url = server.url
         assert httpx.get(f"{url}/health").status_code == 200
@@ -40,6 +40,9 @@ def test_api_key_guards_every_route_but_health_and_cors_preflight(tok):
         good = openai.OpenAI(base_url=f"{url}/v1", api_key="sekret", max_retries=0, timeout=60)
         assert good.chat.completions.create(model="tiny", messages=HELLO, max_tokens=3).choices
         assert metric(url, "portachat:request_success_total", {"Authorization": "Bearer sekret"}) == 1
+        with pytest.raises(openai.BadRequestError) as caught:  # --max-messages 3
+            good.chat.completions.create(model="tiny", messages=HELLO * 4, max_tokens=3)
+        assert caught.value.body["param"] == "messages" and "--max-messages" in caught.value.body["message"]
         # The page itself holds no data: it loads without a key and asks for one.
         assert httpx.get(f"{url}/").status_code == 200
         preflight = httpx.options(f"{url}/v1/chat/completions", headers={
