@@ -124,6 +124,7 @@ def cmd_train_chat(args: argparse.Namespace) -> int:
         max_conversations=args.max_conversations,
         pack={"pack": True, "pad": False, None: None}[args.rows],
         lr_scale=args.lr_scale,
+        warmdown_ratio=args.warmdown_ratio,
         num_epochs=args.num_epochs,
         num_iterations=args.num_iterations,
         max_seq_len=args.max_seq_len,
@@ -142,6 +143,14 @@ def cmd_train_chat(args: argparse.Namespace) -> int:
         print(f"[portachat] done: {result.steps} steps; {shown}")
         print(f"[portachat] model: {result.final_checkpoint}")
     return 0
+
+
+def _stage_default(parser: argparse.ArgumentParser, dest: str, value, why: str) -> None:
+    """A shared training flag with this stage's own default, said in its help."""
+    for action in parser._actions:
+        if action.dest == dest:
+            action.default = value
+            action.help = f"{action.help.split(' (default')[0]} (default {value} for this stage: {why})"
 
 
 def add_chat_stage_parser(tsub, stage: str) -> None:
@@ -173,7 +182,8 @@ def add_chat_stage_parser(tsub, stage: str) -> None:
     flag(g, "--eval-examples", type=nonneg_int, default=64, help="held-out questions answered at each evaluation")
     flag(g, "--eval-max-tokens", type=positive_int, default=64, help="reply length limit when evaluating answers")
     add_train_flags(t)
-    t.set_defaults(func=cmd_train_chat, warmdown_ratio=d.warmdown_ratio)
+    t.set_defaults(func=cmd_train_chat)
+    _stage_default(t, "warmdown_ratio", d.warmdown_ratio, "it starts from trained weights")
 
 
 def cmd_train_rl(args: argparse.Namespace) -> int:
@@ -193,6 +203,7 @@ def cmd_train_rl(args: argparse.Namespace) -> int:
         temperature=args.temperature,
         normalize_std=args.normalize_std,
         lr_scale=args.lr_scale,
+        warmdown_ratio=args.warmdown_ratio,
         num_epochs=args.num_epochs,
         num_iterations=args.num_iterations,
         eval_examples=args.eval_examples,
@@ -235,7 +246,9 @@ def add_rl_parser(tsub) -> None:
     flag(g, "--num-epochs", type=float, default=1.0, help="passes over the prompts when --num-iterations is not given")
     flag(g, "--eval-examples", type=nonneg_int, default=d.eval_examples, help="held-out questions answered at each evaluation")
     add_train_flags(t)
-    t.set_defaults(func=cmd_train_rl, warmdown_ratio=1.0, eval_every=20)
+    t.set_defaults(func=cmd_train_rl)
+    _stage_default(t, "warmdown_ratio", d.warmdown_ratio, "linear decay to 0")
+    _stage_default(t, "eval_every", 20, "each step samples many replies")
 
 
 def register(sub) -> None:

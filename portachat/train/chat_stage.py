@@ -51,6 +51,7 @@ class ChatOptions:
     max_conversations: int | None = None  # read at most this many (files) / generate this many (synthetic)
     pack: bool | None = None  # None = the stage's default
     lr_scale: float | None = None  # None = the stage's default
+    warmdown_ratio: float | None = None  # None = the stage's default (train.warmdown_ratio is not used)
     num_epochs: float = 1.0  # horizon when num_iterations is not given
     num_iterations: int | None = None
     max_seq_len: int | None = None  # None = the model's context
@@ -152,6 +153,7 @@ def run_chat_stage(opts: ChatOptions, dev: Device | None = None, print_fn=print)
     model, tokenizer = model_from_checkpoint(resume_from or init_from, dev)
     cfg.max_seq_len = opts.max_seq_len or model.config.max_seq_len
     cfg.muon_momentum_warmup = 0
+    cfg.warmdown_ratio = defaults.warmdown_ratio if opts.warmdown_ratio is None else opts.warmdown_ratio
     scale = defaults.lr_scale if opts.lr_scale is None else opts.lr_scale
     o = cfg.optim
     o.matrix_lr, o.embedding_lr, o.unembedding_lr, o.scalar_lr = (

@@ -41,6 +41,7 @@ class RLOptions:
     temperature: float = 1.0
     normalize_std: bool = False  # divide advantages by the group's reward std (GRPO) or not (Dr. GRPO)
     lr_scale: float = 0.05  # times the base learning rates (nanochat's RL init_lr_frac)
+    warmdown_ratio: float = 1.0  # the lr decays linearly to 0 over the stage (train.warmdown_ratio is not used)
     num_epochs: float = 1.0
     num_iterations: int | None = None
     eval_examples: int = 64
@@ -170,6 +171,7 @@ def run_rl(opts: RLOptions, dev: Device | None = None, print_fn=print) -> TrainR
     model, tokenizer = model_from_checkpoint(resume_from or init_from, dev)
     cfg.max_seq_len = model.config.max_seq_len
     cfg.muon_momentum_warmup = 0
+    cfg.warmdown_ratio = opts.warmdown_ratio
     o = cfg.optim
     o.matrix_lr, o.embedding_lr, o.unembedding_lr, o.scalar_lr = (
         o.matrix_lr * opts.lr_scale, o.embedding_lr * opts.lr_scale, o.unembedding_lr * opts.lr_scale,

@@ -1,0 +1,370 @@
+"""Fine-tuning an existing model (a Hugging Face directory or a GGUF of the Llama / SmolLM2, Qwen2,
+Qwen3 families, or one of our checkpoints): full or LoRA, with the Trainer every stage shares.
+
+The model keeps its own tokenizer and chat template; loss masks come from that template
+(portachat.tokenizer.template_masks). Full fine-tuning saves an HF directory of the same
+architecture (same config family, tokenizer files, chat template); LoRA saves only the adapter, in
+PEFT's format, and `merge` also writes a plain checkpoint with the adapter folded in.
+
+Optimizer: AdamW alone, at fine-tuning learning rates (2e-5 full, 2e-4 LoRA: the usual ranges for
+models of this size). Muon's orthogonalized updates are sized for training from scratch: applied to
+trained weights at its from-scratch rates they move every matrix by a large fixed-norm step and wreck
+what the model knows, and LoRA's low-rank A/B pairs are not the matrices Muon's geometry is about.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from portachat.checkpoint import _agree, read_meta, stage_dir
+from portachat.checkpoint.atomic import commit_tmp, prepare_tmp, tmp_dir_for
+from portachat.checkpoint.model_dir import META, save_model_files
+from portachat.checkpoint.runs import prune_old, set_latest, step_dir_name
+from portachat.checkpoint.trainer_state import save_optimizers, save_rng
+from portachat.data.chat_data import Conversation
+from portachat.data.chat_loader import ChatLoader, rows_to_batch
+from portachat.device import Device, DistEnv, get_device, init_distributed
+from portachat.model import GPT
+from portachat.model.load import is_portachat_dir, load_for_inference, resolve_model_source
+from portachat.tokenizer import Tokenizer, render_conversation
+from portachat.tokenizer.template_masks import render_template_conversation, render_template_prompt
+from portachat.train.chat_stage import ChatOptions, prepare_stage_dir, split_conversations
+from portachat.train.lora import LoraOptions, add_lora, merge_lora, save_adapter
+from portachat.train.trainer import Stage, TrainConfig, Trainer, TrainingError, TrainResult
+
+FULL_LR = 2e-5
+LORA_LR = 2e-4
+MERGED = "merged"  # <stage>/merged/: the last LoRA checkpoint folded into a plain model (--merge)
+
+Render = Callable[[Any, int | None], tuple[list[int], list[int]]]  # (messages, max tokens) -> ids, mask
+
+
+@dataclass
+class FinetuneOptions:
+    init: str  # HF directory, .gguf file, or our checkpoint
+    stage: str = "sft"  # "sft" (one conversation per padded row) or "mid" (packed rows)
+    data: list[str] = field(default_factory=list)  # conversations; empty = the built-in synthetic tasks
+    max_conversations: int | None = None
+    pack: bool | None = None  # None = packed for mid, padded for sft
+    lr: float | None = None  # None = FULL_LR or LORA_LR
+    weight_decay: float = 0.0
+    num_epochs: float = 1.0
+    num_iterations: int | None = None
+    max_seq_len: int | None = None  # None = min(the model's context, 2048)
+    eval_examples: int = 16  # held-out conversations answered at each evaluation (0 = none)
+    eval_max_tokens: int = 128
+    val_conversations: int = 64  # held-out conversations for the validation loss
+    lora: LoraOptions | None = None  # None = full fine-tuning
+    merge: bool = False  # LoRA: also write <stage>/merged/ with the adapter folded in
+    resume: str | None = None
+    overwrite: bool = False
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+# ----------------------------------------------------------------------------- model and data
+
+
+@dataclass
+class BaseModel:
+    model: GPT  # fp32, trainable, on the device
+    tokenizer: Any  # our Tokenizer or the model's TemplateChatTokenizer (both save next to a checkpoint)
+    render: Render
+    prompt: Callable[[Any], list[int]]  # messages -> ids asking for the next assistant reply
+    generation: dict[str, Any]
+    path: Path
+
+
+def load_base(spec: str | Path, dev: Device) -> BaseModel:
+    """The model to fine-tune, in fp32 on the device (autocast gives the compute dtype), with its tokenizer."""
+    path = resolve_model_source(spec)
+    loaded = load_for_inference(path, device=dev.torch_device, dtype=torch.float32)
+    model = loaded.model
+    model.requires_grad_(True)
+    if model.config.tie_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.train()
+    gen = loaded.generation
+    generation = {k: v for k, v in vars(gen).items() if v is not None and k != "max_new_tokens"}
+    if path.is_dir() and is_portachat_dir(path):
+        from portachat.tokenizer.chat import render_for_completion
+
+        tok = Tokenizer.load(path)
+        return BaseModel(model, tok, lambda m, n: render_conversation(tok, m, n),
+                         lambda m: render_for_completion(tok, m), generation, path)
+    tok = loaded.tokenizer
+    return BaseModel(model, tok, lambda m, n: render_template_conversation(tok, m, n),
+                     lambda m: render_template_prompt(tok, m), generation, path)
+
+
+def pad_id(tokenizer: Any) -> int:
+    """Any id the model embeds: padded positions are never targets and come after the real tokens."""
+    if tokenizer.bos_id is not None:
+        return tokenizer.bos_id
+    eos = tokenizer.eos_id
+    return eos if isinstance(eos, int) else eos[0]
+
+
+class TemplateChatLoader(ChatLoader):
+    """ChatLoader (packing, padding, streams, resumable position) over a given renderer."""
+
+    def __init__(self, conversations: Sequence[Conversation], render: Render, pad: int, batch_size: int,
+                 seq_len: int, **kwargs: Any) -> None:
+        super().__init__(conversations, None, batch_size, seq_len, **kwargs)  # type: ignore[arg-type]
+        self.render, self.pad = render, pad
+
+    def _peek(self) -> tuple[list[int], list[int]]:
+        conv = self.conversations[self._epoch_order()[self.index]]
+        return self.render(conv["messages"], self.seq_len + 1)
+
+    def next_batch(self):
+        rows = [self._next_row() for _ in range(self.batch_size)]
+        return rows_to_batch(rows, self.seq_len, self.pad)
+
+
+def val_loss_evaluator(convs: Sequence[Conversation], render: Render, pad: int, batch_size: int, seq_len: int,
+                       dev: Device) -> Callable[[GPT, int], dict[str, float]]:
+    """Mean cross-entropy per supervised token on held-out conversations (every rank its share)."""
+
+    def batches(rank: int, world: int) -> Iterator:
+        mine = list(convs[rank::world])
+        for i in range(0, len(mine), batch_size):
+            rows = [render(c["messages"], seq_len + 1) for c in mine[i : i + batch_size]]
+            yield rows_to_batch(rows, seq_len, pad)
+
+    @torch.no_grad()
+    def evaluate(model: GPT, step: int) -> dict[str, float]:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        total = torch.zeros(2, dtype=torch.float64, device=dev.torch_device)
+        for batch in batches(rank, world):
+            batch = batch.to(dev.torch_device)
+            with dev.autocast():
+                loss = model(batch.inputs, batch.targets, loss_reduction="sum")
+            total += torch.stack([loss.double(), (batch.targets >= 0).sum().double()])
+        if world > 1:
+            dist.all_reduce(total)
+        return {"val_loss": (total[0] / total[1].clamp(min=1)).item()}
+
+    return evaluate
+
+
+def answer_evaluator(convs: Sequence[Conversation], base: BaseModel, dev: Device, max_tokens: int
+                     ) -> Callable[[GPT, int], dict[str, float]]:  # fmt: skip
+    """Fraction of held-out questions answered right (greedy, through the inference engine)."""
+    from portachat.eval.generation import reply_text
+    from portachat.serve.engine import EngineConfig, LLMEngine, SamplingParams
+    from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
+    from portachat.train.chat_eval import is_correct
+
+    items = [c for c in convs if c.get("answer") is not None]
+    chat_tok = PortachatChatTokenizer(base.tokenizer) if isinstance(base.tokenizer, Tokenizer) else base.tokenizer
+
+    def evaluate(model: GPT, step: int) -> dict[str, float]:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        mine = items[rank::world]
+        right = 0
+        if mine:
+            was_training = model.training
+            engine = LLMEngine(model, chat_tok, EngineConfig(max_num_seqs=min(len(mine), 16), enable_prefix_caching=False,
+                                                             dtype="model", compile=False, max_model_len=2048), device=dev)
+            try:
+                prompts = [base.prompt(c["messages"]) for c in mine]
+                params = [SamplingParams(max_tokens=max_tokens, temperature=0.0, seed=0) for _ in prompts]
+                done = engine.generate(prompts, params)
+            finally:
+                model.train(was_training)
+            right = sum(is_correct(reply_text(chat_tok, d.token_ids), c["answer"]) for d, c in zip(done, mine, strict=True))
+        counts = torch.tensor([right, len(mine)], dtype=torch.float64, device=dev.torch_device)
+        if world > 1:
+            dist.all_reduce(counts)
+        return {"answer_accuracy": counts[0].item() / max(counts[1].item(), 1.0)} if counts[1] > 0 else {}
+
+    return evaluate
+
+
+# ----------------------------------------------------------------------------- the trainer
+
+
+def finetune_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, fused: bool) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters only (all of them, or the LoRA adapter's)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise TrainingError("nothing to train: every parameter is frozen")
+    kwargs = dict(fused=True) if fused else dict(foreach=True)
+    opt = torch.optim.AdamW([dict(params=params, lr=lr)], betas=(0.9, 0.999), eps=1e-8, weight_decay=weight_decay,
+                            **kwargs)
+    for group in opt.param_groups:
+        group["initial_lr"] = group["lr"]
+    return opt
+
+
+class FinetuneTrainer(Trainer):
+    """The shared Trainer with fine-tuning's optimizer, and adapter-only checkpoints for LoRA."""
+
+    def __init__(self, *args: Any, lr: float, weight_decay: float, lora: LoraOptions | None, base: BaseModel,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lr, self.weight_decay, self.lora, self.base = lr, weight_decay, lora, base
+
+    def setup(self, resume_from: Path | None = None, init_from: Path | None = None) -> None:
+        super().setup()  # placement, DDP, compile; its Muon + AdamW are replaced below
+        self.optimizers = [finetune_optimizer(self.model, self.lr, self.weight_decay, self.dev.fused_optimizer)]
+        if resume_from is not None:
+            if self.lora is not None:
+                raise TrainingError("--resume of a LoRA fine-tuning run is not supported yet; start it again "
+                                    "with --overwrite")
+            rng = self._resume(resume_from)
+            if self.start_step > self.cfg.num_iterations:
+                raise TrainingError(f"{resume_from} is at step {self.start_step}, past this run's horizon of "
+                                    f"{self.cfg.num_iterations} steps. Pass a larger --num-iterations.")
+            self.step_count = self.start_step
+            if rng is not None:
+                self.dev.set_rng_state(rng)
+            self.say(f"[portachat] resumed from {resume_from} at step {self.start_step}")
+
+    def save(self, step: int, final: bool) -> Path:
+        if self.lora is None:
+            return super().save(step, final)
+        return self._save_adapter(step, final)
+
+    def _save_adapter(self, step: int, final: bool) -> Path:
+        """<stage>/step_N/ with the adapter (PEFT format), the tokenizer, portachat.json and trainer state;
+        atomic as save_checkpoint: every rank agrees before `latest` moves."""
+        env, path = self.env, self.stage_path
+        meta = dict(self.meta_base)
+        metrics = {**self.metrics, "train_loss": self.last_loss, "total_training_time_s": self.total_time}
+        meta.update(step=step, final=final, metrics=metrics, lora=vars(self.lora))
+        positions = {str(env.rank * self.accum + i): s.state_dict() for i, s in enumerate(self.streams)}
+        if self.world > 1:
+            gathered: list[dict | None] = [None] * self.world
+            dist.all_gather_object(gathered, positions)
+            positions = {k: v for part in gathered for k, v in (part or {}).items()}
+        meta["data_position"] = {"num_streams": self.num_streams, "streams": positions}
+        final_dir = path / step_dir_name(step)
+        tmp = tmp_dir_for(final_dir)
+        error: BaseException | None = None
+        try:
+            if env.is_main:
+                final_dir.parent.mkdir(parents=True, exist_ok=True)
+                prepare_tmp(final_dir)
+        except BaseException as exc:  # noqa: BLE001 - every rank hears of it below
+            error = exc
+        _agree(error, device=self.dev.torch_device)
+        try:
+            save_rng(tmp, env.rank, self.dev.get_rng_state())
+            if env.is_main:
+                save_adapter(tmp, self.model, self.lora, base_model=str(self.base.path))
+                self.tokenizer.save(tmp, model_max_length=self.model.config.max_seq_len)
+                meta.update(model_config=self.model.config.to_dict(), tokenizer_fingerprint=self.tokenizer.fingerprint())
+                (tmp / META).write_text(_json(meta), encoding="utf-8")
+                save_optimizers(tmp, self.model, self.optimizers, None)
+        except BaseException as exc:  # noqa: BLE001
+            error = exc
+        _agree(error, device=self.dev.torch_device, cleanup=tmp if env.is_main else None, final=final_dir)
+        if env.is_main:
+            commit_tmp(tmp, final_dir)
+            set_latest(path, final_dir)
+            prune_old(path, self.cfg.keep_last)
+        if self.world > 1:
+            dist.barrier()
+        self.say(f"[portachat] saved LoRA adapter {final_dir}")
+        return final_dir
+
+
+def _json(obj: Any) -> str:
+    import json
+
+    return json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n"
+
+
+def write_merged(stage_path: Path, model: GPT, base: BaseModel, meta: dict[str, Any]) -> Path:
+    """<stage>/merged/: a plain checkpoint of the same architecture with the adapter folded in (atomic)."""
+    final = stage_path / MERGED
+    tmp = prepare_tmp(final)
+    try:
+        save_model_files(tmp, merge_lora(model), base.tokenizer, meta, generation_defaults=base.generation)
+        commit_tmp(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+# ----------------------------------------------------------------------------- the stage
+
+
+def plan_steps(convs: Sequence[Conversation], render: Render, cfg: TrainConfig, pack: bool, epochs: float,
+               streams: int) -> int:
+    rows = len(convs)
+    if pack:
+        sample = list(convs[:: max(1, len(convs) // 200)][:200])
+        mean = sum(len(render(c["messages"], cfg.max_seq_len + 1)[0]) for c in sample) / len(sample)
+        rows = len(convs) * mean / (cfg.max_seq_len + 1)
+    return max(1, math.ceil(epochs * rows / (cfg.device_batch_size * streams)))
+
+
+def run_finetune(opts: FinetuneOptions, dev: Device | None = None, print_fn=print) -> TrainResult:
+    """Fine-tune `opts.init` (full or LoRA) and return the final checkpoint (the adapter, for LoRA)."""
+    if opts.stage not in ("mid", "sft"):
+        raise TrainingError(f"fine-tuning runs as `mid` or `sft`, not {opts.stage!r}")
+    if opts.merge and opts.lora is None:
+        raise TrainingError("--merge folds a LoRA adapter into the model: pass --lora-rank R with it")
+    dev = dev or get_device()
+    env: DistEnv = init_distributed(dev)
+    say = print_fn if env.is_main else (lambda _m: None)
+    cfg = opts.train
+    cfg.stage = opts.stage
+    path = stage_dir(cfg.run, opts.stage, Path(cfg.runs_root) if cfg.runs_root else None)
+    resume_from = prepare_stage_dir(path, opts.resume, opts.overwrite, opts.stage, cfg.run, env)
+    base = load_base(opts.init, dev)
+    model = base.model
+    if opts.lora is not None:
+        add_lora(model, opts.lora)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    mode = f"LoRA r={opts.lora.rank} alpha={opts.lora.alpha:g} on {','.join(opts.lora.targets)}" if opts.lora else "full"
+    say(f"[portachat] {opts.stage}: fine-tuning {base.path} ({mode}; {trainable:,} of "
+        f"{sum(p.numel() for p in model.parameters()):,} parameters train)")
+    cfg.max_seq_len = opts.max_seq_len or min(model.config.max_seq_len, 2048)
+    lr = opts.lr if opts.lr is not None else (LORA_LR if opts.lora else FULL_LR)
+    pack = opts.pack if opts.pack is not None else opts.stage == "mid"
+
+    split = ChatOptions(stage=opts.stage, data=opts.data, max_conversations=opts.max_conversations,
+                        eval_examples=opts.eval_examples)
+    train_convs, val_convs, described = split_conversations(split, cfg.seed)
+    say(f"[portachat] {opts.stage}: {len(train_convs)} training conversations from {described}, "
+        f"{len(val_convs)} held out; AdamW lr {lr:g}")
+    streams = env.world_size * cfg.grad_accum_steps(env.world_size)
+    cfg.num_iterations = opts.num_iterations or plan_steps(train_convs, base.render, cfg, pack, opts.num_epochs, streams)
+    B, T, pad = cfg.device_batch_size, cfg.max_seq_len, pad_id(base.tokenizer)
+    evaluators = [val_loss_evaluator(val_convs[: opts.val_conversations], base.render, pad, B, T, dev)]
+    if opts.eval_examples > 0:
+        evaluators.append(answer_evaluator(val_convs[: opts.eval_examples], base, dev, opts.eval_max_tokens))
+    stage = Stage(
+        make_stream=lambda s, n: TemplateChatLoader(train_convs, base.render, pad, B, T, pack=pack, stream=s,
+                                                    num_streams=n, seed=cfg.seed),
+        evaluators=evaluators,
+    )
+    extra = {"data": described, "init_from": str(base.path), "pack": pack, "finetune": "lora" if opts.lora else "full",
+             "lr": lr}
+    trainer = FinetuneTrainer(model, base.tokenizer, stage, cfg, dev, env, path, extra_meta=extra, print_fn=print_fn,
+                              lr=lr, weight_decay=opts.weight_decay, lora=opts.lora, base=base)
+    trainer.setup(resume_from=resume_from)
+    result = trainer.fit()
+    if opts.merge and env.is_main:
+        meta = {**read_meta(result.final_checkpoint), "merged_from": str(result.final_checkpoint)}
+        for key in ("data_position", "lora"):
+            meta.pop(key, None)
+        merged = write_merged(path, model, base, meta)
+        say(f"[portachat] merged model (adapter folded in): {merged}")
+    if opts.merge and env.is_distributed:
+        dist.barrier()
+    return result

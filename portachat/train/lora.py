@@ -1,0 +1,150 @@
+"""LoRA through `peft`: adapters on our GPT's linear layers, saved in PEFT's own format.
+
+Our GPT names its modules as Hugging Face's Llama/Qwen do (model.layers.N.self_attn.q_proj, ...), so
+peft's LoraConfig applies to it unchanged and the adapter it saves loads with
+`PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), adapter_dir)` (and in vLLM).
+
+    adapter_config.json          peft's LoraConfig (task_type CAUSAL_LM, base_model_name_or_path)
+    adapter_model.safetensors    base_model.model.<module>.lora_A.weight / lora_B.weight
+
+Only the adapter trains: every base weight is frozen before peft adds lora_A / lora_B.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from portachat.checkpoint.atomic import CheckpointError
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+PEFT_PREFIX = "base_model.model."  # what PeftModelForCausalLM puts before the base model's names
+ADAPTER_NAME = "default"
+ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class LoraOptions:
+    rank: int = 16
+    alpha: float = 32.0
+    targets: list[str] = field(default_factory=lambda: list(ALL_LINEAR))
+    dropout: float = 0.0
+
+    def check(self) -> None:
+        if self.rank <= 0:
+            raise ValueError(f"--lora-rank must be positive, got {self.rank}")
+        unknown = sorted(set(self.targets) - set(ALL_LINEAR))
+        if unknown or not self.targets:
+            raise ValueError(f"--lora-targets {unknown or '(none)'}: choose from {', '.join(ALL_LINEAR)}")
+
+
+def lora_config(opts: LoraOptions, base_model: str | None = None) -> Any:
+    from peft import LoraConfig
+
+    opts.check()
+    return LoraConfig(r=opts.rank, lora_alpha=opts.alpha, target_modules=list(opts.targets), lora_dropout=opts.dropout,
+                      bias="none", task_type="CAUSAL_LM", base_model_name_or_path=base_model)
+
+
+def add_lora(model: nn.Module, opts: LoraOptions) -> nn.Module:
+    """Freeze `model` and add trainable LoRA adapters to the target linear layers (in place)."""
+    from peft import inject_adapter_in_model
+
+    model.requires_grad_(False)
+    inject_adapter_in_model(lora_config(opts), model, adapter_name=ADAPTER_NAME)
+    for name, p in model.named_parameters():
+        p.requires_grad_(".lora_" in name)
+    return model
+
+
+def has_lora(model: nn.Module) -> bool:
+    from peft.tuners.lora import LoraLayer
+
+    return any(isinstance(m, LoraLayer) for m in model.modules())
+
+
+def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The adapter's tensors under the names peft saves them with."""
+    out = {}
+    for name, p in model.named_parameters():
+        if ".lora_" in name:
+            out[PEFT_PREFIX + name.replace(f".{ADAPTER_NAME}.", ".")] = p.detach().to("cpu").contiguous()
+    if not out:
+        raise ValueError("the model has no LoRA adapter to save")
+    return out
+
+
+def save_adapter(directory: Path, model: nn.Module, opts: LoraOptions, base_model: str | None = None) -> None:
+    """Write adapter_config.json + adapter_model.safetensors into `directory` (an existing temp dir)."""
+    config = lora_config(opts, base_model).to_dict()
+    config = {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}
+    save_file(adapter_state_dict(model), str(Path(directory) / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    (Path(directory) / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def read_adapter(directory: str | Path) -> tuple[LoraOptions, dict[str, Any], dict[str, torch.Tensor]]:
+    """(options, the raw config, the tensors) of a PEFT LoRA adapter directory; clear errors otherwise."""
+    directory = Path(directory)
+    config_path, weights_path = directory / ADAPTER_CONFIG, directory / ADAPTER_WEIGHTS
+    if not config_path.is_file() or not weights_path.is_file():
+        raise CheckpointError(
+            f"{directory} is not a LoRA adapter: it needs {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS} "
+            "(what `portachat train sft --lora-rank R` and peft's save_pretrained write)"
+        )
+    try:
+        raw = json.loads(config_path.read_text(encoding="utf-8"))
+        tensors = load_file(str(weights_path), device="cpu")
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{directory}: the adapter cannot be read ({exc}); it is damaged") from exc
+    if raw.get("peft_type", "LORA") != "LORA" or raw.get("use_dora") or raw.get("modules_to_save"):
+        raise CheckpointError(f"{directory}: only plain LoRA adapters are supported (no DoRA, no modules_to_save)")
+    targets = raw.get("target_modules") or []
+    targets = [targets] if isinstance(targets, str) else list(targets)
+    opts = LoraOptions(rank=int(raw.get("r", 8)), alpha=float(raw.get("lora_alpha", 8)), targets=targets,
+                       dropout=float(raw.get("lora_dropout", 0.0)))
+    return opts, raw, tensors
+
+
+def load_adapter(model: nn.Module, directory: str | Path) -> nn.Module:
+    """Add the adapter saved in `directory` to `model` (in place), its weights loaded and checked."""
+    opts, _raw, tensors = read_adapter(directory)
+    if has_lora(model):
+        raise ValueError("the model already has a LoRA adapter")
+    add_lora(model, opts)
+    ours = {name: p for name, p in model.named_parameters() if ".lora_" in name}
+    expected = {PEFT_PREFIX + n.replace(f".{ADAPTER_NAME}.", "."): n for n in ours}
+    missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(f"{directory}: the adapter does not fit this model: missing {missing[:3]}, "
+                              f"unexpected {unexpected[:3]} (was it trained on another base model?)")
+    with torch.no_grad():
+        for key, name in expected.items():
+            p, t = ours[name], tensors[key]
+            if tuple(p.shape) != tuple(t.shape):
+                raise CheckpointError(f"{directory}: {key} has shape {tuple(t.shape)}, this model needs {tuple(p.shape)}")
+            p.copy_(t)
+    return model
+
+
+@torch.no_grad()
+def merge_lora(model: nn.Module) -> nn.Module:
+    """Fold every adapter into its base weight and put the plain nn.Linear back: the model is then an
+    ordinary GPT (same parameter names and forward as before the adapter was added)."""
+    from peft.tuners.lora import LoraLayer
+
+    for name, module in list(model.named_modules()):
+        if isinstance(module, LoraLayer):
+            module.merge(safe_merge=True)
+            parent_name, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent_name), child, module.get_base_layer())
+    for attr in ("peft_config", "_hf_peft_config_loaded"):
+        if hasattr(model, attr):
+            delattr(model, attr)
+    return model
