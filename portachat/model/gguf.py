@@ -338,6 +338,11 @@ def read_gguf(path: str | Path) -> GGUFParts:
     with _open(path) as f:
         metadata = f.metadata
         arch = _check_architecture(metadata, path)
+        if int(metadata.get("split.count", 1)) > 1:
+            raise UnsupportedGGUFError(
+                f"{path.name} is part {int(metadata.get('split.no', 0)) + 1} of a GGUF split into "
+                f"{metadata['split.count']} files; merge them first (llama-gguf-split --merge FIRST.gguf OUT.gguf)"
+            )
         _check_tensor_types(f)
         if "token_embd.weight" not in f.tensors:
             raise GGUFError(f"{path.name} has no token_embd.weight tensor; it is not a complete model")

@@ -173,6 +173,7 @@ def write_gguf(
     pre: str = "gpt-2",
     tokenizer_model: str = "gpt2",
     extra_tensors: dict[str, np.ndarray] | None = None,
+    extra_metadata: dict[str, int] | None = None,
 ) -> Path:
     w = gguf.GGUFWriter(path, arch)
     w.add_name("tiny test model")
@@ -200,6 +201,8 @@ def write_gguf(
     w.add_pad_token_id(tokens.index("<|endoftext|>"))
     w.add_add_bos_token(False)
     w.add_chat_template(CHAT_TEMPLATE)
+    for key, value in (extra_metadata or {}).items():
+        w.add_uint16(key, value)
     for name, tensor in state.items():
         data = tensor.numpy().astype(np.float32)
         if arch == "llama" and ".q_proj." in name:
@@ -488,3 +491,13 @@ def test_llama3_group_adds_bos_by_default_and_ignores_merges(bpe):
 
     no_bos = build_tokenizer(_metadata(bpe, "llama-bpe", add_bos_token=False))
     assert no_bos.encode("Hi").ids == bpe.encode("Hi").ids
+
+
+def test_split_gguf_is_refused_with_the_merge_command(tmp_path, bpe):
+    cfg = tiny_hf_config("llama", bpe.get_vocab_size())
+    path = write_gguf(tmp_path / "m-00001-of-00002.gguf", "llama", cfg, random_hf_state("llama", cfg), bpe,
+                      extra_metadata={"split.count": 2, "split.no": 0})  # fmt: skip
+    with pytest.raises(
+        UnsupportedGGUFError, match=r"part 1 of a GGUF split into 2 files.*llama-gguf-split --merge"
+    ):
+        read_gguf(path)
