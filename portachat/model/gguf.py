@@ -44,9 +44,8 @@ class GGUFParts:
     tokenizer: Tokenizer
     tokenizer_config: dict[str, Any]
     generation_config: dict[str, Any]
-    metadata: dict[str, Any] = field(
-        default_factory=dict
-    )  # the file's scalar metadata (name, file_type, ...)
+    # the file's scalar metadata: general.name, general.file_type, ... (arrays like the vocabulary left out)
+    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 def is_gguf(path: str | Path) -> bool:
@@ -175,8 +174,13 @@ def gguf_config(
     def key(name: str, default: Any = None) -> Any:
         return metadata.get(f"{arch}.{name}", default)
 
-    hidden = int(key("embedding_length"))
-    n_head = int(_single(key("attention.head_count"), "attention.head_count"))
+    def need(name: str) -> Any:
+        if metadata.get(f"{arch}.{name}") is None:
+            raise GGUFError(f"the GGUF metadata lacks {arch}.{name}; the file is incomplete, re-convert it")
+        return metadata[f"{arch}.{name}"]
+
+    hidden = int(need("embedding_length"))
+    n_head = int(_single(need("attention.head_count"), "attention.head_count"))
     n_kv_head = int(_single(key("attention.head_count_kv", n_head), "attention.head_count_kv"))
     head_dim = int(key("attention.key_length", key("rope.dimension_count", hidden // n_head)))
     rotary_dim = int(key("rope.dimension_count", head_dim))
@@ -186,7 +190,7 @@ def gguf_config(
         )
     if int(key("attention.value_length", head_dim)) != head_dim:
         raise UnsupportedGGUFError("different key and value head sizes are not supported")
-    n_layer = int(key("block_count"))
+    n_layer = int(need("block_count"))
     rope_theta = float(key("rope.freq_base", 10000.0))
     vocab_size = shapes["token_embd.weight"][0]
     tied = "output.weight" not in shapes
@@ -205,7 +209,7 @@ def gguf_config(
         "model_type": arch,
         "vocab_size": vocab_size,
         "hidden_size": hidden,
-        "intermediate_size": int(_single(key("feed_forward_length"), "feed_forward_length")),
+        "intermediate_size": int(_single(need("feed_forward_length"), "feed_forward_length")),
         "num_hidden_layers": n_layer,
         "num_attention_heads": n_head,
         "num_key_value_heads": n_kv_head,
