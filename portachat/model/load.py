@@ -167,6 +167,11 @@ def build_from_parts(
 # ----------------------------------------------------------------------------- dispatch
 
 
+def is_portachat_dir(directory: Path) -> bool:
+    """Whether a model directory is one of our checkpoints (our tokenizer and chat format)."""
+    return _is_our_tokenizer(Path(directory))
+
+
 def _is_our_tokenizer(directory: Path) -> bool:
     """Whether tokenizer.json carries portachat's chat tokens (then our format and tool apply)."""
     from portachat.tokenizer.bpe import SPECIAL_TOKENS
@@ -206,14 +211,19 @@ def load_for_inference(
     path: str | Path,
     device: Device | torch.device | str | None = None,
     dtype: torch.dtype | str | None = None,
+    lora: str | Path | None = None,
 ) -> InferenceModel:
     """Load a model for inference from our checkpoint directory, a Hugging Face model directory
     (Llama / SmolLM2, Qwen2, Qwen3) or a .gguf file.
 
     `device` defaults to `get_device()`; `dtype` (torch dtype or "fp32"/"bf16"/"fp16") to the device
-    layer's inference dtype. Unsupported architectures raise UnsupportedConfigError naming the
-    supported ones; missing or damaged files raise CheckpointError saying which file.
+    layer's inference dtype. `lora` is a PEFT LoRA adapter directory trained on this model: it is
+    folded into the weights at load time (merged in fp32, then cast), so serving it costs nothing extra.
+    Unsupported architectures raise UnsupportedConfigError naming the supported ones; missing or
+    damaged files raise CheckpointError saying which file.
     """
+    if lora is not None:
+        return _with_adapter(path, device, dtype, Path(lora))
     path = resolve_model_source(path)
     torch_device, dtype = _resolve_device(device, dtype)
     if path.is_file():
@@ -341,3 +351,19 @@ def _load_gguf(path: Path, device: torch.device, dtype: torch.dtype) -> Inferenc
         device=device,
         dtype=dtype,
     )
+
+
+def _with_adapter(path: str | Path, device: Device | torch.device | str | None, dtype: torch.dtype | str | None,
+                  adapter: Path) -> InferenceModel:
+    from portachat.train.lora import load_adapter, merge_lora
+
+    torch_device, dtype = _resolve_device(device, dtype)
+    loaded = load_for_inference(path, device=torch_device, dtype=torch.float32)
+    model = merge_lora(load_adapter(loaded.model, adapter))
+    model.requires_grad_(False)
+    for p in model.parameters():  # weights only: the rotary tables stay fp32
+        p.data = p.data.to(dtype)
+    loaded.model, loaded.dtype = model.eval(), dtype
+    loaded.name = f"{loaded.name}+{adapter.name}"
+    loaded.description = loaded.description.replace("float32", str(dtype).removeprefix("torch.")) + f" + LoRA {adapter}"
+    return loaded
