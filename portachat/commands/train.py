@@ -115,6 +115,7 @@ def cmd_train_base(args: argparse.Namespace) -> int:
 def cmd_train_chat(args: argparse.Namespace) -> int:
     from portachat.device import destroy_distributed, dist_env
     from portachat.train.chat_stage import ChatOptions, run_chat_stage
+    from portachat.train.finetune import finetune_options, run_finetune, wants_finetune
 
     dev = device_from_args(args)
     opts = ChatOptions(
@@ -135,7 +136,8 @@ def cmd_train_chat(args: argparse.Namespace) -> int:
         train=train_config(args, dev),
     )
     try:
-        result = run_chat_stage(opts, dev=dev)
+        result = (run_finetune(finetune_options(args, opts), dev=dev) if wants_finetune(args)
+                  else run_chat_stage(opts, dev=dev))
     finally:
         destroy_distributed()
     if result.final_checkpoint is not None and dist_env().is_main:
@@ -151,6 +153,21 @@ def _stage_default(parser: argparse.ArgumentParser, dest: str, value, why: str) 
         if action.dest == dest:
             action.default = value
             action.help = f"{action.help.split(' (default')[0]} (default {value} for this stage: {why})"
+
+
+def add_finetune_flags(t: argparse.ArgumentParser) -> None:
+    from portachat.train.finetune import FULL_LR, LORA_LR
+    from portachat.train.lora import ALL_LINEAR
+
+    g = t.add_argument_group("fine-tuning an existing model (--init HF_DIR|FILE.gguf)",
+                             "With --init naming a Hugging Face directory or a GGUF (Llama/SmolLM2, Qwen2, Qwen3), the "
+                             "model keeps its tokenizer and chat template and trains with AdamW at fine-tuning rates.")
+    flag(g, "--lr", type=float, default=None, help=f"AdamW learning rate (default {FULL_LR:g} full, {LORA_LR:g} LoRA)")
+    flag(g, "--lora-rank", type=positive_int, default=None, help="train a LoRA adapter (peft) of this rank instead of all weights")
+    flag(g, "--lora-alpha", type=float, default=None, help="LoRA scale numerator (default: 2 x rank)")
+    flag(g, "--lora-targets", default=",".join(ALL_LINEAR), help=f"comma-separated modules (default {','.join(ALL_LINEAR)})")
+    flag(g, "--lora-dropout", type=float, default=0.0, help="dropout on the LoRA input (default 0)")
+    flag(g, "--merge", action="store_true", help="with --lora-rank: also write <stage>/merged/, the adapter folded in")
 
 
 def add_chat_stage_parser(tsub, stage: str) -> None:
@@ -181,6 +198,7 @@ def add_chat_stage_parser(tsub, stage: str) -> None:
     flag(g, "--num-epochs", type=float, default=1.0, help="passes over the data when --num-iterations is not given")
     flag(g, "--eval-examples", type=nonneg_int, default=64, help="held-out questions answered at each evaluation")
     flag(g, "--eval-max-tokens", type=positive_int, default=64, help="reply length limit when evaluating answers")
+    add_finetune_flags(t)
     add_train_flags(t)
     t.set_defaults(func=cmd_train_chat)
     _stage_default(t, "warmdown_ratio", d.warmdown_ratio, "it starts from trained weights")

@@ -368,3 +368,38 @@ def run_finetune(opts: FinetuneOptions, dev: Device | None = None, print_fn=prin
     if opts.merge and env.is_distributed:
         dist.barrier()
     return result
+
+
+# ----------------------------------------------------------------------------- the command line
+
+
+def wants_finetune(args: Any) -> bool:
+    """`train mid|sft` fine-tunes when asked for LoRA or when --init names a model that is not ours."""
+    if getattr(args, "lora_rank", None) or getattr(args, "merge", False):
+        return True
+    if not getattr(args, "init", None):
+        return False
+    path = resolve_model_source(args.init)
+    return path.is_file() or not is_portachat_dir(path)
+
+
+def finetune_options(args: Any, chat: ChatOptions) -> FinetuneOptions:
+    """FinetuneOptions from the parsed `train mid|sft` flags (and the ChatOptions made from them)."""
+    if not chat.init:
+        raise TrainingError("fine-tuning needs --init: a Hugging Face model directory, a .gguf file or a checkpoint")
+    lora = None
+    if args.lora_rank:
+        targets = [t.strip() for t in args.lora_targets.split(",") if t.strip()]
+        lora = LoraOptions(rank=args.lora_rank, alpha=args.lora_alpha or 2.0 * args.lora_rank, targets=targets,
+                           dropout=args.lora_dropout)
+        try:
+            lora.check()
+        except ValueError as exc:
+            raise TrainingError(str(exc)) from exc
+    chat.train.optim.weight_decay = args.weight_decay
+    return FinetuneOptions(
+        init=chat.init, stage=chat.stage, data=chat.data, max_conversations=chat.max_conversations, pack=chat.pack,
+        lr=args.lr, weight_decay=args.weight_decay, num_epochs=chat.num_epochs, num_iterations=chat.num_iterations,
+        max_seq_len=chat.max_seq_len, eval_examples=min(chat.eval_examples, 16), eval_max_tokens=chat.eval_max_tokens,
+        lora=lora, merge=args.merge, resume=chat.resume, overwrite=chat.overwrite, train=chat.train,
+    )
