@@ -9,10 +9,11 @@ completion, the tests, and `check(entry_point)`; it passes when it runs to the e
 from __future__ import annotations
 
 import os
+import queue
 import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from portachat.eval.data_files import EvalDataError, read_rows
@@ -75,10 +76,24 @@ def check_completions(
     if len(problems) != len(completions):
         raise ValueError(f"{len(problems)} problems but {len(completions)} completions")
     workers = workers or min(4, os.cpu_count() or 1)
+    limits = limits or SandboxLimits()
     programs = [program_for(p, c) for p, c in zip(problems, completions, strict=True)]
     results: list[SandboxResult | None] = [None] * len(programs)
+    slots: queue.Queue[int] = queue.Queue()
+    for k in range(workers):
+        slots.put(k)
+
+    def run_in_a_slot(program: str) -> SandboxResult:
+        # each running sandbox has its own slot (own uid under root), so a hostile program cannot
+        # exhaust the process limit of another one running at the same time
+        slot = slots.get()
+        try:
+            return run_program(program, replace(limits, slot=slot))
+        finally:
+            slots.put(slot)
+
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(run_program, prog, limits): i for i, prog in enumerate(programs)}
+        futures = {pool.submit(run_in_a_slot, prog): i for i, prog in enumerate(programs)}
         for done, fut in enumerate(futures, start=1):
             results[futures[fut]] = fut.result()
             if progress is not None:

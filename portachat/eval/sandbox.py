@@ -15,12 +15,14 @@ Guaranteed (on Linux):
     (fork bombs stop there), it cannot signal the evaluator or other users' processes, and it can
     write only where that user may: its own temp dir, plus the world-writable dirs (/tmp,
     /var/tmp, /dev/shm, /run/lock), which a private mount namespace covers with empty tmpfs
-    mounts that vanish with the program;
+    mounts that vanish with the program; sandboxes running at the same time use different uids
+    (`SandboxLimits.slot`), so one's processes neither count against nor can signal another's;
   - when the kernel allows it (root, or unprivileged user namespaces): a fresh network namespace,
     so no network at all, not even loopback. `SandboxResult.isolation` says which layers were on
     ("network-namespace", "private-tmp", "uid-N", "rlimits", "subreaper").
   - the temp dir is deleted afterwards, whatever the program wrote in it.
-Best effort (a Python-level guard in `_sandbox_guard.py`, like human-eval's reliability_guard):
+Best effort (a Python-level guard in `_sandbox_guard.py`, like human-eval's reliability_guard; a
+program can get around it - e.g. by re-importing a fresh `posix` - and then meets the layers above):
   os.kill/fork/exec/system are disabled, writing, deleting and renaming files only work inside the
   temp dir, importing socket/subprocess/ctypes/signal/multiprocessing/... fails, and sys.exit is
   disabled so a program cannot pass by exiting early.
@@ -58,6 +60,7 @@ class SandboxLimits:
     open_files: int = 64
     processes: int = 8  # RLIMIT_NPROC: processes of the sandbox user (enforced when not root)
     user: str = "nobody"  # the user a root evaluator drops to
+    slot: int = 0  # concurrent sandboxes use different slots: slot k > 0 runs as an unused uid below `user`'s
     python_guard: bool = True  # False only to test the operating-system layers on their own
 
 
@@ -132,6 +135,34 @@ def _sandbox_base(is_root: bool) -> str | None:
     return None
 
 
+def sandbox_ids(user: str, slot: int) -> tuple[int, int]:
+    """(uid, gid) a root evaluator drops to. Slot 0 is `user`; slot k is the k-th uid below it that
+    no account uses, with `user`'s group. Concurrent sandboxes in different slots count their
+    processes separately (one's fork bomb cannot use up another's RLIMIT_NPROC) and cannot signal
+    each other."""
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        raise RuntimeError(f"sandbox user {user!r} does not exist; create it or set "
+                           "SandboxLimits(user=...) to an unprivileged user") from None
+    uid = entry.pw_uid
+    for _ in range(slot):
+        uid -= 1
+        while _uid_exists(uid):
+            uid -= 1
+    if uid < 1000:
+        raise RuntimeError(f"no unused uid for sandbox slot {slot} below {user!r}; use fewer workers")
+    return uid, entry.pw_gid
+
+
+def _uid_exists(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+        return True
+    except KeyError:
+        return False
+
+
 def run_program(source: str, limits: SandboxLimits | None = None) -> SandboxResult:
     """Run `source` (a whole Python program) confined; "passed" means it ran to the end without
     raising, within the limits. Never raises for anything the program does."""
@@ -142,12 +173,7 @@ def run_program(source: str, limits: SandboxLimits | None = None) -> SandboxResu
     is_root = os.geteuid() == 0
     uid = gid = None
     if is_root:
-        try:
-            entry = pwd.getpwnam(limits.user)
-        except KeyError:
-            raise RuntimeError(f"sandbox user {limits.user!r} does not exist; create it or set "
-                               "SandboxLimits(user=...) to an unprivileged user") from None
-        uid, gid = entry.pw_uid, entry.pw_gid
+        uid, gid = sandbox_ids(limits.user, limits.slot)
     start = time.monotonic()
     root = Path(tempfile.mkdtemp(prefix="portachat-sandbox-", dir=_sandbox_base(is_root)))
     try:

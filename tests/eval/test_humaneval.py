@@ -70,3 +70,14 @@ def test_evaluate_humaneval_scores_a_completion_function(problems):
     assert result.task == "humaneval" and result.n == 3
     assert result.value == pytest.approx(2 / 3)
     assert result.details["statuses"] == {"passed": 2, "failed": 1}
+
+
+def test_a_guard_evading_fork_bomb_does_not_hurt_its_neighbours(problems):
+    """A completion that gets around the Python guard (a fresh copy of the posix module) and forks
+    forever runs next to correct ones: it times out, they pass, nothing is left running."""
+    bomb = ("import sys\ndel sys.modules['posix']\nimport posix\nimport time\nwhile True:\n    try:\n"
+            "        posix.fork()\n    except OSError:\n        time.sleep(0.001)\n")
+    subset = problems[:4]
+    completions = ["    " + bomb.replace("\n", "\n    ")] + [p.canonical_solution for p in subset[1:]]
+    results = check_completions(subset, completions, SandboxLimits(timeout_s=3.0, cpu_seconds=3), workers=2)
+    assert [r.status for r in results] == ["timeout", "passed", "passed", "passed"]
