@@ -32,6 +32,9 @@ def add_model_flags(p: argparse.ArgumentParser, max_num_seqs: int = 32) -> None:
     flag(g, "--model", required=True,
          help="our checkpoint (a step directory, a stage directory, or run/stage under $PORTACHAT_HOME/runs), "
               "a Hugging Face model directory, or a .gguf file")
+    flag(g, "--lora", default=None,
+         help="a LoRA adapter directory (PEFT format, e.g. from `portachat train sft --lora-rank R`) trained on "
+              "--model: folded into the weights at load time")
     flag(g, "--device", default=None, help="cpu|cuda|rocm|dcu|npu|xpu|mps (default: auto-detect)")
     flag(g, "--dtype", default=None, help="bf16|fp16|fp32 weights (default: the device's best for inference)")
     flag(g, "--compile", default=None, choices=["0", "1"], help="torch.compile the decode step (default: per device policy)")
@@ -85,6 +88,7 @@ def load_options(args: argparse.Namespace):
         kv_cache_gb=args.kv_cache_gb,
         max_waiting=args.max_waiting,
         enable_prefix_caching=not args.no_prefix_caching,
+        lora=getattr(args, "lora", None),
     )
 
 

@@ -56,6 +56,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         kv_cache_gb=args.kv_cache_gb,
         max_waiting=args.max_waiting,
         enable_prefix_caching=not args.no_prefix_caching,
+        lora=args.lora,
     )
     url = f"http://{args.host}:{args.port}"
     failure: list[BaseException] = []
@@ -103,6 +104,9 @@ def register(sub) -> None:
     )
     g = p.add_argument_group("model")
     flag(g, "--model", required=True, help="our checkpoint directory, a Hugging Face model directory, or a .gguf file")
+    flag(g, "--lora", default=None,
+         help="a LoRA adapter directory (PEFT format, e.g. from `portachat train sft --lora-rank R`) trained on "
+              "--model: folded into the weights at load time")
     flag(g, "--served-model-name", default=None, help="the model name clients send and /v1/models lists "
                                                       "(default: from the path)")
     flag(g, "--device", default=None, help="cpu|cuda|rocm|dcu|npu|xpu|mps (default: auto-detect)")

@@ -21,6 +21,7 @@ class LoadOptions:
     kv_cache_gb: float | None = None
     max_waiting: int = 256
     enable_prefix_caching: bool = True
+    lora: str | None = None  # a PEFT LoRA adapter directory, folded into the weights at load time
 
 
 def generation_defaults(generation: Any) -> dict[str, Any]:
@@ -56,7 +57,7 @@ def load_served_model(options: LoadOptions) -> ServedModel:
     from portachat.serve.engine import EngineConfig, LLMEngine
 
     device = get_device(kind=options.device, dtype=None, compile=options.compile)
-    loaded = load_for_inference(options.model, device=device, dtype=options.dtype)
+    loaded = load_for_inference(options.model, device=device, dtype=options.dtype, lora=options.lora)
     config = EngineConfig(
         max_model_len=options.max_model_len,
         max_num_seqs=options.max_num_seqs,
