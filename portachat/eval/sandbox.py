@@ -130,8 +130,11 @@ def _sandbox_base(is_root: bool) -> str | None:
     namespace covers (a dir under /tmp would vanish from the program's view); else the temp dir."""
     if is_root and os.path.isdir("/run"):
         base = Path("/run/portachat-sandbox")
-        base.mkdir(mode=0o755, exist_ok=True)
-        return str(base)
+        try:
+            base.mkdir(mode=0o755, exist_ok=True)
+            return str(base)
+        except OSError:
+            pass  # the supervisor then sees the work dir under /tmp and skips the private /tmp
     return None
 
 
