@@ -6,6 +6,8 @@ import argparse
 
 from portachat.commands.common import flag
 
+MODEL_HELP = "our checkpoint: a step directory, a stage directory (uses its latest) or RUN/STAGE, e.g. myrun/sft"
+
 
 def cmd_export_hf(args: argparse.Namespace) -> int:
     from portachat.export import export_hf
@@ -42,12 +44,12 @@ def register(sub) -> None:
         "hf",
         help="a Hugging Face directory for transformers / vLLM / vllm-ascend (bf16 or fp16, no trainer state)",
     )
-    flag(h, "--model", required=True, help="our checkpoint directory, e.g. <home>/runs/<run>/sft/latest")
+    flag(h, "--model", required=True, help=MODEL_HELP)
     flag(h, "--output", required=True, help="directory to create (must not exist)")
     flag(h, "--dtype", default="bf16", choices=["bf16", "fp16"], help="weight dtype (default bf16; fp16 for GPUs without bf16)")
     h.set_defaults(func=cmd_export_hf)
     g = esub.add_parser("gguf", help="one GGUF file for llama.cpp (f32 / f16 / q8_0)")
-    flag(g, "--model", required=True, help="our checkpoint directory, e.g. <home>/runs/<run>/sft/latest")
+    flag(g, "--model", required=True, help=MODEL_HELP)
     flag(g, "--output", required=True, help="the .gguf file to create (must not exist)")
     flag(g, "--type", default="f16", choices=["f32", "f16", "q8_0"], help="tensor type for matrices (default f16)")
     g.set_defaults(func=cmd_export_gguf)

@@ -6,18 +6,20 @@ from pathlib import Path
 
 from portachat.checkpoint.atomic import CheckpointError
 from portachat.checkpoint.model_dir import LoadedModel, load_model_dir
+from portachat.checkpoint.runs import resolve_model_path
 from portachat.export.errors import ExportError
 from portachat.model.hf import exportable
 
 
 def load_exportable(path: str | Path) -> LoadedModel:
     """Our checkpoint at `path` (weights on the CPU), refused with the reason when it is outside the HF mapping."""
-    path = Path(path).expanduser()
-    if not path.is_dir():
+    try:
+        path = resolve_model_path(path)
+    except CheckpointError as exc:
         raise ExportError(
-            f"no checkpoint directory at {path}: pass one of ours, e.g. <home>/runs/<run>/sft/latest "
-            "(`portachat export` converts portachat checkpoints; other HF models are already exported)"
-        )
+            f"{exc}. Pass one of our checkpoints: a step directory, a stage directory (its `latest` is used) "
+            "or RUN/STAGE under PORTACHAT_HOME, e.g. `--model myrun/sft`"
+        ) from exc
     try:
         loaded = load_model_dir(path, device="cpu")
     except (CheckpointError, ValueError) as exc:
