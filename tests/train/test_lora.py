@@ -1,0 +1,120 @@
+"""LoRA fine-tuning through peft on a tiny random Llama made with transformers: only the adapter trains,
+the adapter is PEFT's format (transformers + peft load it, same logits), --merge gives the same model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from portachat.checkpoint import CheckpointError
+from portachat.device import get_device
+from portachat.model.load import load_for_inference
+from portachat.train.finetune import FinetuneOptions, run_finetune
+from portachat.train.lora import LoraOptions, load_adapter
+from portachat.train.trainer import TrainConfig
+from tests.model.hf_families import make_hf_dir
+
+TARGETS = ["q_proj", "v_proj"]
+
+
+def write_conversations(path: Path, n: int = 16) -> Path:
+    with path.open("w", encoding="utf-8") as f:
+        for i in range(n):
+            reply = f"the quick brown fox jumps over {i % 4} lazy dog"
+            f.write(json.dumps({"messages": [{"role": "user", "content": f"hello, how are you {i}?"},
+                                             {"role": "assistant", "content": reply}]}) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lora")
+    base = root / "base"
+    make_hf_dir(base, "llama", seed=1)
+    data = write_conversations(root / "chat.jsonl")
+    opts = FinetuneOptions(
+        init=str(base), data=[str(data)], num_iterations=8, max_seq_len=48, eval_examples=0, lr=1e-2,
+        lora=LoraOptions(rank=4, alpha=8, targets=TARGETS), merge=True,
+        train=TrainConfig(run="lora", runs_root=str(root / "runs"), device_batch_size=4, eval_every=8, log_every=1,
+                          warmdown_ratio=0.0),
+    )
+    result = run_finetune(opts, dev=get_device("cpu", dtype="fp32", compile=False), print_fn=lambda _m: None)
+    return base, result.final_checkpoint, result.final_checkpoint.parent
+
+
+def logits(model, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids)
+
+
+IDS = torch.tensor([[1, 5, 9, 40, 77, 120, 3, 250, 17, 2], [1, 300, 64, 12, 8, 99, 150, 6, 7, 30]])
+
+
+def test_validation_loss_falls(trained):
+    _base, _adapter, stage = trained
+    records = [json.loads(line) for line in (stage / "log.jsonl").read_text().splitlines()]
+    val = {r["step"]: r["eval/val_loss"] for r in records if "eval/val_loss" in r}
+    assert val[8] < val[0] - 0.5, val
+
+
+def test_only_the_adapter_is_checkpointed_in_peft_format(trained):
+    base, adapter, _stage = trained
+    names = {p.name for p in adapter.iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= names
+    assert "model.safetensors" not in names
+    from safetensors.torch import load_file
+
+    keys = load_file(str(adapter / "adapter_model.safetensors"))
+    assert keys and all(k.startswith("base_model.model.model.layers.") for k in keys)
+    assert {k.split(".")[-2] for k in keys} == {"lora_A", "lora_B"}
+    assert {k.split(".")[-3] for k in keys} == set(TARGETS)
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert config["peft_type"] == "LORA" and config["r"] == 4 and config["base_model_name_or_path"] == str(base)
+
+
+def test_only_adapter_targets_change_and_by_at_most_rank_r(trained):
+    base, _adapter, stage = trained
+    before = load_for_inference(base, device="cpu", dtype=torch.float32).model.state_dict()
+    after = load_for_inference(stage / "merged", device="cpu", dtype=torch.float32).model.state_dict()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all(k.split(".")[-2] in TARGETS for k in changed), changed
+    for k in changed:
+        assert torch.linalg.matrix_rank(after[k] - before[k], atol=1e-5) <= 4
+
+
+def test_transformers_and_peft_load_the_adapter_with_our_logits(trained):
+    import transformers
+    from peft import PeftModel
+
+    base, adapter, _stage = trained
+    ours = load_for_inference(base, device="cpu", dtype=torch.float32, lora=adapter)
+    assert "LoRA" in ours.description
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    peft_model = PeftModel.from_pretrained(hf, str(adapter)).eval()
+    with torch.no_grad():
+        theirs = peft_model(IDS).logits
+    plain = logits(load_for_inference(base, device="cpu", dtype=torch.float32).model, IDS)
+    assert (theirs - plain).abs().max() > 1e-2  # the adapter does something
+    torch.testing.assert_close(logits(ours.model, IDS), theirs, atol=1e-4, rtol=0)
+
+
+def test_merged_checkpoint_gives_the_adapters_logits(trained):
+    base, adapter, stage = trained
+    with_adapter = load_for_inference(base, device="cpu", dtype=torch.float32, lora=adapter)
+    merged = load_for_inference(stage / "merged", device="cpu", dtype=torch.float32)
+    assert json.loads((stage / "merged" / "config.json").read_text())["model_type"] == "llama"
+    torch.testing.assert_close(logits(merged.model, IDS), logits(with_adapter.model, IDS), atol=1e-4, rtol=0)
+
+
+def test_an_adapter_for_another_model_is_refused(trained, tmp_path):
+    _base, adapter, _stage = trained
+    other = tmp_path / "other"
+    make_hf_dir(other, "llama", hidden_size=32, intermediate_size=48)
+    model = load_for_inference(other, device="cpu", dtype=torch.float32).model
+    with pytest.raises(CheckpointError, match="shape"):
+        load_adapter(model, adapter)
+    with pytest.raises(CheckpointError, match="not a LoRA adapter"):
+        load_adapter(model, tmp_path)
