@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from portachat.data.sources import DataError
+from portachat.tokenizer.chat import normalize_messages
+from portachat.tokenizer.errors import ChatFormatError
 
 Conversation = dict[str, Any]  # {"messages": [...]} plus, for verifiable rows, "answer"
 CHAT_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".parquet")
@@ -85,6 +87,10 @@ def row_to_conversation(row: Mapping[str, Any], where: str = "row") -> Conversat
     if not isinstance(row, Mapping):
         raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
     if "messages" in row:
+        try:
+            normalize_messages(row["messages"])  # fail here, naming the row, not in the middle of training
+        except ChatFormatError as exc:
+            raise DataError(f"{where}: {exc}") from None
         return {"messages": list(row["messages"]), "answer": row.get("answer")}
     if "question" in row and "choices" in row:
         question, choices, index = _mc_fields(row, where)

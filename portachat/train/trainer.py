@@ -16,7 +16,7 @@ import contextlib
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -148,8 +148,9 @@ def load_init_weights(model: GPT, tokenizer: Tokenizer, path: Path) -> dict[str,
     meta = read_meta(path)
     check_tokenizer_matches(tokenizer, model.config, meta, where=str(path))
     saved_cfg = read_config(path)
-    if saved_cfg.vocab_size != model.config.vocab_size or saved_cfg.n_layer != model.config.n_layer:
-        raise TrainingError(f"--init {path}: it holds a different model ({saved_cfg}) than this stage builds")
+    if replace(saved_cfg, max_seq_len=model.config.max_seq_len) != model.config:  # only the context may differ
+        raise TrainingError(f"--init {path}: it holds a different model ({saved_cfg}) than this stage builds "
+                            f"({model.config}); pass a checkpoint of this run's model")
     load_weights_into(model, path)
     return meta
 

@@ -68,7 +68,8 @@ def test_messages_rows_from_jsonl_and_parquet_dirs(tmp_path):
 
 @pytest.mark.parametrize(
     ("content", "match"),
-    [("{not json\n", "not valid JSON"), ('{"text": "just text"}\n', "not a conversation")],
+    [("{not json\n", "not valid JSON"), ('{"text": "just text"}\n', "not a conversation"),
+     ('{"messages": [{"role": "assistant", "content": "hi"}]}\n', "message 0 .assistant.: expected role 'user'")],
 )
 def test_bad_rows_say_where(tmp_path, content, match):
     bad = tmp_path / "bad.jsonl"
