@@ -39,12 +39,14 @@ def decode_attention(
     values = v_cache.index_select(0, flat).view(B, L, H_kv, D).transpose(1, 2)
     # Plain matmuls rather than SDPA: with one query per row, CPU SDPA kernels spend far longer
     # in setup than in arithmetic. Query heads are grouped over their shared kv head.
-    qg = q.view(B, H_kv, H // H_kv, D).to(keys.dtype)
-    scores = torch.matmul(qg, keys.transpose(2, 3)).float() * (D**-0.5)  # [B, H_kv, G, L]
+    # On CPU these products are tiny and bf16 batched matmuls are slow: compute them in fp32.
+    compute = torch.float32 if q.device.type == "cpu" else keys.dtype
+    qg = q.view(B, H_kv, H // H_kv, D).to(compute)
+    scores = torch.matmul(qg, keys.to(compute).transpose(2, 3)).float() * (D**-0.5)  # [B, H_kv, G, L]
     if mask is not None:
         scores = scores.masked_fill(~mask.view(B, 1, 1, L), float("-inf"))
-    probs = torch.softmax(scores, dim=-1).to(values.dtype)
-    return torch.matmul(probs, values).view(B, H, D)
+    probs = torch.softmax(scores, dim=-1).to(compute)
+    return torch.matmul(probs, values.to(compute)).view(B, H, D).to(q.dtype)
 
 
 def prefill_attention(

@@ -12,8 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from portachat.device import paged_attention as pa
+from portachat.device.cpu_linear import pack_linear
 from portachat.model.gpt import GPT, apply_rotary
 from portachat.serve.engine.scheduler import ScheduledSeq
 
@@ -69,7 +71,41 @@ class ModelRunner:
         self.k_cache = torch.zeros(shape, device=device, dtype=dtype)
         self.v_cache = torch.zeros(shape, device=device, dtype=dtype)
         self.cos, self.sin = rotary_tables(model, max_model_len, device)
+        # Packed copies would go stale under a model that is still training (RL): pack frozen weights only.
+        frozen = not any(p.requires_grad for p in model.parameters())
+        self.packed = self._pack(model) if frozen else None
         self._forward_impl = self._forward
+
+    def reload_weights(self) -> None:
+        """Re-pack after the model's weights changed in place (a no-op when nothing is packed)."""
+        if self.packed is not None:
+            self.packed = self._pack(self.model)
+
+    @staticmethod
+    def _pack(model: GPT) -> list[dict] | None:
+        """Per layer: q/k/v as one packed product, gate/up as one, o and down; plus the output head.
+        None where the device layer has no packed kernels (the modules are called as they are)."""
+        layers = []
+        for block in model.model.layers:
+            attn, mlp = block.self_attn, block.mlp
+            qkv_w = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+            qkv_b = None
+            if attn.q_proj.bias is not None:
+                qkv_b = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
+            packed = {
+                "qkv": pack_linear(qkv_w, qkv_b),
+                "o": pack_linear(attn.o_proj.weight, attn.o_proj.bias),
+                "gate_up": pack_linear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
+                "down": pack_linear(mlp.down_proj.weight, mlp.down_proj.bias),
+            }
+            if any(f is None for f in packed.values()):
+                return None
+            layers.append(packed)
+        head = pack_linear(model.lm_head.weight, model.lm_head.bias)
+        if head is None:
+            return None
+        layers.append({"lm_head": head})
+        return layers
 
     def enable_compile(self) -> None:
         """torch.compile the forward (shapes vary every step: compiled with dynamic shapes)."""
@@ -158,11 +194,17 @@ class ModelRunner:
         cos = self.cos[inp.positions].to(x.dtype)[:, None, :]  # [N, 1, D]
         sin = self.sin[inp.positions].to(x.dtype)[:, None, :]
         for layer_idx, block in enumerate(model.model.layers):
-            attn = block.self_attn
+            attn, mlp = block.self_attn, block.mlp
+            packed = self.packed[layer_idx] if self.packed is not None else None
+            H, H_kv, D = attn.n_head, attn.n_kv_head, attn.head_dim
             h = block.input_layernorm(x)
-            q = attn.q_norm(attn.q_proj(h).view(N, attn.n_head, attn.head_dim))
-            k = attn.k_norm(attn.k_proj(h).view(N, attn.n_kv_head, attn.head_dim))
-            v = attn.v_proj(h).view(N, attn.n_kv_head, attn.head_dim)
+            if packed is not None:
+                q, k, v = packed["qkv"](h).split([H * D, H_kv * D, H_kv * D], dim=-1)
+            else:
+                q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+            q = attn.q_norm(q.reshape(N, H, D))
+            k = attn.k_norm(k.reshape(N, H_kv, D))
+            v = v.reshape(N, H_kv, D)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
             kc, vc = self.k_cache[layer_idx], self.v_cache[layer_idx]
             pa.write_kv(kc, vc, inp.slot_mapping, k, v)
@@ -173,8 +215,14 @@ class ModelRunner:
             for c in inp.prefills:
                 rows = slice(c.start, c.start + c.length)
                 outs.append(pa.prefill_attention(q[rows], k[rows], v[rows], kc, vc, c.slot_index, c.mask))
-            y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
-            x = x + attn.o_proj(y.reshape(N, attn.n_head * attn.head_dim).to(x.dtype))
-            x = x + block.mlp(block.post_attention_layernorm(x))
+            y = (outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)).reshape(N, H * D).to(x.dtype)
+            if packed is None:
+                x = x + attn.o_proj(y)
+                x = x + mlp(block.post_attention_layernorm(x))
+            else:
+                x = x + packed["o"](y)
+                gate, up = packed["gate_up"](block.post_attention_layernorm(x)).chunk(2, dim=-1)
+                x = x + packed["down"](F.silu(gate) * up)
         x = model.model.norm(x[inp.logits_rows])
-        return model.lm_head(x).float()
+        head = self.packed[-1]["lm_head"] if self.packed is not None else model.lm_head
+        return head(x).float()
