@@ -38,6 +38,9 @@ def add_model_flags(p: argparse.ArgumentParser, max_num_seqs: int = 32) -> None:
     flag(g, "--device", default=None, help="cpu|cuda|rocm|dcu|npu|xpu|mps (default: auto-detect)")
     flag(g, "--dtype", default=None, help="bf16|fp16|fp32 weights (default: the device's best for inference)")
     flag(g, "--compile", default=None, choices=["0", "1"], help="torch.compile the decode step (default: per device policy)")
+    flag(g, "--quantize", default=None, choices=["int8", "int4"],
+         help="weight-only quantization: int8 per channel or int4 in groups of 32 (default: off); the device layer "
+              "picks the kernels and refuses where none exists")
     g = p.add_argument_group("engine")
     flag(g, "--max-model-len", type=positive_int, default=None, help="prompt + reply tokens per request (default: the model's)")
     flag(g, "--max-num-seqs", type=positive_int, default=max_num_seqs,
@@ -89,6 +92,7 @@ def load_options(args: argparse.Namespace):
         max_waiting=args.max_waiting,
         enable_prefix_caching=not args.no_prefix_caching,
         lora=getattr(args, "lora", None),
+        quantize=getattr(args, "quantize", None),
     )
 
 

@@ -56,8 +56,9 @@ def generate(
         raise ValueError(f"top_k must be a positive integer or None, got {top_k}")
     if max_new_tokens == 0:
         return
-    weight = model.model.embed_tokens.weight
-    device, dtype = weight.device, weight.dtype
+    from portachat.quant import model_device, model_dtype  # a quantized model has no embed_tokens.weight
+
+    device, dtype = model_device(model), model_dtype(model)
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
     stop_ids = stop_ids or set()
     # Inference mode is entered per step, never across a `yield`: the caller's code between tokens

@@ -22,6 +22,7 @@ class LoadOptions:
     max_waiting: int = 256
     enable_prefix_caching: bool = True
     lora: str | None = None  # a PEFT LoRA adapter directory, folded into the weights at load time
+    quantize: str | None = None  # "int8" / "int4" weight-only, as the device layer plans it; None = off
 
 
 def generation_defaults(generation: Any) -> dict[str, Any]:
@@ -58,6 +59,12 @@ def load_served_model(options: LoadOptions) -> ServedModel:
 
     device = get_device(kind=options.device, dtype=None, compile=options.compile)
     loaded = load_for_inference(options.model, device=device, dtype=options.dtype, lora=options.lora)
+    description = loaded.description
+    if options.quantize:
+        from portachat.quant import quantize_model
+
+        report = quantize_model(loaded.model, options.quantize, device, compiled=options.compile)
+        description += f"; {report.summary()}"
     config = EngineConfig(
         max_model_len=options.max_model_len,
         max_num_seqs=options.max_num_seqs,
@@ -75,7 +82,7 @@ def load_served_model(options: LoadOptions) -> ServedModel:
         tokenizer=loaded.tokenizer,
         max_model_len=engine.max_model_len,
         generation_defaults=generation_defaults(loaded.generation),
-        description=loaded.description,
+        description=description,
         bos_for_completions=loaded.source == "portachat",
     )
     return served

@@ -85,6 +85,9 @@ class ModelRunner:
     def _pack(model: GPT) -> list[dict] | None:
         """Per layer: q/k/v as one packed product, gate/up as one, o and down; plus the output head.
         None where the device layer has no packed kernels (the modules are called as they are)."""
+        linears = [m for name, m in model.named_modules() if name.endswith(("_proj", "lm_head"))]
+        if not all(isinstance(m, torch.nn.Linear) for m in linears):
+            return None  # quantized layers (portachat.quant) run their own weight-only kernels
         layers = []
         for block in model.model.layers:
             attn, mlp = block.self_attn, block.mlp
