@@ -60,16 +60,18 @@ def load_state(run_dir: Path) -> dict[str, Any]:
 def save_state(run_dir: Path, state: dict[str, Any]) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     tmp = run_dir / f".{STATE_FILE}.tmp"
-    tmp.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")  # stage order is the report order
     os.replace(tmp, run_dir / STATE_FILE)
 
 
 def _plan(preset: Preset, stage: str, overrides: dict[str, Any]) -> StagePlan:
     plan: StagePlan = getattr(preset, stage)
-    changes = {k.split(".", 1)[1]: v for k, v in overrides.items() if k.startswith(stage + ".")}
-    if changes:
-        from dataclasses import replace
+    from dataclasses import fields, replace
 
+    known = {f.name for f in fields(StagePlan)}
+    changes = {k.split(".", 1)[1]: v for k, v in overrides.items() if k.startswith(stage + ".")}
+    changes = {k: v for k, v in changes.items() if k in known}
+    if changes:
         plan = replace(plan, **changes)
     return plan
 
