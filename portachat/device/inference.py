@@ -43,21 +43,25 @@ def _cache_file():
 
 
 def measure_cpu_matvec(dtype: torch.dtype, rows: int = 4096, cols: int = 2048, reps: int = 12) -> float:
-    """Seconds per matrix-vector product with a weight too large for the caches (decode's pattern)."""
+    """Seconds per matrix-vector product with a weight too large for the caches (decode's pattern),
+    through the packed kernel the engine would use when there is one."""
+    from portachat.device.cpu_linear import pack_linear
+
     weight = torch.randn(rows, cols).to(dtype)
     x = torch.randn(1, cols).to(dtype)
-    torch.nn.functional.linear(x, weight)  # warm up
+    linear = pack_linear(weight) or (lambda v: torch.nn.functional.linear(v, weight))
+    linear(x)  # warm up
     best = float("inf")
     for _ in range(reps):
         t0 = time.perf_counter()
-        torch.nn.functional.linear(x, weight)
+        linear(x)
         best = min(best, time.perf_counter() - t0)
     return best
 
 
 def cpu_inference_dtype() -> Choice:
     """bf16 if a measured memory-bound matvec runs faster in bf16 than in fp32, else fp32."""
-    name = torch.__version__ + "|" + str(torch.backends.cpu.get_cpu_capability())
+    name = torch.__version__ + "|" + str(torch.backends.cpu.get_cpu_capability()) + "|packed"
     if name in _memo:
         return Choice(_DTYPES[_memo[name]], "measured earlier in this process")
     try:

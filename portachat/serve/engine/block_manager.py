@@ -113,6 +113,11 @@ class BlockManager:
                 self.block_of_hash[h] = block
                 self.hash_of[block] = h
 
+    def clear_prefix_cache(self) -> None:
+        """Forget every cached prefix (their K/V were computed with weights that changed)."""
+        self.block_of_hash.clear()
+        self.hash_of = [None] * self.num_blocks
+
     def free_sequence(self, seq: Sequence) -> None:
         """Release every block of `seq` at once (finish, abort, preemption)."""
         for block in reversed(seq.block_table):  # tail first: the prefix is the last to be reused

@@ -21,6 +21,7 @@ import torch
 from portachat.device import Device, diagnose, get_device
 from portachat.device.inference import decode_compile, inference_dtype, kv_cache_budget, parse_dtype
 from portachat.model.gpt import GPT
+from portachat.quant import model_dtype
 from portachat.serve.engine.block_manager import BlockManager
 from portachat.serve.engine.calculator import calculate
 from portachat.serve.engine.config import EngineConfig
@@ -84,7 +85,7 @@ class LLMEngine:
         cfg = model.config
         # Weights: the inference dtype (in place: the engine owns the model it is given).
         if config.dtype == "model":
-            dtype = model.lm_head.weight.dtype
+            dtype = model_dtype(model)  # not lm_head.weight: a quantized head has none
             self.dtype_reason = "kept the model's dtype"
         elif config.dtype is not None:
             dtype, self.dtype_reason = parse_dtype(config.dtype), f"requested ({config.dtype})"
@@ -188,6 +189,12 @@ class LLMEngine:
             seq.finish_reason = "abort"
             self.scheduler.remove(seq)
 
+    def reload_weights(self) -> None:
+        """Call after changing the model's weights in place (e.g. an RL update) so that every later
+        step uses them. Cached prefixes are dropped; requests in flight keep the K/V they have."""
+        self.runner.reload_weights()
+        self.blocks.clear_prefix_cache()
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
@@ -206,6 +213,7 @@ class LLMEngine:
             "max_model_len": self.max_model_len,
             "dtype": str(self.dtype).removeprefix("torch."),
             "compiled": self.compiled,
+            "packed_weights": self.runner.packed is not None,
         }
 
     # ------------------------------------------------------------------ the step

@@ -58,3 +58,50 @@ def test_logprobs_equal_log_softmax_of_plain_forward(chat_tokenizer):
     for prompt, c in zip(prompts, engine.generate(prompts, params), strict=True):
         expected = plain_logprobs(engine.model, prompt, c.token_ids)
         assert torch.allclose(torch.tensor(c.logprobs), torch.tensor(expected), atol=1e-4)
+
+
+def test_packed_weights_match_the_plain_forward(chat_tokenizer):
+    """A frozen model runs through packed CPU kernels; a model still training is never packed."""
+    from engine_testing import tiny_model
+
+    model = tiny_model(chat_tokenizer.vocab_size, seed=4).requires_grad_(False)
+    engine = make_engine(chat_tokenizer, model=model)
+    prompts = prompts_of([6, 15], chat_tokenizer.vocab_size, seed=13)
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=True)
+    for prompt, c in zip(prompts, engine.generate(prompts, params), strict=True):
+        assert c.token_ids == plain_greedy(model, prompt, 8)
+        assert torch.allclose(
+            torch.tensor(c.logprobs), torch.tensor(plain_logprobs(model, prompt, c.token_ids)), atol=1e-4
+        )
+    training = make_engine(chat_tokenizer, model=tiny_model(chat_tokenizer.vocab_size, seed=4))
+    assert training.stats()["packed_weights"] is False
+
+
+def test_reload_weights_after_an_in_place_update(chat_tokenizer):
+    from engine_testing import tiny_model
+
+    model = tiny_model(chat_tokenizer.vocab_size, seed=5).requires_grad_(False)
+    engine = make_engine(chat_tokenizer, model=model)
+    prompt = prompts_of([9], chat_tokenizer.vocab_size, seed=14)[0]
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    before = engine.generate([prompt], params)[0].token_ids
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.5)
+    engine.reload_weights()
+    after = engine.generate([prompt], params)[0].token_ids
+    assert after == plain_greedy(model, prompt, 6) and after != before
+
+
+def test_bf16_engine_tracks_the_bf16_plain_forward(chat_tokenizer):
+    from engine_testing import tiny_model
+
+    model = tiny_model(chat_tokenizer.vocab_size, seed=6).requires_grad_(False)
+    engine = make_engine(chat_tokenizer, model=model, dtype="bf16")
+    prompt = prompts_of([12], chat_tokenizer.vocab_size, seed=15)[0]
+    c = engine.generate(
+        [prompt], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=True)
+    )[0]
+    expected = plain_logprobs(model, prompt, c.token_ids)  # model is bf16 now: same weights, plain path
+    assert torch.allclose(torch.tensor(c.logprobs), torch.tensor(expected), atol=0.15)
