@@ -1,0 +1,116 @@
+"""Inference-time device choices (dtype, compile, KV-cache budget) on simulated and real devices."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from device_sim import ascend, h100, mps, v100
+
+from portachat.device import Device, MemoryStats, get_device
+from portachat.device import inference as inf
+from portachat.device.cpu_linear import pack_linear, packing_available
+from portachat.device.paged_attention import decode_attention, prefill_attention
+
+
+@pytest.mark.parametrize(
+    "facts, expected",
+    [(h100(), torch.bfloat16), (v100(), torch.float16), (ascend("Ascend910A", bf16=False), torch.float16)],
+)
+def test_accelerators_infer_in_their_compute_dtype(facts, expected):
+    assert inf.inference_dtype(Device(facts)).value == expected
+
+
+def test_requested_dtype_wins_and_bad_names_are_refused(monkeypatch):
+    dev = Device(h100())
+    assert inf.inference_dtype(dev, "fp32").value == torch.float32
+    monkeypatch.setenv("PORTACHAT_INFERENCE_DTYPE", "float16")
+    assert inf.inference_dtype(dev).value == torch.float16
+    with pytest.raises(ValueError, match="fp32, bf16, fp16"):
+        inf.parse_dtype("bf17")
+
+
+def test_cpu_dtype_is_measured_once_and_cached_on_disk(monkeypatch, tmp_path):
+    calls = []
+    real = inf.measure_cpu_matvec
+
+    def counted(dtype, **kw):
+        calls.append(dtype)
+        return real(dtype, rows=256, cols=256, reps=2)
+
+    monkeypatch.setattr(inf, "measure_cpu_matvec", counted)
+    monkeypatch.setattr(inf, "_memo", {})
+    first = inf.inference_dtype(get_device("cpu"))
+    assert first.value in (torch.float32, torch.bfloat16) and "measured" in first.reason
+    assert sorted(map(str, calls)) == ["torch.bfloat16", "torch.float32"]
+    saved = json.loads((tmp_path / "home" / "inference_dtype.json").read_text())
+    assert list(saved.values()) == [{torch.float32: "fp32", torch.bfloat16: "bf16"}[first.value]]
+    monkeypatch.setattr(inf, "_memo", {})  # a new process: reads the file, measures nothing
+    assert inf.inference_dtype(get_device("cpu")).value == first.value and len(calls) == 2
+
+
+def test_compile_follows_the_device_policy():
+    assert inf.decode_compile(Device(h100())).value is True
+    assert inf.decode_compile(Device(mps())).value is False
+    assert inf.decode_compile(Device(ascend("Ascend910B2", bf16=True))).value is False
+    assert inf.decode_compile(Device(h100()), requested=False).value is False
+
+
+def test_kv_budget_accelerator_rule(monkeypatch):
+    dev = Device(h100())
+    gib = 2**30
+    stats = MemoryStats(allocated=10 * gib, peak_allocated=None, reserved=None, free=70 * gib, total=80 * gib)
+    monkeypatch.setattr(Device, "memory", lambda self: stats)
+    # 90% of 80 GiB = 72 GiB, minus 10 GiB in use = 62 GiB, capped by what is wanted.
+    assert inf.kv_cache_budget(dev, 0.9, wanted_bytes=100 * gib).value == 62 * gib
+    assert inf.kv_cache_budget(dev, 0.9, wanted_bytes=gib).value == gib
+    with pytest.raises(ValueError):
+        inf.kv_cache_budget(dev, 1.5, gib)
+
+
+def test_kv_budget_cpu_shares_available_memory():
+    dev = get_device("cpu")
+    free = dev.memory().free
+    budget = inf.kv_cache_budget(dev, 0.5, wanted_bytes=10**15).value
+    assert 0 < budget <= 0.5 * free * 1.05  # memory moves a little between the two reads
+    assert inf.kv_cache_budget(dev, 0.5, wanted_bytes=1000).value == 1000
+
+
+def test_bandwidth_measurement_is_positive():
+    assert inf.measure_memory_bandwidth(get_device("cpu"), megabytes=8, reps=2) > 1e8
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_linear_equals_linear(dtype):
+    if not packing_available("cpu", dtype):
+        pytest.skip(f"no packed CPU kernel for {dtype} in this torch build")
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(96, 40, generator=g).to(dtype), torch.randn(96, generator=g).to(dtype)
+    f = pack_linear(w, b)
+    for rows in (1, 3, 33):
+        x = torch.randn(rows, 40, generator=g).to(dtype)
+        assert torch.allclose(f(x).float(), torch.nn.functional.linear(x, w, b).float(), atol=1e-4, rtol=1e-3)
+    assert pack_linear(w.to(torch.float16)) is None  # no packed fp16 kernel: callers use the module
+
+
+def test_paged_attention_equals_dense_sdpa():
+    g = torch.Generator().manual_seed(0)
+    H, H_kv, D, slots = 4, 2, 8, 64
+    k_cache, v_cache = torch.randn(slots, H_kv, D, generator=g), torch.randn(slots, H_kv, D, generator=g)
+    # Two sequences of lengths 5 and 3 scattered over the cache.
+    tables = [torch.tensor([9, 30, 2, 41, 17]), torch.tensor([50, 8, 33])]
+    q = torch.randn(2, H, D, generator=g)
+    slot_index = torch.stack([tables[0], torch.cat([tables[1], tables[1][:2]])])
+    mask = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])[:, None, None, :]
+    out = decode_attention(q, k_cache, v_cache, slot_index, mask)
+    for b, table in enumerate(tables):
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q[b][None, :, None], k_cache[table].transpose(0, 1)[None], v_cache[table].transpose(0, 1)[None],
+            enable_gqa=True,
+        )[0, :, 0]  # fmt: skip
+        assert torch.allclose(out[b], ref, atol=1e-5)
+    # A chunk of 2 new tokens at positions 3-4 of the first sequence sees keys 0..3 and 0..4.
+    causal = torch.arange(5)[None, :] <= torch.tensor([3, 4])[:, None]
+    chunk = prefill_attention(q[:1].expand(2, H, D), None, None, k_cache, v_cache, tables[0], causal)
+    assert torch.allclose(chunk[1], out[0], atol=1e-5)
