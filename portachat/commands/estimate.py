@@ -32,11 +32,32 @@ def cmd_estimate_memory(args: argparse.Namespace) -> int:
     except (ValueError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    measured = None
+    if args.measure:
+        if args.hf_config is not None or args.devices > 1:
+            print("error: --measure runs our --depth model on this one device; drop --hf-config / --devices",
+                  file=sys.stderr)
+            return 2
+        measured = measure(args)
     if args.json:
-        print(json.dumps({"training": train, "serving": serve}, indent=2))
+        print(json.dumps({"training": train, "serving": serve, "measured_peak_bytes": measured}, indent=2))
     else:
         print(format_estimate(train, serve))
+        if measured is not None:
+            print(f"\nmeasured peak of two real training steps on this device: {measured / 2**20:,.1f} MiB "
+                  f"(estimate / measured = {train['peak_bytes'] / measured:.2f})")
     return 0
+
+
+def measure(args: argparse.Namespace) -> int:
+    from portachat.device import get_device
+    from portachat.model import GPTConfig
+    from portachat.tools.tune import measure_training_peak
+
+    dev = get_device(kind=args.device, dtype=args.dtype)
+    dev.set_current()
+    cfg = GPTConfig.from_depth(args.depth, args.vocab_size, max_seq_len=args.seq_len)
+    return measure_training_peak(cfg, args.batch_size, args.seq_len, dev, args.activation_checkpointing)
 
 
 def register(sub) -> None:
@@ -67,5 +88,8 @@ def register(sub) -> None:
     flag(m, "--kv-batch-size", type=positive_int, default=8, help="concurrent sequences when serving (default 8)")
     flag(m, "--kv-context", type=positive_int, default=None, help="context per sequence when serving (default --seq-len)")
     flag(m, "--kv-dtype", choices=("bf16", "fp16", "fp32"), default="bf16", help="serving weights and KV cache dtype")
+    flag(m, "--measure", action="store_true",
+         help="also run two real training steps of the --depth model on this device and print the measured peak")
+    flag(m, "--device", default=None, help="device for --measure: cpu|cuda|rocm|dcu|npu|xpu|mps (default: auto)")
     flag(m, "--json", action="store_true", help="print JSON instead of a table")
     m.set_defaults(func=cmd_estimate_memory)

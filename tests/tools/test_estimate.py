@@ -76,3 +76,12 @@ def test_cli_json_and_errors(tmp_path, capsys):
     assert "PEAK" in table and "KV cache" in table and "activations with checkpointing" in table
     assert main([*run, "--hf-config", str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_cli_measure_compares_with_a_real_step(capsys):
+    argv = ["estimate", "memory", "--depth", "1", "--vocab-size", "384", "--device-batch-size", "2",
+            "--max-seq-len", "64", "--dtype", "fp32", "--device", "cpu", "--measure", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert abs(out["training"]["peak_bytes"] / out["measured_peak_bytes"] - 1) < 0.15
+    assert main(["estimate", "memory", "--hf-config", "x", "--measure"]) == 2
