@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from portachat.train.muon_split import add_update, full, orthogonalize
+
 
 @torch.no_grad()
 def newton_schulz(grad: torch.Tensor, steps: int = 5, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
@@ -34,7 +36,9 @@ class Muon(torch.optim.Optimizer):
     """MomentUm Orthogonalized by Newton-schulz, for 2-D parameters only.
 
     `ns_dtype` is bf16 on devices with fast bf16 matmuls and fp32 elsewhere (CPU, fp16-only chips),
-    where bf16 would be slow or the iteration would lose too much precision.
+    where bf16 would be slow or the iteration would lose too much precision. Data-parallel ranks
+    share the Newton-Schulz work (`split_across_ranks`, see muon_split.py); FSDP2 shards are gathered
+    into whole matrices first.
     """
 
     def __init__(
@@ -45,9 +49,11 @@ class Muon(torch.optim.Optimizer):
         nesterov: bool = True,
         ns_steps: int = 5,
         ns_dtype: torch.dtype = torch.bfloat16,
+        split_across_ranks: bool = True,
     ) -> None:
         super().__init__(params, dict(lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps))
         self.ns_dtype = ns_dtype
+        self.split_across_ranks = split_across_ranks
         for group in self.param_groups:
             for p in group["params"]:
                 if p.ndim != 2:
@@ -70,12 +76,14 @@ class Muon(torch.optim.Optimizer):
                         state["momentum_buffer"] = torch.zeros_like(p.grad)
                     buf = state["momentum_buffer"]
                     buf.lerp_(p.grad, 1 - group["momentum"])
-                    updates.append(p.grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf)
-                ortho = newton_schulz(torch.stack(updates), group["ns_steps"], self.ns_dtype)
+                    updates.append(full(p.grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf))
+                ortho = orthogonalize(torch.stack(updates),
+                                      lambda x: newton_schulz(x, group["ns_steps"], self.ns_dtype),  # noqa: B023
+                                      self.ns_dtype, split=self.split_across_ranks)
                 # Scale so that tall and wide matrices get comparable per-element step sizes.
                 scale = max(1.0, shape[-2] / shape[-1]) ** 0.5
                 for p, update in zip(params, ortho.unbind(0), strict=True):
-                    p.add_(update.to(p.dtype), alpha=-group["lr"] * scale)
+                    add_update(p, update, alpha=-group["lr"] * scale)
         return None
 
 

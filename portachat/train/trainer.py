@@ -13,6 +13,7 @@ batch is split across accumulation steps and devices.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -224,7 +225,7 @@ class Trainer:
         self.train_model: torch.nn.Module = model
         if self.world > 1:
             self.ddp = DistributedDataParallel(
-                model, device_ids=[dev.index] if dev.type != "cpu" else None, broadcast_buffers=False
+                model, device_ids=[dev.index] if dev.type != "cpu" else None, **_no_buffer_sync()
             )
             self.train_model = self.ddp
         if dev.compile:
@@ -515,6 +516,13 @@ def train(
     trainer = Trainer(model, tokenizer, data, cfg, dev, env, stage_path, extra_meta=extra_meta, print_fn=print_fn)
     trainer.setup(resume_from=resume_from, init_from=init_from)
     return trainer.fit()
+
+
+def _no_buffer_sync() -> dict[str, bool]:
+    """DDP's switch for not re-broadcasting buffers every forward: `forward_sync_buffers` from torch 2.13
+    (which deprecates `broadcast_buffers`), `broadcast_buffers` before."""
+    params = inspect.signature(DistributedDataParallel.__init__).parameters
+    return {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
 
 
 def _check_replicas_in_sync(model: GPT, world: int, say: Callable[[str], None]) -> None:
