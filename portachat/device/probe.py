@@ -66,6 +66,7 @@ PORTACHAT_VARS = (
     "PORTACHAT_COMPILE",
     "PORTACHAT_ATTENTION",
     "PORTACHAT_HOME",
+    "PORTACHAT_CPU_PROBE_CACHE",
 )
 VENDOR_CLIS = ("nvidia-smi", "amd-smi", "rocm-smi", "hy-smi", "npu-smi")
 # Hygon DCU architectures (K100 gfx926, K100_AI gfx928, BW gfx936); Z100 reports gfx906 like AMD's MI50.
