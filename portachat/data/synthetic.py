@@ -266,13 +266,23 @@ def render_document(examples: list[Example], rng: random.Random) -> str:
     return "\n".join(lines)
 
 
+def _not_heldout(example: Example) -> bool:
+    """False for a question the chat curriculum holds out (pretraining must never show it)."""
+    from portachat.data.synthetic_tasks import question_key, split_of  # that module imports this one
+
+    key = question_key(example.question)
+    return key is None or split_of(key) != "heldout"
+
+
 def synthetic_documents(n: int, seed: int | str = 0) -> list[str]:
-    """n pretraining documents of 1-6 examples each, deterministic in `seed`."""
+    """n pretraining documents of 1-6 examples each, deterministic in `seed`; questions of the chat
+    curriculum's held-out split are left out."""
     rng = random.Random(f"portachat-synthetic-docs:{seed}")
     names = tuple(TASKS)
     docs = []
     for _ in range(n):
         examples = [TASKS[rng.choice(names)](rng) for _ in range(rng.randint(1, 6))]
+        examples = [ex for ex in examples if _not_heldout(ex)] or [facts(rng)]
         docs.append(render_document(examples, rng))
     return docs
 
@@ -292,5 +302,13 @@ class SyntheticSource(DocumentSource):
         self.name = f"synthetic(seed={seed}) [{split}]"
 
     def read_unit(self, u: int) -> list[str]:
+        """Half plain curriculum documents, half the chat tasks in their own phrasing (tool calls
+        included), so pretraining already speaks the language the chat stages are taught in."""
+        from portachat.data.synthetic_tasks import task_documents
+
         self._check_unit(u)
-        return synthetic_documents(self.docs_per_unit, seed=f"{self.seed}:{self._unit_ids[u]}")
+        seed = f"{self.seed}:{self._unit_ids[u]}"
+        half = self.docs_per_unit // 2
+        plain = synthetic_documents(self.docs_per_unit - half, seed=seed)
+        tasks = task_documents(half, seed=seed)
+        return [doc for pair in zip(plain, tasks, strict=False) for doc in pair] + plain[len(tasks):]
