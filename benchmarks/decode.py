@@ -72,7 +72,7 @@ def load_ours(checkpoint: str | None, dev: Device, dtype: torch.dtype, depth: in
         return load_for_inference(checkpoint, device=dev, dtype=dtype).model
     torch.manual_seed(0)
     model = GPT(GPTConfig.from_depth(depth, vocab_size=32768, max_seq_len=2048))
-    return model.to(device=dev.torch_device, dtype=dtype).eval()
+    return model.to(device=dev.torch_device, dtype=dtype).eval().requires_grad_(False)
 
 
 def hf_twin(model: GPT, dtype: torch.dtype, device: torch.device):
@@ -128,7 +128,7 @@ def bench_model(name: str, model: GPT, args: argparse.Namespace, dev: Device, dt
     biggest = max(args.batch_sizes)
     engine = LLMEngine(
         model, ByteTokenizer(model.config.vocab_size),
-        EngineConfig(max_model_len=args.prompt_len + args.new_tokens + 1, max_num_seqs=biggest,
+        EngineConfig(max_model_len=args.prompt_len + args.new_tokens + 8, max_num_seqs=biggest,
                      max_num_batched_tokens=max(1024, biggest * args.prompt_len), dtype="model",
                      compile=args.compile),
         device=dev,
@@ -178,6 +178,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--compile", type=int, default=None, help="1/0: compile the engine's forward; default: policy"
     )
     p.add_argument("--device", default=None, help="cpu, cuda, npu, ... (default: auto)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's choice)")
     p.add_argument("--json", action="store_true", help="print one JSON record as the last line")
     args = p.parse_args(argv)
     if args.compile is not None:
@@ -187,6 +188,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     dev = get_device(args.device)
     dtype = parse_dtype(args.dtype) if args.dtype else inference_dtype(dev).value
     bandwidth = measure_memory_bandwidth(dev)

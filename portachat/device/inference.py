@@ -106,11 +106,14 @@ def inference_dtype(dev: Device, requested: str | None = None) -> Choice:
 
 
 def decode_compile(dev: Device, requested: bool | None = None) -> Choice:
-    """Whether the engine compiles its decode step (torch.compile). Off where the device layer's
-    compile policy says eager (Ascend, MPS, no Triton); on CPU it follows the same opt-in."""
+    """Whether the engine compiles its forward (torch.compile, dynamic shapes). Opt-in for now:
+    the forward's shapes change every step, compilation takes minutes on a CPU, and on CPU the
+    packed kernels already give what freezing would. Never where the device layer says eager."""
     if requested is not None:
+        if requested and not dev.compile:
+            return Choice(True, f"requested, although the device policy says eager ({dev.compile_reason})")
         return Choice(bool(requested), "requested")
-    return Choice(dev.compile, dev.compile_reason)
+    return Choice(False, "opt-in (--compile): dynamic shapes every step; eager is the verified path")
 
 
 def kv_cache_budget(dev: Device, utilization: float, wanted_bytes: int) -> Choice:

@@ -50,11 +50,11 @@ def test_cpu_dtype_is_measured_once_and_cached_on_disk(monkeypatch, tmp_path):
     assert inf.inference_dtype(get_device("cpu")).value == first.value and len(calls) == 2
 
 
-def test_compile_follows_the_device_policy():
-    assert inf.decode_compile(Device(h100())).value is True
-    assert inf.decode_compile(Device(mps())).value is False
-    assert inf.decode_compile(Device(ascend("Ascend910B2", bf16=True))).value is False
-    assert inf.decode_compile(Device(h100()), requested=False).value is False
+def test_compile_is_opt_in():
+    assert inf.decode_compile(Device(h100())).value is False
+    assert inf.decode_compile(Device(h100()), requested=True).value is True
+    forced = inf.decode_compile(Device(mps()), requested=True)
+    assert forced.value is True and "eager" in forced.reason
 
 
 def test_kv_budget_accelerator_rule(monkeypatch):

@@ -9,6 +9,7 @@ in one copy. Logits are computed only at the positions that sample.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -74,7 +75,7 @@ class ModelRunner:
         # Packed copies would go stale under a model that is still training (RL): pack frozen weights only.
         frozen = not any(p.requires_grad for p in model.parameters())
         self.packed = self._pack(model) if frozen else None
-        self._forward_impl = self._forward
+        self._compiled = None
 
     def reload_weights(self) -> None:
         """Re-pack after the model's weights changed in place (a no-op when nothing is packed)."""
@@ -112,7 +113,7 @@ class ModelRunner:
 
     def enable_compile(self) -> None:
         """torch.compile the forward (shapes vary every step: compiled with dynamic shapes)."""
-        self._forward_impl = torch.compile(self._forward, dynamic=True)
+        self._compiled = torch.compile(self._forward, dynamic=True)
 
     # ------------------------------------------------------------------ inputs
 
@@ -188,7 +189,18 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, inp: StepInputs) -> torch.Tensor:
         """fp32 logits [S, V] at `inp.logits_rows`."""
-        return self._forward_impl(inp)
+        if self._compiled is None:
+            return self._forward(inp)
+        try:
+            return self._compiled(inp)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as exc:  # a compiler failure must not take the engine down: run eager from now on
+            warnings.warn(
+                f"compiled forward failed ({type(exc).__name__}: {exc}); continuing eager", stacklevel=2
+            )
+            self._compiled = None
+            return self._forward(inp)
 
     def _forward(self, inp: StepInputs) -> torch.Tensor:
         model = self.model
