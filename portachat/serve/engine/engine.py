@@ -319,7 +319,9 @@ class LLMEngine:
         params: SamplingParams | list[SamplingParams] | None = None,
         progress: Callable[[int, int], None] | None = None,
     ) -> list[Completion]:
-        """Run prompts to completion (all queued at once, as the queue bound allows) and return them in order."""
+        """Run prompts to completion (queued as the queue bound allows) and return them in order.
+        A prompt the engine refuses (too long, bad parameters) comes back with finish_reason
+        "error" and the reason in `error`; the others run normally."""
         params = params or SamplingParams()
         plist = params if isinstance(params, list) else [params] * len(prompts)
         if len(plist) != len(prompts):
@@ -331,7 +333,15 @@ class LLMEngine:
         while pending or self.has_unfinished():
             while pending and len(self.scheduler.waiting) < self.config.max_waiting:
                 prompt, p = pending.pop(0)
-                rid = self.add_request(prompt, p)
+                try:
+                    rid = self.add_request(prompt, p)
+                except EngineError as exc:  # one bad prompt (e.g. too long) fails alone, not the batch
+                    rid = f"rejected-{len(order)}"
+                    refused = RequestOutput(rid, "", [], None, True, "error", str(exc), len(prompt), 0)
+                    results[rid] = {"text": [], "ids": [], "logprobs": None, "out": refused}
+                    order.append(rid)
+                    done += 1
+                    continue
                 order.append(rid)
                 results[rid] = {"text": [], "ids": [], "logprobs": [] if p.logprobs else None, "out": None}
             for out in self.step():

@@ -217,3 +217,13 @@ def test_incremental_detokenization_of_chinese_text(chat_tokenizer):
         streamed += delta
     streamed += d.delta(final=True)
     assert streamed == chat_tokenizer.decode(ids) == text
+
+
+def test_generate_reports_a_refused_prompt_and_runs_the_rest(chat_tokenizer):
+    engine = make_engine(chat_tokenizer, max_model_len=32)
+    ok = prompts_of([5], chat_tokenizer.vocab_size, seed=16)[0]
+    got = engine.generate(
+        [list(range(40)), ok], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    )
+    assert got[0].finish_reason == "error" and "context window" in got[0].error and got[0].token_ids == []
+    assert got[1].token_ids == plain_greedy(engine.model, ok, 4)
