@@ -22,6 +22,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -157,12 +158,17 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
         cmd += ["--dtype", args.dtype]
     if args.kv_cache_gb:
         cmd += ["--kv-cache-gb", str(args.kv_cache_gb)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    env = dict(os.environ)
+    if args.threads:  # on a busy small CPU one thread can beat two that keep waiting for each other
+        env["OMP_NUM_THREADS"] = str(args.threads)
+    log = tempfile.TemporaryFile(mode="w+")  # a pipe nobody reads could fill up and stall the server
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, text=True, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + args.load_timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"the server exited ({proc.returncode}):\n{proc.stderr.read()[-3000:]}")
+            log.seek(0)
+            raise SystemExit(f"the server exited ({proc.returncode}):\n{log.read()[-3000:]}")
         try:
             if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                 return proc, url
@@ -191,6 +197,8 @@ def main() -> int:
     p.add_argument("--max-model-len", type=int_at_least(64), default=1024, help="server context (default 1024)")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None)
+    p.add_argument("--threads", type=int_at_least(1), default=None,
+                   help="CPU threads of the server process (OMP_NUM_THREADS; default: inherited)")
     p.add_argument("--kv-cache-gb", type=float, default=None, help="server KV-cache size (default: the server's)")
     p.add_argument("--timeout", type=float, default=900.0, help="per-request timeout in seconds")
     p.add_argument("--load-timeout", type=float, default=600.0, help="seconds to wait for the model to load")

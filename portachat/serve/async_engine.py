@@ -89,7 +89,6 @@ class AsyncEngine:
         self._accepting = True
         self._active: set[str] = set()  # accepted and not yet finished; touched only by callers
         self._stats: dict = {"num_running": 0, "num_waiting": 0, "kv_cache_usage": 0.0}
-        self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="portachat-engine", daemon=True)
         self._thread.start()
 
@@ -184,7 +183,6 @@ class AsyncEngine:
         finally:
             self._accepting = False
             self._finish_all("the engine stopped")
-            self._stopped.set()
 
     def _handle_commands(self, block: bool) -> bool:
         """Apply queued commands; False when asked to stop."""
