@@ -25,7 +25,8 @@ from portachat.checkpoint.runs import (
     stage_dir,
     step_dir_name,
 )
-from portachat.checkpoint.trainer_state import save_optimizers, save_rng
+from portachat.checkpoint.sharded import full_model, is_sharded
+from portachat.checkpoint.trainer_state import collect_optimizers, save_rng, write_optimizers
 
 __all__ = [
     "CheckpointError",
@@ -62,9 +63,10 @@ def save_checkpoint(
 ) -> Path:
     """Write `<stage_path>/step_<N>/` atomically from every rank, then point `latest` at it.
 
-    Rank 0 writes the model directory and optimizer state; each rank writes its own RNG state;
-    data positions of all ranks' streams are gathered into portachat.json. Collective: every rank
-    must call it. On any failure the temporary directory is removed and `latest` is untouched.
+    Rank 0 writes everything: the model directory, the optimizer state (FSDP2 shards gathered into
+    whole tensors first), every rank's RNG state and data positions (gathered through the process
+    group: no shared filesystem is assumed). Collective: every rank must call it. On any failure
+    the temporary directory is removed and `latest` is untouched.
     """
     rank = env.rank if env is not None else 0
     is_main = rank == 0
@@ -76,6 +78,17 @@ def save_checkpoint(
         positions = {k: v for part in gathered for k, v in (part or {}).items()}
     meta = dict(meta)
     meta["data_position"] = {"num_streams": num_streams, "streams": positions}
+    rngs = {rank: rng} if rng is not None else {}
+    if _distributed() and rng is not None:
+        parts: list[dict | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, {k: v.cpu() for k, v in rng.items()})
+        rngs = dict(enumerate(parts))
+    # Gathering sharded weights and moments is a collective: every rank takes part, rank 0 keeps them.
+    sharded = is_sharded(model)
+    whole = full_model(model)
+    opt_state = None
+    if optimizers and (is_main or sharded):
+        opt_state = collect_optimizers(model, optimizers, scaler.state_dict() if scaler is not None else None)
 
     error: BaseException | None = None
     if is_main:
@@ -87,12 +100,12 @@ def save_checkpoint(
     _agree(error, device=device)
     tmp = tmp_dir_for(final)
     try:
-        if rng is not None:
-            save_rng(tmp, rank, rng)
         if is_main:
-            save_model_files(tmp, model, tokenizer, meta)
-            if optimizers:
-                save_optimizers(tmp, model, optimizers, scaler.state_dict() if scaler is not None else None)
+            save_model_files(tmp, whole, tokenizer, meta)
+            if opt_state is not None:
+                write_optimizers(tmp, *opt_state)
+            for r, state in rngs.items():
+                save_rng(tmp, r, state)
     except BaseException as exc:  # noqa: BLE001
         error = exc
     _agree(error, device=device, cleanup=tmp if is_main else None, final=final)

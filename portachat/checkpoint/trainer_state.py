@@ -6,8 +6,8 @@ Stored next to the model files as safetensors + JSON (never pickle):
   trainer_state/rank<R>.safetensors     that rank's CPU and device RNG states
 Data positions live in portachat.json (one entry per data stream).
 
-Training is data-parallel with replicated optimizer state, so rank 0's optimizer state is the
-whole state and a run can resume on any number of devices. (torch.distributed.checkpoint's
+Moments are saved whole: replicated (DDP) state is rank 0's, FSDP2 shards are all-gathered first
+and split again on load, so a run resumes on any number of devices. (torch.distributed.checkpoint's
 default file format unpickles its metadata, which the checkpoint rules forbid.)
 """
 
@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from portachat.checkpoint.atomic import CheckpointError
 
@@ -41,7 +42,13 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def save_optimizers(directory: Path, model: nn.Module, optimizers: list[torch.optim.Optimizer], scaler_state: dict | None) -> None:
+def collect_optimizers(
+    model: nn.Module, optimizers: list[torch.optim.Optimizer], scaler_state: dict | None
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Optimizer state as whole CPU tensors keyed by parameter name, plus its JSON part.
+
+    FSDP2 keeps moments as DTensor shards: they are all-gathered here, so with a sharded model every
+    rank must call this (a collective); the saved state is the same as a replicated run's."""
     names = _param_names(model)
     tensors: dict[str, torch.Tensor] = {}
     info: dict[str, Any] = {"optimizers": [], "grad_scaler": scaler_state}
@@ -52,15 +59,24 @@ def save_optimizers(directory: Path, model: nn.Module, optimizers: list[torch.op
         for idx, pstate in sd["state"].items():
             for key, value in pstate.items():
                 if isinstance(value, torch.Tensor):
-                    tensors[f"{i}/{order[idx]}/{key}"] = value.detach().to("cpu").contiguous()
+                    whole = value.full_tensor() if isinstance(value, DTensor) else value
+                    tensors[f"{i}/{order[idx]}/{key}"] = whole.detach().to("cpu").contiguous()
                 else:
                     extra.setdefault(order[idx], {})[key] = _jsonable(value)
         groups = [{k: _jsonable(v) for k, v in g.items() if k != "params"} for g in sd["param_groups"]]
         info["optimizers"].append({"type": type(opt).__name__, "param_groups": groups, "non_tensor_state": extra})
+    return tensors, info
+
+
+def write_optimizers(directory: Path, tensors: dict[str, torch.Tensor], info: dict[str, Any]) -> None:
     out = directory / STATE_DIR
     out.mkdir(exist_ok=True)
     save_file(tensors, str(out / "optimizer.safetensors"))
     (out / "optimizer.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+
+
+def save_optimizers(directory: Path, model: nn.Module, optimizers: list[torch.optim.Optimizer], scaler_state: dict | None) -> None:
+    write_optimizers(directory, *collect_optimizers(model, optimizers, scaler_state))
 
 
 def load_optimizers(directory: Path, model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> dict | None:
@@ -73,6 +89,7 @@ def load_optimizers(directory: Path, model: nn.Module, optimizers: list[torch.op
     if len(info["optimizers"]) != len(optimizers):
         raise CheckpointError(f"{directory}: saved {len(info['optimizers'])} optimizers, this run has {len(optimizers)}")
     names = _param_names(model)
+    params = dict(model.named_parameters())
     for i, (opt, saved) in enumerate(zip(optimizers, info["optimizers"], strict=True)):
         sd = opt.state_dict()
         if saved["type"] != type(opt).__name__ or len(saved["param_groups"]) != len(sd["param_groups"]):
@@ -80,7 +97,8 @@ def load_optimizers(directory: Path, model: nn.Module, optimizers: list[torch.op
         order = [names[id(p)] for group in opt.param_groups for p in group["params"]]
         state: dict[int, dict[str, Any]] = {}
         for idx, name in enumerate(order):
-            pstate = {key.split("/", 2)[2]: t for key, t in tensors.items() if key.startswith(f"{i}/{name}/")}
+            pstate = {key.split("/", 2)[2]: _like_param(t, params[name])
+                      for key, t in tensors.items() if key.startswith(f"{i}/{name}/")}
             pstate.update(saved["non_tensor_state"].get(name, {}))
             if pstate:
                 state[idx] = pstate
@@ -92,6 +110,14 @@ def load_optimizers(directory: Path, model: nn.Module, optimizers: list[torch.op
         sd["state"] = state
         opt.load_state_dict(sd)
     return info.get("grad_scaler")
+
+
+def _like_param(t: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """A saved whole moment laid out as its parameter: this rank's shard of it under FSDP2 (so state
+    saved by any number of processes loads on any other). Scalars (Adam's step) stay as they are."""
+    if isinstance(p, DTensor) and t.shape == p.shape:
+        return distribute_tensor(t.to(p.device), p.device_mesh, p.placements, src_data_rank=None)
+    return t
 
 
 def save_rng(directory: Path, rank: int, rng: dict[str, torch.Tensor]) -> None:

@@ -1,0 +1,87 @@
+"""Data parallelism for the Trainer: DDP when the model fits, FSDP2 (ZeRO-3) when it does not.
+
+DDP keeps a whole replica of weights, gradients and optimizer state on every device. FSDP2
+(`fully_shard`) keeps 1/world of each on each device and all-gathers one block's weights at a time,
+in the device's compute dtype (MixedPrecisionPolicy), reducing gradients in fp32. `--fsdp auto`
+shards when the memory estimator says the replicated run will not fit in the device's memory.
+
+Checkpoints stay one format whatever the layout: sharded weights and optimizer moments are
+gathered into whole tensors for rank 0 to write, and scattered again on load, so a run saved on
+N processes resumes on M.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import torch
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import init_device_mesh
+
+from portachat.checkpoint.sharded import full_model, is_sharded, load_weights
+from portachat.device import Device
+from portachat.model import GPT
+
+FSDP_CHOICES = ("auto", "on", "off")
+DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def replicated_peak_bytes(model: GPT, device_batch_size: int, seq_len: int, dev: Device, world: int) -> int:
+    """The memory estimator's peak per device for a replicated (DDP) run of this model and batch."""
+    from portachat.tools.estimate import ModelShape, TrainingSetup, estimate_training
+
+    setup = TrainingSetup(batch_size=device_batch_size, seq_len=seq_len, dtype=DTYPE_NAMES.get(dev.dtype, "fp32"),
+                          world_size=world, parallel="ddp")
+    return estimate_training(ModelShape.from_gpt_config(model.config), setup)["peak_bytes"]
+
+
+def choose_parallel(fsdp: str, model: GPT, device_batch_size: int, seq_len: int, dev: Device, world: int,
+                    say: Callable[[str], None] = print) -> str:
+    """"single" (one process), "ddp" or "fsdp2", from --fsdp auto|on|off."""
+    if fsdp not in FSDP_CHOICES:
+        raise ValueError(f"--fsdp must be one of {', '.join(FSDP_CHOICES)}, got {fsdp!r}")
+    if world == 1:
+        if fsdp == "on":
+            say("[portachat] --fsdp on with a single process: nothing to shard across, training unsharded")
+        return "single"
+    if fsdp != "auto":
+        return "fsdp2" if fsdp == "on" else "ddp"
+    total = dev.memory().total
+    need = replicated_peak_bytes(model, device_batch_size, seq_len, dev, world)
+    if total is not None and need > total:
+        say(f"[portachat] a replicated model needs ~{need / 2**30:.1f} GiB per device (estimate), more than the "
+            f"device's {total / 2**30:.1f} GiB: sharding with FSDP2 (--fsdp off to force DDP)")
+        return "fsdp2"
+    return "ddp"
+
+
+def shard_model(model: GPT, dev: Device, world: int) -> None:
+    """fully_shard each transformer block, then the root (embeddings, final norm, head: tied weights
+    must share one unit). Done in place, before the optimizers are built over the sharded parameters."""
+    mesh = init_device_mesh(dev.torch_device.type, (world,))
+    # The compute dtype for the all-gathered weights; fp32 gradients for the reduce-scatter, so averaging
+    # over ranks does not round. fp32 devices keep fp32 weights.
+    param_dtype = dev.dtype if dev.dtype != torch.float32 else None
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    for block in model.model.layers:
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+
+
+@contextlib.contextmanager
+def grad_sync_paused(wrapped: torch.nn.Module | None) -> Iterator[None]:
+    """Skip the gradient all-reduce / reduce-scatter for a micro-batch that is not the step's last."""
+    if isinstance(wrapped, torch.nn.parallel.DistributedDataParallel):
+        with wrapped.no_sync():
+            yield
+    elif isinstance(wrapped, FSDPModule):
+        wrapped.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            wrapped.set_requires_gradient_sync(True)
+    else:
+        yield
+
+__all__ = ["choose_parallel", "full_model", "grad_sync_paused", "is_sharded", "load_weights", "shard_model"]
