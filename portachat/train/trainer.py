@@ -36,6 +36,7 @@ from portachat.tokenizer import Tokenizer
 from portachat.train.batch import Batch, as_batch
 from portachat.train.logger import RunLogger, format_progress
 from portachat.train.optim import OptimConfig, build_optimizers
+from portachat.train.parallel import choose_parallel, grad_sync_paused, load_weights, shard_model
 from portachat.train.samples import greedy_samples
 from portachat.train.schedule import lr_multiplier, muon_momentum
 from portachat.train.signals import StopRequest
@@ -108,6 +109,7 @@ class TrainConfig:
     log_every: int = 10
     seed: int = 42
     max_bad_steps: int = 5
+    fsdp: str = "auto"  # shard with FSDP2: "on", "off", or "auto" = when a replica would not fit in memory
     optim: OptimConfig = field(default_factory=OptimConfig)
 
     def grad_accum_steps(self, world_size: int) -> int:
@@ -200,6 +202,11 @@ class Trainer:
         if init_from is not None:
             load_init_weights(model, self.tokenizer, init_from)
             self.say(f"[portachat] {cfg.stage}: starting from the weights of {init_from} (fresh optimizer state)")
+        # FSDP2 shards in place before the optimizers are built: they must hold the sharded parameters.
+        self.parallel = choose_parallel(cfg.fsdp, model, cfg.device_batch_size, cfg.max_seq_len, dev, self.world,
+                                        self.say)
+        if self.parallel == "fsdp2":
+            shard_model(model, dev, self.world)
         self.optimizers = build_optimizers(
             model,
             cfg.optim,
@@ -223,7 +230,7 @@ class Trainer:
         # derived from the config on every rank; re-broadcasting them each forward is wasted traffic.
         self.ddp = None
         self.train_model: torch.nn.Module = model
-        if self.world > 1:
+        if self.parallel == "ddp":
             self.ddp = DistributedDataParallel(
                 model, device_ids=[dev.index] if dev.type != "cpu" else None, **_no_buffer_sync()
             )
@@ -237,7 +244,8 @@ class Trainer:
         self.flops_per_token = model.flops_per_token(cfg.max_seq_len)
         self.tokens_per_step = cfg.device_batch_size * cfg.max_seq_len * self.num_streams
         self.meta_base.update(
-            stage=cfg.stage, run=cfg.run, train_config=_config_dict(cfg), device=dev.describe(), world_size=self.world
+            stage=cfg.stage, run=cfg.run, train_config=_config_dict(cfg), device=dev.describe(), world_size=self.world,
+            parallel=self.parallel,
         )
         self.say(
             f"[portachat] {cfg.stage}: {model.num_params():,} params | {cfg.num_iterations} steps x "
@@ -260,7 +268,7 @@ class Trainer:
                 f"cannot resume from {path}: it holds a different model ({saved_cfg}) than this run asks for "
                 f"({model.config}). Drop --resume or use the same --depth / --max-seq-len as the run you continue."
             )
-        load_weights_into(model, path)  # straight into the training model: no second copy on the device
+        load_weights(model, path)  # straight into the training model (its shard under FSDP2): no second copy
         # The implementation flags are this device's choice, not the saving machine's (fused AdamW on a
         # CUDA run resumed on a CPU would fail).
         impl = [[{k: g[k] for k in ("fused", "foreach") if k in g} for g in opt.param_groups] for opt in self.optimizers]
@@ -304,7 +312,7 @@ class Trainer:
         loss_sum = torch.zeros((), device=dev.torch_device)
         for micro, batch in enumerate(batches):
             last = micro == len(batches) - 1
-            ctx = self.ddp.no_sync() if (self.ddp is not None and not last) else contextlib.nullcontext()
+            ctx = grad_sync_paused(self.ddp or self.model) if not last else contextlib.nullcontext()
             with ctx:
                 with dev.autocast():
                     loss = self.stage.loss(self.train_model, batch)
@@ -402,7 +410,8 @@ class Trainer:
         self.metrics.update(results)
         if self.logger is not None:
             self.logger.log(step, {("val/bpb" if k == "val_bpb" else f"eval/{k}"): v for k, v in results.items()})
-        if env.is_main and self.stage.sample_prompts and (cfg.sample_every == 0 or step % cfg.sample_every == 0):
+        # Sharded weights are gathered by every rank's forward: under FSDP2 all ranks generate, rank 0 prints.
+        if (env.is_main or self.parallel == "fsdp2") and self.stage.sample_prompts and (cfg.sample_every == 0 or step % cfg.sample_every == 0):
             self.samples = greedy_samples(self.model, self.tokenizer, self.stage.sample_prompts, cfg.sample_tokens,
                                           dev, cfg.seed)
             for text in self.samples:
@@ -485,7 +494,7 @@ class Trainer:
                         raise KeyboardInterrupt(f"stopped at step {step}; resume with --resume")
                 step = self.step_count
                 self.evaluate(step)
-                if self.world > 1:
+                if self.ddp is not None:
                     _check_replicas_in_sync(self.model, self.world, self.say)
                 final = self.save(step, final=True)
             finally:
