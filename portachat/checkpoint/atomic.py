@@ -45,7 +45,7 @@ def disk_full_message(path: Path, exc: OSError) -> str:
     return (
         f"disk full while writing checkpoint {path} ({exc.strerror}); {free / 2**20:.0f} MiB free. "
         "Nothing was half-written: the previous checkpoint is intact. Free space or point "
-        "PORTACHAT_HOME / --run-dir at a larger disk, then resume with --resume."
+        "PORTACHAT_HOME (or --runs-root) at a larger disk, then resume with --resume."
     )
 
 
