@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from portachat.commands.common import EPILOG, device_from_args, flag, int_at_least, nonneg_int, positive_int
+from portachat.commands.launch import add_launch_flags, maybe_launch
 
 
 def add_train_flags(p: argparse.ArgumentParser) -> None:
@@ -25,6 +26,10 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     flag(g, "--device", default=None, help="cpu|cuda|rocm|dcu|npu|xpu|mps (default: auto-detect)")
     flag(g, "--dtype", default=None, help="bf16|fp16|fp32 compute dtype (default: the device's best; see `portachat doctor`)")
     flag(g, "--compile", default=None, choices=["0", "1"], help="torch.compile the model (default: per device policy)")
+    flag(g, "--fsdp", default=d.fsdp, choices=["auto", "on", "off"],
+         help="shard weights, gradients and optimizer state across processes with FSDP2 (ZeRO-3) instead of DDP "
+              "replicas; auto = when the memory estimate of a replica exceeds the device's memory (default auto)")
+    add_launch_flags(p)
     g = p.add_argument_group("batch and horizon")
     flag(g, "--device-batch-size", type=positive_int, default=None, help="rows per device per micro-step (default: 32 on accelerators, 4 on CPU)")
     flag(g, "--total-batch-size", type=positive_int, default=None,
@@ -75,6 +80,7 @@ def train_config(args: argparse.Namespace, dev) -> object:
         log_every=args.log_every,
         seed=args.seed,
         max_bad_steps=args.max_bad_steps,
+        fsdp=args.fsdp,
         optim=OptimConfig(
             matrix_lr=args.matrix_lr,
             embedding_lr=args.embedding_lr,
@@ -86,6 +92,9 @@ def train_config(args: argparse.Namespace, dev) -> object:
 
 
 def cmd_train_base(args: argparse.Namespace) -> int:
+    launched = maybe_launch(args)  # --nproc N: re-run this command under torchrun
+    if launched is not None:
+        return launched
     from portachat.device import destroy_distributed, dist_env
     from portachat.train.base import BaseOptions, run_base
 
@@ -113,6 +122,9 @@ def cmd_train_base(args: argparse.Namespace) -> int:
 
 
 def cmd_train_chat(args: argparse.Namespace) -> int:
+    launched = maybe_launch(args)  # --nproc N: re-run this command under torchrun
+    if launched is not None:
+        return launched
     from portachat.device import destroy_distributed, dist_env
     from portachat.train.chat_stage import ChatOptions, run_chat_stage
     from portachat.train.finetune import finetune_options, run_finetune, wants_finetune
@@ -205,6 +217,9 @@ def add_chat_stage_parser(tsub, stage: str) -> None:
 
 
 def cmd_train_rl(args: argparse.Namespace) -> int:
+    launched = maybe_launch(args)  # --nproc N: re-run this command under torchrun
+    if launched is not None:
+        return launched
     from portachat.device import destroy_distributed, dist_env
     from portachat.train.rl import RLOptions, run_rl
 
