@@ -86,6 +86,8 @@ def test_completions_stream_and_not(client, tok):
                                             stream=True))
     assert "".join(c.choices[0].text for c in chunks) == reply.choices[0].text
     assert chunks[-1].choices[0].finish_reason == "length"
+    echoed = client.completions.create(model="tiny", prompt="To be or not", max_tokens=8, temperature=0, echo=True)
+    assert echoed.choices[0].text == "To be or not" + reply.choices[0].text
     # Token ids as the prompt give the same completion.
     by_ids = client.completions.create(model="tiny", prompt=tok.encode("To be or not"), max_tokens=8, temperature=0)
     assert by_ids.choices[0].text == reply.choices[0].text

@@ -295,7 +295,10 @@ async def completions(request: Request) -> Response:
     params = sampling_params(state, req, len(prompt_ids), "prompt")
     request_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
-    echo = state.model.tokenizer.decode(prompt_ids) if req.echo else ""
+    echo = ""
+    if req.echo:  # the prompt as sent; token-id prompts as decoded text
+        text = req.prompt[0] if isinstance(req.prompt, list) and len(req.prompt) == 1 else req.prompt
+        echo = text if isinstance(text, str) else state.model.tokenizer.decode(prompt_ids)
     handle = await submit(state, prompt_ids, params, request_id, "max_tokens")
     want_logprobs = req.logprobs is not None
     if req.stream:
