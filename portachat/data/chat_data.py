@@ -176,6 +176,13 @@ def load_conversations(specs: Sequence[str | Path], limit: int | None = None) ->
     return out
 
 
+def synthetic_heldout(n: int) -> list[Conversation]:
+    """The held-out questions `portachat eval synthetic` asks (distinct, never trained on), as conversations."""
+    from portachat.data.synthetic_tasks import heldout_set
+
+    return [{"messages": ex.messages, "answer": ex.answer} for ex in heldout_set(n)]
+
+
 def synthetic_conversations(n: int, split: str = "train", seed: int | str = 0) -> list[Conversation]:
     """The built-in task curriculum as conversations with their expected answers."""
     from portachat.data.synthetic_tasks import task_examples

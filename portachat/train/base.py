@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer as HFTokenizer
 
 from portachat.checkpoint import CheckpointError, latest_checkpoint, resolve_model_path, stage_dir
 from portachat.checkpoint.atomic import atomic_directory
@@ -26,6 +27,8 @@ from portachat.device import Device, DistEnv, get_device, init_distributed
 from portachat.eval.bpb import unigram_bpb
 from portachat.model import GPT, GPTConfig, training_tokens
 from portachat.tokenizer import Tokenizer, train_tokenizer
+from portachat.tokenizer.bpe import TOKENIZER_FILE
+from portachat.train.parallel import share_from_rank0
 from portachat.train.trainer import Stage, TrainConfig, TrainingError, TrainResult, train
 
 
@@ -57,7 +60,8 @@ def vocab_size_for(source: DocumentSource, max_chars: int) -> int:
 
 def prepare_tokenizer(opts: BaseOptions, source: DocumentSource, run_path: Path, env: DistEnv, say) -> Tokenizer:
     """Train a tokenizer on the training split into the run (rank 0; the others wait), or reuse the
-    run's own when it was trained on the same data with the same settings."""
+    run's own when it was trained on the same data with the same settings. The other ranks receive
+    it through the process group: no filesystem is assumed to be shared between nodes."""
     tok_dir = run_path / "tokenizer"
     wanted = {"data": source.name, "vocab_size": opts.vocab_size, "max_chars": opts.tokenizer_max_chars}
     stamp = tok_dir / "portachat_tokenizer_source.json"
@@ -72,20 +76,11 @@ def prepare_tokenizer(opts: BaseOptions, source: DocumentSource, run_path: Path,
                 tok.save(tmp)
                 (tmp / stamp.name).write_text(json.dumps(wanted) + "\n", encoding="utf-8")
             say(f"[portachat] tokenizer: {tok.vocab_size} tokens in {time.perf_counter() - t0:.1f}s -> {tok_dir}")
-    else:
-        _wait_for_tokenizer(stamp, wanted, say)
-    return Tokenizer.load(tok_dir)
-
-
-def _wait_for_tokenizer(stamp: Path, wanted: dict, say, poll_s: float = 2.0) -> None:
-    """Other ranks poll for rank 0's tokenizer instead of sitting in a collective: training one on a
-    big corpus can outlast the process group's timeout. torchrun stops every rank if rank 0 fails."""
-    waited = 0.0
-    while not (stamp.is_file() and json.loads(stamp.read_text(encoding="utf-8")) == wanted):
-        time.sleep(poll_s)
-        waited += poll_s
-        if waited % 300 < poll_s:
-            say(f"[portachat] waiting for rank 0 to train the tokenizer ({waited:.0f}s)")
+    if not env.is_distributed:
+        return Tokenizer.load(tok_dir)
+    # A collective with a long timeout: training a tokenizer on a big corpus can outlast the default one.
+    text = share_from_rank0((tok_dir / TOKENIZER_FILE).read_text(encoding="utf-8") if env.is_main else None)
+    return Tokenizer(HFTokenizer.from_str(text))
 
 
 def _sample_prompts(val: DocumentSource, n: int = 3) -> list[str]:

@@ -17,7 +17,12 @@ import torch
 from portachat.checkpoint import CheckpointError, latest_checkpoint, resolve_model_path, stage_dir
 from portachat.checkpoint.model_dir import read_config, read_meta
 from portachat.checkpoint.runs import list_steps
-from portachat.data.chat_data import Conversation, load_conversations, synthetic_conversations
+from portachat.data.chat_data import (
+    Conversation,
+    load_conversations,
+    synthetic_conversations,
+    synthetic_heldout,
+)
 from portachat.data.chat_loader import ChatLoader, iter_chat_val_batches
 from portachat.device import Device, DistEnv, get_device, init_distributed
 from portachat.model import GPT
@@ -119,7 +124,7 @@ def split_conversations(opts: ChatOptions, seed: int) -> tuple[list[Conversation
         return convs[: len(convs) - n_val], val, ", ".join(opts.data)
     n = opts.max_conversations or STAGE_DEFAULTS[opts.stage].synthetic_conversations
     train_convs = synthetic_conversations(n, "train", seed)
-    val = synthetic_conversations(max(opts.eval_examples, 32), "heldout", seed)
+    val = synthetic_heldout(max(opts.eval_examples, 32))
     return train_convs, val, f"synthetic tasks ({n} conversations)"
 
 

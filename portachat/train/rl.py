@@ -20,7 +20,12 @@ import torch.distributed as dist
 
 from portachat.checkpoint import stage_dir
 from portachat.checkpoint.model_dir import read_meta
-from portachat.data.chat_data import Conversation, load_conversations, synthetic_conversations
+from portachat.data.chat_data import (
+    Conversation,
+    load_conversations,
+    synthetic_conversations,
+    synthetic_heldout,
+)
 from portachat.device import Device, get_device, init_distributed
 from portachat.model import GPT
 from portachat.tokenizer import Tokenizer, render_for_completion
@@ -148,8 +153,8 @@ def rl_tasks(opts: RLOptions, seed: int) -> tuple[list[Conversation], list[Conve
         n_val = min(200, len(rows) // 10) if len(rows) >= 10 else 0
         return rows[: len(rows) - n_val] or rows, rows[len(rows) - n_val :] or rows[:1], ", ".join(opts.data)
     n = opts.max_prompts or 2000
-    return (synthetic_conversations(n, "train", f"rl:{seed}"), synthetic_conversations(max(opts.eval_examples, 1),
-            "heldout", f"rl:{seed}"), f"synthetic tasks ({n} prompts)")
+    return (synthetic_conversations(n, "train", f"rl:{seed}"), synthetic_heldout(max(opts.eval_examples, 1)),
+            f"synthetic tasks ({n} prompts)")
 
 
 def run_rl(opts: RLOptions, dev: Device | None = None, print_fn=print) -> TrainResult:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from portachat.checkpoint import CheckpointError, save_checkpoint, stage_dir
-from portachat.data.chat_data import synthetic_conversations
+from portachat.data.chat_data import synthetic_heldout
 from portachat.data.chat_loader import iter_chat_val_batches
 from portachat.device import get_device
 from portachat.eval.bpb import evaluate_bpb
@@ -53,7 +53,7 @@ def test_mid_then_sft_learn_from_the_previous_stage(small_tokenizer):
     # The stage started from the base weights: its step-0 validation equals the base model's.
     log = [json.loads(x) for x in (mid_path / "log.jsonl").read_text().splitlines()]
     step0 = next(r["val/bpb"] for r in log if r["step"] == 0 and "val/bpb" in r)
-    val = synthetic_conversations(32, "heldout", 42)
+    val = synthetic_heldout(32)
     expected = evaluate_bpb(base, iter_chat_val_batches(val, small_tokenizer, 4, SEQ, max_batches=2),
                             small_tokenizer.token_bytes(), torch.device("cpu"), dev.autocast)
     assert step0 == pytest.approx(expected, rel=1e-5)
