@@ -100,3 +100,20 @@ def destroy_distributed() -> None:
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def share_from_rank0(value: object, timeout_s: float = 48 * 3600) -> object:
+    """Rank 0's `value` on every rank, through the process group (no shared filesystem assumed).
+
+    Goes over a CPU (gloo) group with a long timeout: the other ranks may wait here for as long as
+    rank 0 works on it (training a tokenizer on a large corpus outlasts the default group's timeout).
+    If rank 0 fails instead, torchrun stops the waiting ranks."""
+    import torch.distributed as dist
+
+    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+    try:
+        box = [value]
+        dist.broadcast_object_list(box, src=0, group=group)
+    finally:
+        dist.destroy_process_group(group)
+    return box[0]

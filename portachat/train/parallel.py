@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from datetime import timedelta
 
 import torch
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
@@ -22,6 +21,7 @@ from torch.distributed.tensor import init_device_mesh
 
 from portachat.checkpoint.sharded import full_model, is_sharded, load_weights
 from portachat.device import Device
+from portachat.device.dist import share_from_rank0
 from portachat.model import GPT
 
 __all__ = ["choose_parallel", "full_model", "grad_sync_paused", "is_sharded", "load_weights", "shard_model",
@@ -89,19 +89,3 @@ def grad_sync_paused(wrapped: torch.nn.Module | None) -> Iterator[None]:
         yield
 
 
-
-def share_from_rank0(value: object, timeout_s: float = 48 * 3600) -> object:
-    """Rank 0's `value` on every rank, through the process group (no shared filesystem assumed).
-
-    Goes over a CPU (gloo) group with a long timeout: the other ranks may wait here for as long as
-    rank 0 works on it (training a tokenizer on a large corpus outlasts the default group's timeout).
-    If rank 0 fails instead, torchrun stops the waiting ranks."""
-    import torch.distributed as dist
-
-    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
-    try:
-        box = [value]
-        dist.broadcast_object_list(box, src=0, group=group)
-    finally:
-        dist.destroy_process_group(group)
-    return box[0]
