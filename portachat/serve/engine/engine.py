@@ -83,10 +83,12 @@ class LLMEngine:
         self.device = device = device or get_device()
         self.tokenizer = tokenizer
         cfg = model.config
-        # Weights: the inference dtype (in place: the engine owns the model it is given).
-        if config.dtype == "model":
+        # Weights: the inference dtype, cast in place (the engine owns a frozen model it is given).
+        # A model that is still training (RL rollouts) is never cast behind the trainer's back.
+        training = any(p.requires_grad for p in model.parameters())
+        if config.dtype == "model" or (config.dtype is None and training):
             dtype = model_dtype(model)  # not lm_head.weight: a quantized head has none
-            self.dtype_reason = "kept the model's dtype"
+            self.dtype_reason = "kept the model's dtype" + (" (its weights are training)" if training else "")
         elif config.dtype is not None:
             dtype, self.dtype_reason = parse_dtype(config.dtype), f"requested ({config.dtype})"
         else:

@@ -105,3 +105,20 @@ def test_bf16_engine_tracks_the_bf16_plain_forward(chat_tokenizer):
     )[0]
     expected = plain_logprobs(model, prompt, c.token_ids)  # model is bf16 now: same weights, plain path
     assert torch.allclose(torch.tensor(c.logprobs), torch.tensor(expected), atol=0.15)
+
+
+def test_a_training_model_keeps_its_dtype_and_device_policy_casts_a_frozen_one(chat_tokenizer):
+    from engine_testing import tiny_model
+
+    from portachat.device import get_device
+    from portachat.device.inference import inference_dtype
+    from portachat.serve.engine import EngineConfig, LLMEngine
+
+    training = tiny_model(chat_tokenizer.vocab_size)
+    LLMEngine(training, chat_tokenizer, EngineConfig(num_blocks=16, block_size=16), device=get_device("cpu"))
+    assert training.lm_head.weight.dtype == torch.float32
+    frozen = tiny_model(chat_tokenizer.vocab_size).requires_grad_(False)
+    engine = LLMEngine(
+        frozen, chat_tokenizer, EngineConfig(num_blocks=16, block_size=16), device=get_device("cpu")
+    )
+    assert frozen.lm_head.weight.dtype == engine.dtype == inference_dtype(get_device("cpu")).value
