@@ -20,6 +20,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from portachat.checkpoint import CheckpointError, latest_checkpoint, resolve_model_path, stage_dir
 from portachat.checkpoint.atomic import atomic_directory
 from portachat.checkpoint.model_dir import read_meta
+from portachat.checkpoint.replicate import checkpoint_from_rank0
 from portachat.checkpoint.runs import list_steps
 from portachat.data.loader import PackedLoader, iter_val_batches
 from portachat.data.sources import DocumentSource, open_source
@@ -116,17 +117,19 @@ def run_base(opts: BaseOptions, dev: Device | None = None, print_fn=print) -> Tr
         raise TrainingError("--resume continues a run and --overwrite deletes it: pass one of them, not both")
     if opts.tokenizer and opts.vocab_size:
         raise TrainingError("--vocab-size sizes a tokenizer portachat trains; it cannot apply to --tokenizer DIR")
-    resume_from = _resume_target(opts, path)
-    if resume_from is None and list_steps(path):
-        if not opts.overwrite:
-            raise TrainingError(
-                f"run '{cfg.run}' already has base checkpoints in {path}. Continue it with --resume, "
-                "pick another --run name, or pass --overwrite to start over (deletes them)."
-            )
-        if env.is_main:
+
+    def start_point() -> Path | None:  # rank 0's files decide: other nodes may not share its filesystem
+        resume_from = _resume_target(opts, path)
+        if resume_from is None and list_steps(path):
+            if not opts.overwrite:
+                raise TrainingError(
+                    f"run '{cfg.run}' already has base checkpoints in {path}. Continue it with --resume, "
+                    "pick another --run name, or pass --overwrite to start over (deletes them)."
+                )
             shutil.rmtree(path)
-        if env.is_distributed:
-            torch.distributed.barrier()
+        return resume_from
+
+    resume_from = checkpoint_from_rank0(start_point, Path(cfg.runs_root) if cfg.runs_root else None)
 
     train_src = open_source(opts.data, split="train")
     val_src = open_source(opts.data, split="val")

@@ -16,6 +16,7 @@ import torch
 
 from portachat.checkpoint import CheckpointError, latest_checkpoint, resolve_model_path, stage_dir
 from portachat.checkpoint.model_dir import read_config, read_meta
+from portachat.checkpoint.replicate import checkpoint_from_rank0, rank0_decides
 from portachat.checkpoint.runs import list_steps
 from portachat.data.chat_data import (
     Conversation,
@@ -115,6 +116,20 @@ def prepare_stage_dir(path: Path, resume: str | None, overwrite: bool, stage: st
     return None
 
 
+def start_points(path: Path, resume: str | None, overwrite: bool, stage: str, init: str | None, run: str,
+                 runs_root: Path | None) -> tuple[Path | None, Path | None]:
+    """(resume_from, init_from), as rank 0 sees its files, present on every node (see checkpoint.replicate)."""
+    alone = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1)  # rank 0 decides by itself
+
+    def pick() -> tuple[str, Path]:
+        found = prepare_stage_dir(path, resume, overwrite, stage, run, alone)
+        return ("resume", found) if found is not None else ("init", resolve_init(stage, init, run, runs_root))
+
+    kind, picked = rank0_decides(pick)
+    local = checkpoint_from_rank0(lambda: picked, runs_root)
+    return (local, None) if kind == "resume" else (None, local)
+
+
 def split_conversations(opts: ChatOptions, seed: int) -> tuple[list[Conversation], list[Conversation], str]:
     """(train, validation, description): files are split 95/5; synthetic tasks use their held-out split."""
     if opts.data:
@@ -153,8 +168,7 @@ def run_chat_stage(opts: ChatOptions, dev: Device | None = None, print_fn=print)
     cfg.stage = opts.stage
     runs_root = Path(cfg.runs_root) if cfg.runs_root else None
     path = stage_dir(cfg.run, opts.stage, runs_root)
-    resume_from = prepare_stage_dir(path, opts.resume, opts.overwrite, opts.stage, cfg.run, env)
-    init_from = None if resume_from else resolve_init(opts.stage, opts.init, cfg.run, runs_root)
+    resume_from, init_from = start_points(path, opts.resume, opts.overwrite, opts.stage, opts.init, cfg.run, runs_root)
     model, tokenizer = model_from_checkpoint(resume_from or init_from, dev)
     cfg.max_seq_len = opts.max_seq_len or model.config.max_seq_len
     cfg.muon_momentum_warmup = 0

@@ -31,7 +31,7 @@ from portachat.model import GPT
 from portachat.tokenizer import Tokenizer, render_for_completion
 from portachat.train.batch import Batch
 from portachat.train.chat_eval import answer_accuracy_evaluator, is_correct
-from portachat.train.chat_stage import model_from_checkpoint, prepare_stage_dir, resolve_init
+from portachat.train.chat_stage import model_from_checkpoint, start_points
 from portachat.train.rollout import Reply, RolloutEngine
 from portachat.train.trainer import Stage, TrainConfig, TrainingError, TrainResult, train
 
@@ -171,8 +171,7 @@ def run_rl(opts: RLOptions, dev: Device | None = None, print_fn=print) -> TrainR
                             f"{opts.num_samples} (each row is one reply; a prompt's G replies share a micro-batch)")
     runs_root = Path(cfg.runs_root) if cfg.runs_root else None
     path = stage_dir(cfg.run, "rl", runs_root)
-    resume_from = prepare_stage_dir(path, opts.resume, opts.overwrite, "rl", cfg.run, env)
-    init_from = None if resume_from else resolve_init("rl", opts.init, cfg.run, runs_root)
+    resume_from, init_from = start_points(path, opts.resume, opts.overwrite, "rl", opts.init, cfg.run, runs_root)
     model, tokenizer = model_from_checkpoint(resume_from or init_from, dev)
     cfg.max_seq_len = model.config.max_seq_len
     cfg.muon_momentum_warmup = 0
