@@ -42,7 +42,7 @@ def _cache_file():
     return portachat_home() / "inference_dtype.json"
 
 
-def measure_cpu_matvec(dtype: torch.dtype, rows: int = 4096, cols: int = 2048, reps: int = 12) -> float:
+def measure_cpu_matvec(dtype: torch.dtype, rows: int = 4096, cols: int = 2048, reps: int = 6) -> float:
     """Seconds per matrix-vector product with a weight too large for the caches (decode's pattern),
     through the packed kernel the engine would use when there is one."""
     from portachat.device.cpu_linear import pack_linear
@@ -61,7 +61,7 @@ def measure_cpu_matvec(dtype: torch.dtype, rows: int = 4096, cols: int = 2048, r
 
 def cpu_inference_dtype() -> Choice:
     """bf16 if a measured memory-bound matvec runs faster in bf16 than in fp32, else fp32."""
-    name = torch.__version__ + "|" + str(torch.backends.cpu.get_cpu_capability()) + "|packed"
+    name = torch.__version__ + "|" + str(torch.backends.cpu.get_cpu_capability()) + "|packed-1t"
     if name in _memo:
         return Choice(_DTYPES[_memo[name]], "measured earlier in this process")
     try:
@@ -71,9 +71,18 @@ def cpu_inference_dtype() -> Choice:
     if cached in _DTYPES:
         _memo[name] = cached
         return Choice(_DTYPES[cached], f"measured before on this machine ({_cache_file()})")
-    with torch.inference_mode():
-        fp32 = measure_cpu_matvec(torch.float32)
-        bf16 = measure_cpu_matvec(torch.bfloat16)
+    # One thread, alternating dtypes, best of several: on a busy machine thread-pool stalls and other
+    # processes would otherwise decide, and a wrong answer is cached.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.inference_mode():
+            fp32 = bf16 = float("inf")
+            for _ in range(3):
+                fp32 = min(fp32, measure_cpu_matvec(torch.float32))
+                bf16 = min(bf16, measure_cpu_matvec(torch.bfloat16))
+    finally:
+        torch.set_num_threads(threads)
     choice = "bf16" if bf16 < 0.9 * fp32 else "fp32"
     _memo[name] = choice
     try:

@@ -43,11 +43,11 @@ def test_cpu_dtype_is_measured_once_and_cached_on_disk(monkeypatch, tmp_path):
     monkeypatch.setattr(inf, "_memo", {})
     first = inf.inference_dtype(get_device("cpu"))
     assert first.value in (torch.float32, torch.bfloat16) and "measured" in first.reason
-    assert sorted(map(str, calls)) == ["torch.bfloat16", "torch.float32"]
+    assert sorted(map(str, calls)) == ["torch.bfloat16"] * 3 + ["torch.float32"] * 3  # alternating, best of 3
     saved = json.loads((tmp_path / "home" / "inference_dtype.json").read_text())
     assert list(saved.values()) == [{torch.float32: "fp32", torch.bfloat16: "bf16"}[first.value]]
     monkeypatch.setattr(inf, "_memo", {})  # a new process: reads the file, measures nothing
-    assert inf.inference_dtype(get_device("cpu")).value == first.value and len(calls) == 2
+    assert inf.inference_dtype(get_device("cpu")).value == first.value and len(calls) == 6
 
 
 def test_compile_is_opt_in():
