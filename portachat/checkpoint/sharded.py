@@ -39,6 +39,23 @@ def full_model(model: GPT) -> GPT:
     return copy
 
 
+def whole_copy(model: GPT) -> GPT:
+    """A plain (unsharded) copy of a sharded model's weights on its device, on every rank (a collective).
+
+    Evaluation runs on it: each rank can then generate and score its own examples, with no collective
+    inside the forward for ranks to disagree about."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    with torch.device("meta"):
+        copy = GPT(model.config)
+    copy.load_state_dict(state, strict=False, assign=True)
+    if model.config.tie_embeddings:
+        copy.lm_head.weight = copy.model.embed_tokens.weight
+    copy.rope_cos, copy.rope_sin = model.rope_cos, model.rope_sin  # buffers are not sharded
+    return copy.train(model.training)
+
+
 def load_weights(model: GPT, path: Path) -> None:
     """A checkpoint's whole weights into `model`, sharded or not (every rank reads the file)."""
     if not is_sharded(model):

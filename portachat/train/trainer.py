@@ -27,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from portachat.checkpoint import save_checkpoint
 from portachat.checkpoint.model_dir import check_tokenizer_matches, load_weights_into, read_config, read_meta
+from portachat.checkpoint.sharded import whole_copy
 from portachat.checkpoint.trainer_state import load_optimizers, load_rng
 from portachat.data.prefetch import PrefetchStream
 from portachat.device import Device, DistEnv
@@ -392,27 +393,29 @@ class Trainer:
         """Validation bits/byte, the stage's evaluators, and (rank 0) samples; logged at `step`."""
         dev, env, cfg = self.dev, self.env, self.cfg
         results: dict[str, float] = {}
+        # FSDP2: evaluate a whole copy of the weights on every rank, so evaluators and the engine work as with
+        # replicas (ranks score different examples; no collective inside a forward for them to disagree on).
+        model = whole_copy(self.model) if self.parallel == "fsdp2" else self.model
         if self.stage.val_batches is not None:
-            bpb = evaluate_bpb(self.model, self.stage.val_batches(env.rank, self.world), self.tokenizer.token_bytes(),
+            bpb = evaluate_bpb(model, self.stage.val_batches(env.rank, self.world), self.tokenizer.token_bytes(),
                                dev.torch_device, dev.autocast)
             results["val_bpb"] = bpb
             self.say(f"[portachat] step {step}: validation bits/byte {bpb:.4f}")
-        was_training = self.model.training
-        self.model.eval()
+        was_training = model.training
+        model.eval()
         try:
             for evaluator in self.stage.evaluators:
-                found = evaluator(self.model, step)
+                found = evaluator(model, step)
                 results.update(found)
                 if found:
                     self.say(f"[portachat] step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in found.items()))
         finally:
-            self.model.train(was_training)
+            model.train(was_training)
         self.metrics.update(results)
         if self.logger is not None:
             self.logger.log(step, {("val/bpb" if k == "val_bpb" else f"eval/{k}"): v for k, v in results.items()})
-        # Sharded weights are gathered by every rank's forward: under FSDP2 all ranks generate, rank 0 prints.
-        if (env.is_main or self.parallel == "fsdp2") and self.stage.sample_prompts and (cfg.sample_every == 0 or step % cfg.sample_every == 0):
-            self.samples = greedy_samples(self.model, self.tokenizer, self.stage.sample_prompts, cfg.sample_tokens,
+        if env.is_main and self.stage.sample_prompts and (cfg.sample_every == 0 or step % cfg.sample_every == 0):
+            self.samples = greedy_samples(model, self.tokenizer, self.stage.sample_prompts, cfg.sample_tokens,
                                           dev, cfg.seed)
             for text in self.samples:
                 self.say("  sample | " + text.replace("\n", "\n         | "))
