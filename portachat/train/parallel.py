@@ -22,42 +22,48 @@ from torch.distributed.tensor import init_device_mesh
 from portachat.checkpoint.sharded import full_model, is_sharded, load_weights
 from portachat.device import Device
 from portachat.device.dist import share_from_rank0
-from portachat.model import GPT
+from portachat.model import GPT, GPTConfig
 
-__all__ = ["choose_parallel", "full_model", "grad_sync_paused", "is_sharded", "load_weights", "shard_model",
+__all__ = ["choose_parallel", "decide_parallel", "full_model", "grad_sync_paused", "is_sharded", "load_weights", "shard_model",
            "share_from_rank0"]
 
 FSDP_CHOICES = ("auto", "on", "off")
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
-def replicated_peak_bytes(model: GPT, device_batch_size: int, seq_len: int, dev: Device, world: int) -> int:
+def replicated_peak_bytes(cfg: GPTConfig, device_batch_size: int, seq_len: int, dtype: torch.dtype, world: int) -> int:
     """The memory estimator's peak per device for a replicated (DDP) run of this model and batch."""
     from portachat.tools.estimate import ModelShape, TrainingSetup, estimate_training
 
-    setup = TrainingSetup(batch_size=device_batch_size, seq_len=seq_len, dtype=DTYPE_NAMES.get(dev.dtype, "fp32"),
+    setup = TrainingSetup(batch_size=device_batch_size, seq_len=seq_len, dtype=DTYPE_NAMES.get(dtype, "fp32"),
                           world_size=world, parallel="ddp")
-    return estimate_training(ModelShape.from_gpt_config(model.config), setup)["peak_bytes"]
+    return estimate_training(ModelShape.from_gpt_config(cfg), setup)["peak_bytes"]
 
 
 def choose_parallel(fsdp: str, model: GPT, device_batch_size: int, seq_len: int, dev: Device, world: int,
                     say: Callable[[str], None] = print) -> str:
-    """"single" (one process), "ddp" or "fsdp2", from --fsdp auto|on|off."""
+    """"single" (one process), "ddp" or "fsdp2", from --fsdp auto|on|off and the device's memory."""
+    auto = fsdp == "auto" and world > 1
+    need = replicated_peak_bytes(model.config, device_batch_size, seq_len, dev.dtype, world) if auto else 0
+    layout = decide_parallel(fsdp, world, need, dev.memory().total if need else None)
+    if fsdp == "on" and world == 1:
+        say("[portachat] --fsdp on with a single process: nothing to shard across, training unsharded")
+    if fsdp == "auto" and layout == "fsdp2":
+        say(f"[portachat] a replicated model needs ~{need / 2**30:.1f} GiB per device (estimate), more than the "
+            f"device's {dev.memory().total / 2**30:.1f} GiB: sharding with FSDP2 (--fsdp off to force DDP)")
+    return layout
+
+
+def decide_parallel(fsdp: str, world: int, replicated_bytes: int, device_bytes: int | None) -> str:
+    """The layout rule: one process trains alone; otherwise FSDP2 when asked, or (auto) when the estimated
+    replicated peak exceeds the device's memory (unknown memory: replicate)."""
     if fsdp not in FSDP_CHOICES:
         raise ValueError(f"--fsdp must be one of {', '.join(FSDP_CHOICES)}, got {fsdp!r}")
     if world == 1:
-        if fsdp == "on":
-            say("[portachat] --fsdp on with a single process: nothing to shard across, training unsharded")
         return "single"
     if fsdp != "auto":
         return "fsdp2" if fsdp == "on" else "ddp"
-    total = dev.memory().total
-    need = replicated_peak_bytes(model, device_batch_size, seq_len, dev, world)
-    if total is not None and need > total:
-        say(f"[portachat] a replicated model needs ~{need / 2**30:.1f} GiB per device (estimate), more than the "
-            f"device's {total / 2**30:.1f} GiB: sharding with FSDP2 (--fsdp off to force DDP)")
-        return "fsdp2"
-    return "ddp"
+    return "fsdp2" if device_bytes is not None and replicated_bytes > device_bytes else "ddp"
 
 
 def shard_model(model: GPT, dev: Device, world: int) -> None:

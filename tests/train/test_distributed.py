@@ -130,3 +130,21 @@ def test_ddp_and_fsdp2_match_one_process_and_fsdp2_resumes_on_one(small_tokenize
     assert sorted(again) == [STEPS]
     assert again[STEPS] == pytest.approx(fsdp[STEPS], abs=1e-5), (again, fsdp)
     assert fsdp_lines  # rank 0 reported
+
+
+def test_fsdp_flag_and_the_estimator_decide_the_layout():
+    from portachat.train.parallel import decide_parallel, replicated_peak_bytes
+
+    assert decide_parallel("on", 1, 0, None) == decide_parallel("auto", 1, 0, None) == "single"
+    assert decide_parallel("on", 2, 0, None) == "fsdp2" and decide_parallel("off", 2, 10**15, 1) == "ddp"
+    assert decide_parallel("auto", 2, 10**9, None) == "ddp"  # memory unknown: replicate
+    with pytest.raises(ValueError, match="--fsdp"):
+        decide_parallel("zero3", 2, 0, None)
+    gib = 2**30
+    d26 = replicated_peak_bytes(GPTConfig.from_depth(26, vocab_size=65536, max_seq_len=2048), 8, 2048,
+                                torch.bfloat16, 8)
+    tiny = replicated_peak_bytes(GPTConfig.from_depth(2, vocab_size=384, max_seq_len=64), 2, 64, torch.float32, 2)
+    assert d26 > 16 * gib > tiny  # a d26 replica (~1B parameters with Muon + AdamW) does not fit a 16 GiB card
+    assert decide_parallel("auto", 8, d26, 16 * gib) == "fsdp2"
+    assert decide_parallel("auto", 8, d26, 80 * gib) == "ddp"
+    assert decide_parallel("auto", 2, tiny, 16 * gib) == "ddp"
