@@ -23,3 +23,15 @@ def test_train_throughput_prints_a_ratio():
     assert "ratio (ours / reference tok/s):" in proc.stdout
     record = json.loads(proc.stdout.strip().splitlines()[-1])
     assert record["ratio"] > 0 and record["results"]["portachat"]["tok_per_s"] > 0
+
+
+def test_decode_benchmark_prints_ratios():
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "decode.py"), "--models", "ours", "--depth", "1",
+         "--batch-sizes", "1,2", "--new-tokens", "4", "--rounds", "1", "--threads", "1", "--json"],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    record = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(record["results"]) == 2
+    assert all(r["ratio"] > 0 for r in record["results"])
