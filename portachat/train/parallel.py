@@ -13,6 +13,7 @@ N processes resumes on M.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator
 
 import torch
@@ -74,6 +75,9 @@ def shard_model(model: GPT, dev: Device, world: int) -> None:
     # over ranks does not round. fp32 devices keep fp32 weights.
     param_dtype = dev.dtype if dev.dtype != torch.float32 else None
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    # GPT returns its per-token losses as a view ([B*T] -> [B, T]); FSDP2 warns that an in-place op on it
+    # would skip a hook. Loss hooks only read it (sum, product with weights): the warning is noise here.
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
     for block in model.model.layers:
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
