@@ -118,3 +118,21 @@ def test_an_adapter_for_another_model_is_refused(trained, tmp_path):
         load_adapter(model, adapter)
     with pytest.raises(CheckpointError, match="not a LoRA adapter"):
         load_adapter(model, tmp_path)
+
+
+def test_the_engine_serves_base_plus_adapter(trained):
+    """`serve --model BASE --lora ADAPTER`: the served engine answers as the merged checkpoint does."""
+    from portachat.serve.api.loading import LoadOptions, load_served_model
+    from portachat.serve.engine import SamplingParams
+
+    base, adapter, stage = trained
+    prompt = [1, 5, 9, 40, 77, 120]
+    params = SamplingParams(max_tokens=8, temperature=0.0, seed=0)
+    replies = []
+    for model, lora in ((str(base), str(adapter)), (str(stage / "merged"), None), (str(base), None)):
+        served = load_served_model(LoadOptions(model=model, lora=lora, device="cpu", dtype="fp32", compile=False,
+                                               max_num_seqs=1, max_model_len=64))
+        replies.append(list(served.engine.generate([prompt], [params])[0].token_ids))
+    with_adapter, merged, plain = replies
+    assert with_adapter == merged and len(with_adapter) > 0
+    assert with_adapter != plain
