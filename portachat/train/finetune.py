@@ -342,6 +342,11 @@ def run_finetune(opts: FinetuneOptions, dev: Device | None = None, print_fn=prin
     train_convs, val_convs, described = split_conversations(split, cfg.seed)
     say(f"[portachat] {opts.stage}: {len(train_convs)} training conversations from {described}, "
         f"{len(val_convs)} held out; AdamW lr {lr:g}")
+    sample = train_convs[:: max(1, len(train_convs) // 50)][:50]
+    unsupervised = sum(not any(base.render(c["messages"], cfg.max_seq_len + 1)[1][1:]) for c in sample)
+    if unsupervised:
+        say(f"[portachat] WARNING: {unsupervised} of {len(sample)} sampled conversations have no reply token within "
+            f"--max-seq-len {cfg.max_seq_len} (the prompt fills the row); they teach nothing. Raise --max-seq-len.")
     streams = env.world_size * cfg.grad_accum_steps(env.world_size)
     cfg.num_iterations = opts.num_iterations or plan_steps(train_convs, base.render, cfg, pack, opts.num_epochs, streams)
     B, T, pad = cfg.device_batch_size, cfg.max_seq_len, pad_id(base.tokenizer)
