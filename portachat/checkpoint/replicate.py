@@ -8,6 +8,7 @@ there (once per node), so every rank then reads the same files locally.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -64,27 +65,38 @@ def checkpoint_from_rank0(fn: Callable[[], Path | None], runs_root: Path | None)
     return local
 
 
+def _identity(path: Path) -> tuple | None:
+    """What tells two copies of a checkpoint apart: its files' names and sizes, and its metadata's hash."""
+    meta = path / "portachat.json" if (path / "portachat.json").is_file() else path / "config.json"
+    if not meta.is_file():
+        return None
+    sizes = tuple((str(f.relative_to(path)), f.stat().st_size) for f in sorted(path.rglob("*")) if f.is_file())
+    return sizes, hashlib.sha256(meta.read_bytes()).hexdigest()
+
+
 def replicate_dir(path: Path) -> None:
-    """Make the checkpoint directory `path` exist on every node (collective; rank 0 must have it)."""
+    """Make every node hold rank 0's checkpoint directory `path` (collective; rank 0 must have it).
+
+    A node whose copy is missing or differs (a stale run of the same name) gets rank 0's files."""
     if not _distributed():
         return
-    have = (path / "portachat.json").is_file() or (path / "config.json").is_file()
+    mine = _identity(path)
     everyone: list = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, have)
-    if all(everyone):
-        return
-    if not everyone[0]:
+    dist.all_gather_object(everyone, mine)
+    if everyone[0] is None:
         raise CheckpointError(f"{path} is missing on rank 0, which should send it to the other nodes")
+    if all(x == everyone[0] for x in everyone):
+        return
     files: list = [None]
     if dist.get_rank() == 0:
         files[0] = {str(f.relative_to(path)): f.read_bytes() for f in sorted(path.rglob("*")) if f.is_file()}
     received = share_from_rank0(files[0])  # long timeout: large files take a while
-    if not have and dist_env().local_rank == 0:  # one writer per node: its other ranks see the same filesystem
+    if mine != everyone[0] and dist_env().local_rank == 0:  # one writer per node: its ranks share a filesystem
         with atomic_directory(path) as tmp:
             for rel, data in received.items():
                 (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
                 (tmp / rel).write_bytes(data)
     dist.barrier()
-    if not ((path / "portachat.json").is_file() or (path / "config.json").is_file()):
+    if _identity(path) != everyone[0]:
         raise CheckpointError(f"{path} did not reach this node's filesystem (rank {dist.get_rank()}); copy the "
                               "checkpoint there by hand or give every node the same --runs-root")

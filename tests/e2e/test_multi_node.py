@@ -69,7 +69,11 @@ def test_two_node_rendezvous_without_a_shared_filesystem(tmp_path, shakespeare_p
     losses = step_losses(runs[main] / "base" / "log.jsonl")
     assert sorted(losses) == [1, 2, 3] and all(0 < v < 10 for v in losses.values())
 
-    # Resume on both nodes: the node without the checkpoint receives a copy from rank 0 into its own home.
+    # Resume on both nodes: the other node's stale copy of that checkpoint (a same-named older run) is
+    # replaced by rank 0's, in its own home.
+    stale = runs[other] / "base" / "step_000003"
+    stale.mkdir(parents=True)
+    (stale / "portachat.json").write_text('{"step": 3, "stale": true}')
     _launch_two_nodes(tmp_path, [*args, "--num-iterations", "4", "--resume",
                                  "--rdzv-endpoint", f"127.0.0.1:{_free_port()}"], first=main)
     copied = runs[other] / "base" / "step_000003"
