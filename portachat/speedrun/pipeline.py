@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from portachat.checkpoint import latest_checkpoint, stage_dir
+from portachat.checkpoint.replicate import rank0_decides
 from portachat.checkpoint.runs import list_steps
 from portachat.device import Device, DistEnv, get_device, init_distributed
 from portachat.speedrun.presets import Preset, StagePlan, choose_preset
@@ -124,7 +125,8 @@ def run_speedrun(opts: SpeedrunOptions, dev: Device | None = None, print_fn: Cal
     say = print_fn if env.is_main else (lambda _m: None)
     preset, why = choose_preset(opts.preset, dev.type, env.world_size)
     run_dir = _run_dir(opts)
-    state = load_state(run_dir)
+    # No shared filesystem is assumed: rank 0's view of the state file decides for every node.
+    state = rank0_decides(lambda: load_state(run_dir))
     if state and opts.overwrite:
         if env.is_main:
             import shutil
@@ -195,14 +197,12 @@ def run_speedrun(opts: SpeedrunOptions, dev: Device | None = None, print_fn: Cal
 def _tokenizer_stage(opts: SpeedrunOptions, preset: Preset, base_data: str | None, run_dir: Path, env: DistEnv,
                      say) -> dict[str, Any]:
     from portachat.data.sources import open_source
-    from portachat.tokenizer import Tokenizer
     from portachat.train.base import BaseOptions, prepare_tokenizer
 
     base_opts = BaseOptions(data=base_data, vocab_size=preset.vocab_size,
                             tokenizer_max_chars=int(opts.overrides.get("tokenizer_max_chars", preset.tokenizer_max_chars)))
     source = open_source(base_data, split="train")
-    prepare_tokenizer(base_opts, source, run_dir, env, say)
-    tok = Tokenizer.load(run_dir / "tokenizer")
+    tok = prepare_tokenizer(base_opts, source, run_dir, env, say)
     return {"vocab_size": tok.vocab_size}
 
 

@@ -35,3 +35,13 @@ def test_decode_benchmark_prints_ratios():
     record = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(record["results"]) == 2
     assert all(r["ratio"] > 0 for r in record["results"])
+
+
+def test_muon_split_benchmark_prints_a_ratio():
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "muon_split.py"), "--nproc", "2", "--depth", "1", "--steps", "2",
+         "--warmup", "1", "--json"],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["ratio"] > 0
