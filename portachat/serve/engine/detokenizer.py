@@ -40,7 +40,9 @@ class Detokenizer:
     def delta(self, final: bool = False) -> str:
         """New text safe to show: all of it when `final`, else all but a possible stop-string prefix."""
         if final and not self.stopped:
-            self.text += self._decoder.decode(b"", final=True)
+            # A reply cut short (max_tokens) can end inside a character: drop its partial bytes rather
+            # than show U+FFFD; the streamed and the whole reply stay equal either way.
+            self._decoder.reset()
         end = len(self.text)
         if not final and not self.stopped and self._hold:
             end = max(self.emitted, end - self._held_tail())

@@ -227,3 +227,13 @@ def test_generate_reports_a_refused_prompt_and_runs_the_rest(chat_tokenizer):
     )
     assert got[0].finish_reason == "error" and "context window" in got[0].error and got[0].token_ids == []
     assert got[1].token_ids == plain_greedy(engine.model, ok, 4)
+
+
+def test_a_reply_cut_inside_a_character_ends_without_a_replacement_char(chat_tokenizer):
+    ids = chat_tokenizer.encode("明月光")
+    cut = next(n for n in range(1, len(ids)) if chat_tokenizer.decode(ids[:n]).endswith("\ufffd"))
+    d = Detokenizer(chat_tokenizer.token_bytes, [])
+    for t in ids[:cut]:
+        d.add(t)
+    text = d.delta() + d.delta(final=True)
+    assert "\ufffd" not in text and "明月光".startswith(text)
