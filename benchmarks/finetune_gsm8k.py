@@ -121,8 +121,9 @@ def main() -> int:
     print(f"GSM8K accuracy on the first {n} test questions (greedy, {args.max_tokens} tokens): "
           f"before {before:.3f} ({round(before * n)}/{n}), after {after:.3f} ({round(after * n)}/{n}); "
           f"one evaluation {t_eval:.0f} s")
-    ratio = after / before if before > 0 else float("inf") if after > 0 else 1.0
-    print(f"ratio (after / before accuracy): {ratio:.2f}")
+    ratio = after / before if before > 0 else None  # no ratio to a zero score: the counts say it
+    print(f"ratio (after / before accuracy): {ratio:.2f}" if ratio is not None else
+          f"ratio (after / before accuracy): n/a (before is 0; after {round(after * n)}/{n})")
     if samples:
         print(f"sample reply after: {samples[0]['reply'][:300]!r}")
     if args.json:
