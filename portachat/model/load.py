@@ -225,6 +225,8 @@ def load_for_inference(
     if lora is not None:
         return _with_adapter(path, device, dtype, Path(lora))
     path = resolve_model_source(path)
+    if path.is_dir() and (path / "adapter_config.json").is_file() and not (path / "config.json").is_file():
+        return _with_adapter(_adapter_base(path), device, dtype, path)  # a LoRA run's checkpoint: base + adapter
     torch_device, dtype = _resolve_device(device, dtype)
     if path.is_file():
         return _load_gguf(path, torch_device, dtype)
@@ -367,3 +369,12 @@ def _with_adapter(path: str | Path, device: Device | torch.device | str | None, 
     loaded.name = f"{loaded.name}+{adapter.name}"
     loaded.description = loaded.description.replace("float32", str(dtype).removeprefix("torch.")) + f" + LoRA {adapter}"
     return loaded
+
+
+def _adapter_base(adapter: Path) -> str:
+    """The base model a LoRA adapter directory names (peft's base_model_name_or_path)."""
+    base = read_json(adapter / "adapter_config.json").get("base_model_name_or_path")
+    if not base:
+        raise CheckpointError(f"{adapter} is a LoRA adapter that does not name its base model: pass --model BASE "
+                              f"--lora {adapter}")
+    return str(base)

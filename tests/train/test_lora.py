@@ -136,3 +136,11 @@ def test_the_engine_serves_base_plus_adapter(trained):
     with_adapter, merged, plain = replies
     assert with_adapter == merged and len(with_adapter) > 0
     assert with_adapter != plain
+
+
+def test_a_lora_run_loads_by_its_checkpoint_alone(trained):
+    """The adapter names its base (base_model_name_or_path): `--model <run>/sft` serves base + adapter."""
+    base, adapter, stage = trained
+    alone = load_for_inference(stage, device="cpu", dtype=torch.float32)
+    explicit = load_for_inference(base, device="cpu", dtype=torch.float32, lora=adapter)
+    torch.testing.assert_close(logits(alone.model, IDS), logits(explicit.model, IDS), atol=0, rtol=0)
