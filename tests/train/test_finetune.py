@@ -109,3 +109,26 @@ def test_torchrun_two_processes_match_one_process(tmp_path):
     assert any(not torch.allclose(wa[k], w0[k]) for k in wa)
     for name in wa:
         assert torch.allclose(wa[name], wb[name], atol=1e-4), name
+
+
+def test_full_finetuning_resumes_exactly(tmp_path):
+    base = tmp_path / "base"
+    make_hf_dir(base, "llama", seed=4)
+    data = write_conversations(tmp_path / "chat.jsonl")
+    dev = get_device("cpu", dtype="fp32", compile=False)
+
+    def run(name: str, resume: str | None = None):
+        opts = FinetuneOptions(init=str(base), data=[str(data)], num_iterations=4, max_seq_len=32, eval_examples=0,
+                               lr=1e-3, resume=resume,
+                               train=TrainConfig(run=name, runs_root=str(tmp_path / "runs"), device_batch_size=2,
+                                                 eval_every=0, save_every=2, keep_last=0))
+        return run_finetune(opts, dev=dev, print_fn=lambda _m: None).final_checkpoint
+
+    straight = run("straight")
+    resumed = run("resumed", resume=str(straight.parent / "step_000002"))
+    from safetensors.torch import load_file
+
+    a, b = (load_file(str(d / "model.safetensors")) for d in (straight, resumed))
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
