@@ -144,3 +144,23 @@ def test_a_lora_run_loads_by_its_checkpoint_alone(trained):
     alone = load_for_inference(stage, device="cpu", dtype=torch.float32)
     explicit = load_for_inference(base, device="cpu", dtype=torch.float32, lora=adapter)
     torch.testing.assert_close(logits(alone.model, IDS), logits(explicit.model, IDS), atol=0, rtol=0)
+
+
+@pytest.mark.slow
+def test_cli_lora_sft_with_merge(tmp_path):
+    from tests.e2e.helpers import run_cli
+
+    base = tmp_path / "base"
+    make_hf_dir(base, "llama", seed=5)
+    data = write_conversations(tmp_path / "chat.jsonl")
+    home = tmp_path / "home"
+    proc = run_cli(["train", "sft", "--init", str(base), "--data", str(data), "--lora-rank", "4", "--merge",
+                    "--device", "cpu", "--dtype", "fp32", "--compile", "0", "--max-seq-len", "32",
+                    "--device-batch-size", "2", "--num-iterations", "2", "--eval-examples", "0"], home)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    stage = home / "runs" / "default" / "sft"
+    assert (stage / "step_000002" / "adapter_model.safetensors").is_file()
+    assert (stage / "merged" / "model.safetensors").is_file()
+    assert "LoRA r=4" in proc.stdout and "merged model" in proc.stdout
+    bad = run_cli(["train", "sft", "--init", str(base), "--data", str(data), "--merge", "--run-name", "x"], home)
+    assert bad.returncode != 0 and "--lora-rank" in bad.stderr
