@@ -45,8 +45,16 @@ class LoraOptions:
             raise ValueError(f"--lora-targets {unknown or '(none)'}: choose from {', '.join(ALL_LINEAR)}")
 
 
+def _peft() -> Any:
+    try:
+        import peft
+    except ImportError as exc:
+        raise ImportError("LoRA needs the `peft` package: pip install 'portachat[models]' (or pip install peft)") from exc
+    return peft
+
+
 def lora_config(opts: LoraOptions, base_model: str | None = None) -> Any:
-    from peft import LoraConfig
+    LoraConfig = _peft().LoraConfig  # noqa: N806 - the class, by its name
 
     opts.check()
     return LoraConfig(r=opts.rank, lora_alpha=opts.alpha, target_modules=list(opts.targets), lora_dropout=opts.dropout,
@@ -55,19 +63,15 @@ def lora_config(opts: LoraOptions, base_model: str | None = None) -> Any:
 
 def add_lora(model: nn.Module, opts: LoraOptions) -> nn.Module:
     """Freeze `model` and add trainable LoRA adapters to the target linear layers (in place)."""
-    from peft import inject_adapter_in_model
-
     model.requires_grad_(False)
-    inject_adapter_in_model(lora_config(opts), model, adapter_name=ADAPTER_NAME)
+    _peft().inject_adapter_in_model(lora_config(opts), model, adapter_name=ADAPTER_NAME)
     for name, p in model.named_parameters():
         p.requires_grad_(".lora_" in name)
     return model
 
 
 def has_lora(model: nn.Module) -> bool:
-    from peft.tuners.lora import LoraLayer
-
-    return any(isinstance(m, LoraLayer) for m in model.modules())
+    return any(isinstance(m, _peft().tuners.lora.LoraLayer) for m in model.modules())
 
 
 def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -137,10 +141,9 @@ def load_adapter(model: nn.Module, directory: str | Path) -> nn.Module:
 def merge_lora(model: nn.Module) -> nn.Module:
     """Fold every adapter into its base weight and put the plain nn.Linear back: the model is then an
     ordinary GPT (same parameter names and forward as before the adapter was added)."""
-    from peft.tuners.lora import LoraLayer
-
+    lora_layer = _peft().tuners.lora.LoraLayer
     for name, module in list(model.named_modules()):
-        if isinstance(module, LoraLayer):
+        if isinstance(module, lora_layer):
             module.merge(safe_merge=True)
             parent_name, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent_name), child, module.get_base_layer())
