@@ -8,6 +8,15 @@ from portachat.commands.common import EPILOG, device_from_args, flag, int_at_lea
 from portachat.commands.launch import add_launch_flags, maybe_launch
 
 
+def _batch_size(text: str) -> int | str:
+    from portachat.tools.tune import parse_device_batch_size
+
+    try:
+        return parse_device_batch_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_train_flags(p: argparse.ArgumentParser) -> None:
     from portachat.train.optim import OptimConfig
     from portachat.train.trainer import TrainConfig
@@ -31,7 +40,11 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
               "replicas; auto = when the memory estimate of a replica exceeds the device's memory (default auto)")
     add_launch_flags(p)
     g = p.add_argument_group("batch and horizon")
-    flag(g, "--device-batch-size", type=positive_int, default=None, help="rows per device per micro-step (default: 32 on accelerators, 4 on CPU)")
+    flag(g, "--device-batch-size", type=_batch_size, default=None,
+         help="rows per device per micro-step, or auto = the largest that fits, found by real steps "
+              "(default: 32 on accelerators, 4 on CPU)")
+    flag(g, "--activation-checkpointing", action="store_true",
+         help="recompute each block's activations in backward: much less memory for ~30%% more compute")
     flag(g, "--total-batch-size", type=positive_int, default=None,
           help="tokens per optimizer step; gradient accumulation makes up the difference (default: one micro-step)")
     flag(g, "--max-seq-len", type=positive_int, default=None, help="tokens per row (default: 2048 on accelerators, 256 on CPU)")
@@ -66,6 +79,7 @@ def train_config(args: argparse.Namespace, dev) -> object:
         run=args.run,
         runs_root=args.runs_root,
         device_batch_size=args.device_batch_size or (32 if accel else 4),
+        activation_checkpointing=args.activation_checkpointing,
         total_batch_size=args.total_batch_size,
         max_seq_len=args.max_seq_len or (2048 if accel else 256),
         warmup_ratio=args.warmup_ratio,
@@ -227,6 +241,11 @@ def cmd_train_rl(args: argparse.Namespace) -> int:
     cfg = train_config(args, dev)
     if args.device_batch_size is None:
         cfg.device_batch_size = args.num_samples * (1 if dev.type == "cpu" else 4)
+    elif args.device_batch_size == "auto":
+        from portachat.train.trainer import TrainingError
+
+        raise TrainingError("train rl: --device-batch-size auto is not supported (rows are groups of replies); "
+                            f"give a multiple of --num-samples ({args.num_samples})")
     opts = RLOptions(
         init=args.init,
         data=args.data or [],

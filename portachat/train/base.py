@@ -30,7 +30,14 @@ from portachat.model import GPT, GPTConfig, training_tokens
 from portachat.tokenizer import Tokenizer, train_tokenizer
 from portachat.tokenizer.bpe import TOKENIZER_FILE
 from portachat.train.parallel import share_from_rank0
-from portachat.train.trainer import Stage, TrainConfig, TrainingError, TrainResult, train
+from portachat.train.trainer import (
+    Stage,
+    TrainConfig,
+    TrainingError,
+    TrainResult,
+    resolve_device_batch_size,
+    train,
+)
 
 
 @dataclass
@@ -148,6 +155,7 @@ def run_base(opts: BaseOptions, dev: Device | None = None, print_fn=print) -> Tr
     with torch.device(dev.torch_device):
         model = GPT(model_cfg)
     model.init_weights(seed=cfg.seed)
+    resolve_device_batch_size(cfg, model, dev, env, say)
     saved = read_meta(resume_from) if resume_from is not None else {}
     if opts.num_iterations is not None:
         cfg.num_iterations = opts.num_iterations

@@ -29,7 +29,14 @@ from portachat.device import Device, DistEnv, get_device, init_distributed
 from portachat.model import GPT
 from portachat.tokenizer import Tokenizer, render_conversation
 from portachat.train.chat_eval import answer_accuracy_evaluator
-from portachat.train.trainer import Stage, TrainConfig, TrainingError, TrainResult, train
+from portachat.train.trainer import (
+    Stage,
+    TrainConfig,
+    TrainingError,
+    TrainResult,
+    resolve_device_batch_size,
+    train,
+)
 
 PREVIOUS_STAGE = {"mid": "base", "sft": "mid", "rl": "sft"}
 
@@ -171,6 +178,7 @@ def run_chat_stage(opts: ChatOptions, dev: Device | None = None, print_fn=print)
     resume_from, init_from = start_points(path, opts.resume, opts.overwrite, opts.stage, opts.init, cfg.run, runs_root)
     model, tokenizer = model_from_checkpoint(resume_from or init_from, dev)
     cfg.max_seq_len = opts.max_seq_len or model.config.max_seq_len
+    resolve_device_batch_size(cfg, model, dev, env, say)
     cfg.muon_momentum_warmup = 0
     cfg.warmdown_ratio = defaults.warmdown_ratio if opts.warmdown_ratio is None else opts.warmdown_ratio
     scale = defaults.lr_scale if opts.lr_scale is None else opts.lr_scale

@@ -31,6 +31,7 @@ from portachat.checkpoint.sharded import whole_copy
 from portachat.checkpoint.trainer_state import load_optimizers, load_rng
 from portachat.data.prefetch import PrefetchStream
 from portachat.device import Device, DistEnv
+from portachat.device.telemetry import TelemetryMonitor
 from portachat.eval.bpb import evaluate_bpb
 from portachat.model import GPT
 from portachat.tokenizer import Tokenizer
@@ -92,7 +93,7 @@ class TrainConfig:
     run: str = "default"
     stage: str = "base"
     runs_root: str | None = None  # default <PORTACHAT_HOME>/runs
-    device_batch_size: int = 4
+    device_batch_size: int | str = 4  # "auto": resolve_device_batch_size() finds it once the model exists
     total_batch_size: int | None = None  # tokens per optimizer step; None = one micro-batch per rank
     max_seq_len: int = 256
     num_iterations: int = 100
@@ -111,6 +112,8 @@ class TrainConfig:
     seed: int = 42
     max_bad_steps: int = 5
     fsdp: str = "auto"  # shard with FSDP2: "on", "off", or "auto" = when a replica would not fit in memory
+    activation_checkpointing: bool = False  # recompute each block's activations in backward (less memory)
+    telemetry_every_s: float = 5.0  # background device sampling (memory, utilisation, temperature, power)
     optim: OptimConfig = field(default_factory=OptimConfig)
 
     def grad_accum_steps(self, world_size: int) -> int:
@@ -203,6 +206,11 @@ class Trainer:
         if init_from is not None:
             load_init_weights(model, self.tokenizer, init_from)
             self.say(f"[portachat] {cfg.stage}: starting from the weights of {init_from} (fresh optimizer state)")
+        if cfg.activation_checkpointing:
+            from portachat.tools.activation_checkpointing import apply_activation_checkpointing
+
+            wrapped = apply_activation_checkpointing(model)
+            self.say(f"[portachat] activation checkpointing: {wrapped} blocks recompute their activations in backward")
         # FSDP2 shards in place before the optimizers are built: they must hold the sharded parameters.
         self.parallel = choose_parallel(cfg.fsdp, model, cfg.device_batch_size, cfg.max_seq_len, dev, self.world,
                                         self.say)
@@ -239,7 +247,7 @@ class Trainer:
         if dev.compile:
             self.say(f"[portachat] compiling the model ({dev.compile_reason})")
             self.train_model = torch.compile(self.train_model)
-        self.peak = dev.peak_flops(dev.dtype)  # may measure with random matrices: before the RNG is restored
+        self.peak = dev.peak_flops(dev.dtype)
         if rng_state is not None:
             dev.set_rng_state(rng_state)
         self.flops_per_token = model.flops_per_token(cfg.max_seq_len)
@@ -458,10 +466,13 @@ class Trainer:
         cfg, env = self.cfg, self.env
         dt_ema: float | None = None
         warned_mfu = False
+        monitor: TelemetryMonitor | None = None
         # Signals first: a Ctrl-C during slow setup (the logger imports tensorboard) still saves.
         with StopRequest() as stop:
             try:
                 self.logger = RunLogger(self.stage_path, enabled=env.is_main)
+                if env.is_main and cfg.telemetry_every_s > 0:  # vendor tools are slow: never inside the step
+                    monitor = TelemetryMonitor(self.dev, cfg.telemetry_every_s).start()
                 self.train_model.train()
                 if self.start_step == 0 and cfg.eval_every > 0 and cfg.num_iterations > 0:
                     self.evaluate(0)  # where the stage starts from
@@ -480,9 +491,10 @@ class Trainer:
                         )
                     show = env.is_main and (step % cfg.log_every == 0 or step == self.start_step + 1
                                             or step == cfg.num_iterations)
-                    if show:  # telemetry may shell out to a vendor tool: only on logged steps
-                        tel = self.dev.telemetry()
-                        record.update(util_pct=tel.utilization_pct, temp_c=tel.temperature_c, power_w=tel.power_w)
+                    if show and monitor is not None:  # the background monitor's latest sample
+                        sample = monitor.latest()
+                        record.update({k: sample[k] for k in ("util_pct", "temp_c", "power_w") if k in sample})
+                        record.update({f"device/{k}": v for k, v in sample.items() if k.startswith("mem_")})
                     self.logger.log(step, record)
                     if show:
                         eta = (dt_ema or record["dt_s"]) * (cfg.num_iterations - step)
@@ -501,6 +513,8 @@ class Trainer:
                     _check_replicas_in_sync(self.model, self.world, self.say)
                 final = self.save(step, final=True)
             finally:
+                if monitor is not None:
+                    monitor.stop()
                 for stream in self.streams:
                     if isinstance(stream, PrefetchStream):
                         stream.close()
@@ -580,3 +594,24 @@ def _config_dict(cfg: TrainConfig) -> dict[str, Any]:
     d = asdict(cfg)
     d["optim"]["adam_betas"] = list(cfg.optim.adam_betas)
     return d
+
+
+def resolve_device_batch_size(cfg: TrainConfig, model: GPT, dev: Device, env: DistEnv, say: Callable[[str], None]) -> None:
+    """Turn `--device-batch-size auto` into the largest batch that fits (real steps on this device), the
+    same on every rank, and dividing --total-batch-size so accumulation is exact."""
+    if cfg.device_batch_size != "auto":
+        return
+    from portachat.tools.tune import auto_device_batch_size
+
+    batch, _ = auto_device_batch_size(model.config, cfg.max_seq_len, dev, cfg.total_batch_size, env.world_size,
+                                      activation_checkpointing=cfg.activation_checkpointing, say=say)
+    if env.world_size > 1:  # every rank must run the same shapes: the smallest device decides
+        t = torch.tensor([batch], device=dev.torch_device if dist.get_backend() != "gloo" else "cpu")
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        batch = int(t.item())
+    if cfg.total_batch_size:
+        while batch > 1 and cfg.total_batch_size % (batch * cfg.max_seq_len * env.world_size):
+            batch -= 1
+    cfg.device_batch_size = batch
+    say(f"[portachat] --device-batch-size auto: {batch} rows per device, "
+        f"{cfg.grad_accum_steps(env.world_size)} accumulation step(s)")
