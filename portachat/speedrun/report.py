@@ -16,8 +16,10 @@ from typing import Any
 CURVES: dict[str, list[tuple[str, str]]] = {
     "loss": [("base", "loss"), ("mid", "loss"), ("sft", "loss")],
     "validation": [("base", "val/bpb"), ("mid", "val/bpb"), ("sft", "val/bpb")],
-    "rl": [("rl", "reward"), ("rl", "reward_mean"), ("rl", "pass_at_k"), ("rl", "response_length")],
+    "rl_reward": [("rl", "reward"), ("rl", "pass_at_k")],
+    "rl_length": [("rl", "response_length")],
 }
+LOG_SCALE = {"loss"}  # the chat stages' losses sit far below pretraining's: a log axis shows both
 
 
 def read_log(path: Path) -> list[dict[str, Any]]:
@@ -68,6 +70,8 @@ def plot_curves(run_dir: Path, out_dir: Path) -> list[tuple[str, Path]]:
         if not drawn:
             plt.close(fig)
             continue
+        if name in LOG_SCALE:
+            ax.set_yscale("log")
         ax.set_xlabel("step")
         ax.set_ylabel(", ".join(sorted(keys_seen)))
         ax.set_title(name)

@@ -52,7 +52,7 @@ def test_report_has_tables_costs_and_curves(tmp_path):
     assert "| sft | 0.7500 |" in text and "| rl | 0.8000 |" in text
     assert "portachat chat --model" in text
     pngs = sorted(run.glob("curve_*.png"))
-    assert [p.name for p in pngs] == ["curve_loss.png", "curve_rl.png"]
+    assert [p.name for p in pngs] == ["curve_loss.png", "curve_rl_reward.png"]
     assert all(f"]({p.name})" in text for p in pngs)
     assert all(w > 300 and h > 200 for w, h in map(_png_size, pngs))
     assert render_report(state, {}, [], run).count("## Curves") == 0
