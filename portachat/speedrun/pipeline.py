@@ -264,6 +264,7 @@ def _rl_stage(opts: SpeedrunOptions, preset: Preset, dev: Device, say) -> dict[s
         RLOptions(
             num_samples=group,
             max_new_tokens=preset.rl_max_tokens,
+            lr_scale=preset.rl_lr_scale,
             num_iterations=steps,
             max_prompts=max(200, steps * preset.rl_prompts_per_step),
             eval_examples=int(opts.overrides.get("chat_eval_examples", 64)),

@@ -35,6 +35,7 @@ class Preset:
     synthetic_conversations: int  # mid-training conversations generated when no data is given
     note: str
     tokenizer_max_chars: int = 2_000_000_000  # characters the tokenizer trains on
+    rl_lr_scale: float = 0.02  # RL's learning rates as a fraction of pretraining's
 
 
 PRESETS: dict[str, Preset] = {
@@ -46,8 +47,8 @@ PRESETS: dict[str, Preset] = {
         mid=StagePlan(num_iterations=800, device_batch_size=8, max_seq_len=256, eval_every=400),
         sft=StagePlan(num_iterations=300, device_batch_size=8, max_seq_len=256, eval_every=300),
         rl_steps=20,
-        rl_prompts_per_step=8,
-        rl_samples_per_prompt=4,
+        rl_prompts_per_step=4,
+        rl_samples_per_prompt=8,
         rl_max_tokens=48,
         eval_limit=200,
         synthetic_conversations=24000,

@@ -45,6 +45,7 @@ class RLOptions:
     max_new_tokens: int = 64
     temperature: float = 1.0
     normalize_std: bool = False  # divide advantages by the group's reward std (GRPO) or not (Dr. GRPO)
+    sample_rounds: int = 4  # rounds of fresh prompts drawn to fill a batch with informative groups (1 = off)
     lr_scale: float = 0.05  # times the base learning rates (nanochat's RL init_lr_frac)
     warmdown_ratio: float = 1.0  # the lr decays linearly to 0 over the stage (train.warmdown_ratio is not used)
     num_epochs: float = 1.0
@@ -122,18 +123,33 @@ class RolloutStream:
         self.index = 0  # prompts read so far (wraps around the share)
 
     def next_batch(self) -> Batch:
+        """prompts_per_batch groups of G replies. A group whose replies all scored the same carries no
+        signal (every advantage is 0), so up to `opts.sample_rounds` rounds of fresh prompts are drawn to
+        fill the batch with informative groups first (DAPO's dynamic sampling); uninformative groups
+        fill whatever is left. Without it a nearly solved task set leaves a few noisy groups to drive
+        every update, and Muon's normalised steps then move the weights by noise."""
         G = self.opts.num_samples
-        picked = [self.tasks[self.mine[(self.index + k) % len(self.mine)]] for k in range(self.prompts_per_batch)]
-        prompts = [render_for_completion(self.tokenizer, t["messages"]) for t in picked for _ in range(G)]
-        base = (self.seed * 1_000_003 + self.stream * 7919 + self.index) * 64
-        replies = self.sampler.sample(prompts, self.opts.max_new_tokens, self.opts.temperature,
-                                      seeds=[base + k for k in range(len(prompts))])
-        self.index += self.prompts_per_batch
-        rewards = torch.tensor([[float(is_correct(replies[g * G + k].text, t["answer"])) for k in range(G)]
-                                for g, t in enumerate(picked)])
-        self.stats.add(rewards, [sum(r.mask) for r in replies])
-        adv = group_advantages(rewards, self.opts.normalize_std).flatten().tolist()
-        return rollout_batch(prompts, replies, adv, self.tokenizer.bos_id)
+        informative: list[tuple[list[list[int]], list[Reply], list[float]]] = []
+        flat: list[tuple[list[list[int]], list[Reply], list[float]]] = []
+        for _round in range(max(1, self.opts.sample_rounds)):
+            picked = [self.tasks[self.mine[(self.index + k) % len(self.mine)]] for k in range(self.prompts_per_batch)]
+            prompts = [render_for_completion(self.tokenizer, t["messages"]) for t in picked for _ in range(G)]
+            base = (self.seed * 1_000_003 + self.stream * 7919 + self.index) * 64
+            replies = self.sampler.sample(prompts, self.opts.max_new_tokens, self.opts.temperature,
+                                          seeds=[base + k for k in range(len(prompts))])
+            self.index += self.prompts_per_batch
+            rewards = torch.tensor([[float(is_correct(replies[g * G + k].text, t["answer"])) for k in range(G)]
+                                    for g, t in enumerate(picked)])
+            self.stats.add(rewards, [sum(r.mask) for r in replies])
+            adv = group_advantages(rewards, self.opts.normalize_std)
+            for g in range(len(picked)):
+                group = (prompts[g * G : (g + 1) * G], replies[g * G : (g + 1) * G], adv[g].tolist())
+                (informative if rewards[g].max() > rewards[g].min() else flat).append(group)
+            if len(informative) >= self.prompts_per_batch:
+                break
+        chosen = (informative + flat)[: self.prompts_per_batch]
+        return rollout_batch([p for c in chosen for p in c[0]], [r for c in chosen for r in c[1]],
+                             [a for c in chosen for a in c[2]], self.tokenizer.bos_id)
 
     def state_dict(self) -> dict:
         return {"index": self.index, "count": len(self.tasks)}
