@@ -164,8 +164,11 @@ def run_batch(
                 if row is None:
                     exhausted = True
                     break
+                # Replies are capped at the room the context leaves (a prompt that fills it fails below).
+                room = engine.max_model_len - len(row.prompt_ids)
+                params = replace(row.params, max_tokens=max(1, min(row.params.max_tokens, room)))
                 try:
-                    rid = engine.add_request(row.prompt_ids, row.params, request_id=f"row-{row.row_id}")
+                    rid = engine.add_request(row.prompt_ids, params, request_id=f"row-{row.row_id}")
                 except EngineError as exc:
                     if exc.kind == "queue_full":  # come back after a step frees room
                         todo = _prepend(row, todo)

@@ -67,6 +67,21 @@ def reply_parts(tokenizer: ChatTokenizer, ids: list[int]) -> list[dict[str, str]
     return [p for p in parts if p["text"] or p["type"] != "text"]
 
 
+def _with_tool_marks(tokenizer: ChatTokenizer, ids: list[int], text: str) -> str:
+    """A step's text with the calculator's tool tokens shown: "[calculator: 23+58 = 81] ..."."""
+    tools = tokenizer.tool_tokens
+    if tools is None:
+        return text
+    marks = {tools.python_start: "[calculator: ", tools.python_end: "", tools.output_start: " = ",
+             tools.output_end: "] "}
+    plain = [i for i, t in enumerate(ids) if t not in marks]
+    if not plain:
+        return "".join(marks.get(t, "") for t in ids) + text
+    before = "".join(marks[t] for t in ids[: plain[0]])
+    after = "".join(marks[t] for t in ids[plain[-1] + 1 :])
+    return before + text + after
+
+
 def handle_command(line: str, session: ChatSession, out: TextIO) -> bool:
     """Apply a slash command; returns False when the user asked to quit."""
     name, _, arg = line.strip().partition(" ")
@@ -107,7 +122,12 @@ def stream_reply(engine, tokenizer: ChatTokenizer, session: ChatSession, out: Te
     """Run one assistant turn, printing text as it arrives. Returns (text, ids, finish reason);
     Ctrl-C aborts the request and returns what was produced so far with reason "abort"."""
     prompt = tokenizer.render_prompt(session.history())
-    rid = engine.add_request(prompt, session.params)
+    room = engine.max_model_len - len(prompt)
+    if room < 1:
+        raise EngineError(f"the conversation ({len(prompt)} tokens) fills the context window of "
+                          f"{engine.max_model_len} tokens", kind="too_long")
+    # A reply may use whatever room the context leaves, up to --max-tokens.
+    rid = engine.add_request(prompt, replace(session.params, max_tokens=min(session.params.max_tokens, room)))
     texts: list[str] = []
     ids: list[int] = []
     try:
@@ -117,7 +137,7 @@ def stream_reply(engine, tokenizer: ChatTokenizer, session: ChatSession, out: Te
                     continue
                 texts.append(o.text)
                 ids.extend(o.token_ids)
-                out.write(o.text)
+                out.write(_with_tool_marks(tokenizer, o.token_ids, o.text))
                 out.flush()
                 if o.finished:
                     if o.error:

@@ -146,3 +146,21 @@ def test_generate_and_chat_commands(tmp_path, checkpoint):
     proc = run_cli(["chat", "--model", str(checkpoint), "--prompt", "Hello", "--max-tokens", "3", "--temperature", "0"],
                    tmp_path / "home", timeout=300)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_reply_is_capped_at_the_room_the_context_leaves(served):
+    from portachat.serve.terminal_chat import stream_reply
+
+    session = ChatSession(params=SamplingParams(max_tokens=10_000, temperature=0.0, ignore_eos=True))
+    session.messages.append({"role": "user", "content": "Hello"})
+    _text, ids, reason = stream_reply(served.engine, served.tokenizer, session, io.StringIO())
+    prompt = served.tokenizer.render_prompt(session.history())
+    assert reason == "length" and len(prompt) + len(ids) == served.engine.max_model_len
+
+
+def test_tool_calls_are_shown_in_the_stream(served):
+    from portachat.serve.terminal_chat import _with_tool_marks
+
+    t = served.tokenizer.tool_tokens
+    assert _with_tool_marks(served.tokenizer, [t.python_start, 5], "2+3") == "[calculator: 2+3"
+    assert _with_tool_marks(served.tokenizer, [t.python_end, t.output_start, 7, t.output_end], "5") == " = 5] "
