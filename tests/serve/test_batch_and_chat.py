@@ -162,5 +162,6 @@ def test_tool_calls_are_shown_in_the_stream(served):
     from portachat.serve.terminal_chat import _with_tool_marks
 
     t = served.tokenizer.tool_tokens
-    assert _with_tool_marks(served.tokenizer, [t.python_start, 5], "2+3") == "[calculator: 2+3"
-    assert _with_tool_marks(served.tokenizer, [t.python_end, t.output_start, 7, t.output_end], "5") == " = 5] "
+    two, five = served.tokenizer.encode("2")[0], served.tokenizer.encode("5")[0]
+    assert _with_tool_marks(served.tokenizer, [t.python_start, two], "2") == "[calculator: 2"
+    assert _with_tool_marks(served.tokenizer, [t.python_end, t.output_start, five, t.output_end], "5") == " = 5] "
