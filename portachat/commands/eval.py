@@ -14,6 +14,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     opts = EvalOptions(
         task=args.task, model=args.model, data=args.data, limit=args.limit, device=args.device, dtype=args.dtype,
         max_tokens=args.max_tokens, seed=args.seed, workers=args.workers, use_engine=not args.no_engine,
+        quantize=args.quantize,
     )
     log = (lambda _msg: None) if args.json else print
     results = run_evals(opts, log=log)
@@ -40,5 +41,6 @@ def register(sub) -> None:
     flag(p, "--no-engine", action="store_true", help="generate with the plain single-sequence loop instead of the engine")
     flag(p, "--device", default=None, help="cpu|cuda|rocm|dcu|npu|xpu|mps (default: auto-detect)")
     flag(p, "--dtype", default=None, help="bf16|fp16|fp32 (default: the device's inference dtype)")
+    flag(p, "--quantize", default=None, choices=["int8", "int4"], help="weight-only quantization (default: off)")
     flag(p, "--json", action="store_true", help="print the results as JSON instead of a table")
     p.set_defaults(func=cmd_eval)

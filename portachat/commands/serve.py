@@ -57,6 +57,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_waiting=args.max_waiting,
         enable_prefix_caching=not args.no_prefix_caching,
         lora=args.lora,
+        quantize=args.quantize,
     )
     url = f"http://{args.host}:{args.port}"
     failure: list[BaseException] = []
@@ -107,6 +108,9 @@ def register(sub) -> None:
     flag(g, "--lora", default=None,
          help="a LoRA adapter directory (PEFT format, e.g. from `portachat train sft --lora-rank R`) trained on "
               "--model: folded into the weights at load time")
+    flag(g, "--quantize", default=None, choices=["int8", "int4"],
+         help="weight-only quantization: int8 per channel or int4 in groups of 32 (default: off); the device layer "
+              "picks the kernels and refuses where none exists")
     flag(g, "--served-model-name", default=None, help="the model name clients send and /v1/models lists "
                                                       "(default: from the path)")
     flag(g, "--device", default=None, help="cpu|cuda|rocm|dcu|npu|xpu|mps (default: auto-detect)")

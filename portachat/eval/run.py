@@ -35,6 +35,7 @@ class EvalOptions:
     seed: int = 0
     workers: int | None = None  # HumanEval sandboxes at a time
     use_engine: bool = True  # False: the plain single-sequence generator
+    quantize: str | None = None  # "int8" / "int4" weight-only, as the device layer plans it
 
 
 def _task_list(opts: EvalOptions) -> list[str]:
@@ -115,6 +116,11 @@ def run_evals(opts: EvalOptions, log: Callable[[str], None] = print) -> list[Eva
                     "or pass --data)")
     loaded = load_for_inference(opts.model, device=opts.device, dtype=opts.dtype)
     log(f"[eval] model: {loaded.description}")
+    if opts.quantize:
+        from portachat.device import get_device
+        from portachat.quant import quantize_model
+
+        log(f"[eval] {quantize_model(loaded.model, opts.quantize, get_device(kind=opts.device)).summary()}")
     model, tokenizer = loaded.model, loaded.tokenizer
     complete = _make_complete(loaded, opts)
     results: list[EvalResult] = []
