@@ -38,6 +38,7 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -210,7 +211,10 @@ def run_program(source: str, limits: SandboxLimits | None = None) -> SandboxResu
             return SandboxResult("error", None, "", f"sandbox supervisor failed: {exc}",
                                  time.monotonic() - start)
         rc = report["returncode"]
-        status = "timeout" if report["timed_out"] else ("passed" if rc == 0 else "failed")
+        # Stopped by the CPU-time limit (SIGXCPU) is a timeout too: which limit fires first is a race
+        # between CPU and wall-clock time.
+        cpu_limit = rc == -signal.SIGXCPU
+        status = "timeout" if report["timed_out"] or cpu_limit else ("passed" if rc == 0 else "failed")
         return SandboxResult(status, rc, _tail(root / "stdout"), _tail(root / "stderr"),
                              time.monotonic() - start, report["isolation"])
     finally:

@@ -20,7 +20,8 @@ from portachat.eval.sandbox import SandboxLimits, run_program
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox is Linux-only")
 
-TIGHT = SandboxLimits(timeout_s=2.0, cpu_seconds=2, memory_bytes=512 << 20, processes=8)
+# CPU seconds above the wall-clock timeout: a busy loop always meets the timeout first, whatever the load.
+TIGHT = SandboxLimits(timeout_s=2.0, cpu_seconds=3, memory_bytes=512 << 20, processes=8)
 IS_ROOT = os.geteuid() == 0
 
 
@@ -174,7 +175,7 @@ def test_an_unprivileged_evaluator_gets_the_same_containment():
         "    print('UNREADABLE'); sys.exit(0)\n"
         "spec = importlib.util.spec_from_file_location('sandbox', path)\n"
         "sb = importlib.util.module_from_spec(spec); sys.modules['sandbox'] = sb; spec.loader.exec_module(sb)\n"
-        "L = sb.SandboxLimits(timeout_s=2, cpu_seconds=2, python_guard=False)\n"
+        "L = sb.SandboxLimits(timeout_s=2, cpu_seconds=4, python_guard=False)\n"  # wall clock ends the loop first
         "out = {}\n"
         "for name, src in {'ok': 'print(1)', 'loop': 'while True: pass', 'mem': 'x = bytearray(8 << 30)',\n"
         "                  'net': 'import socket; socket.create_connection((\"127.0.0.1\", 9), timeout=1)'}.items():\n"
