@@ -223,7 +223,7 @@ def load_for_inference(
     damaged files raise CheckpointError saying which file.
     """
     if lora is not None:
-        return _with_adapter(path, device, dtype, Path(lora))
+        return _with_adapter(path, device, dtype, _adapter_dir(lora))
     path = resolve_model_source(path)
     if path.is_dir() and (path / "adapter_config.json").is_file() and not (path / "config.json").is_file():
         return _with_adapter(_adapter_base(path), device, dtype, path)  # a LoRA run's checkpoint: base + adapter
@@ -369,6 +369,20 @@ def _with_adapter(path: str | Path, device: Device | torch.device | str | None, 
     loaded.name = f"{loaded.name}+{adapter.name}"
     loaded.description = loaded.description.replace("float32", str(dtype).removeprefix("torch.")) + f" + LoRA {adapter}"
     return loaded
+
+
+def _adapter_dir(spec: str | Path) -> Path:
+    """A LoRA adapter directory: given as is, or a LoRA run's stage directory (its latest checkpoint)."""
+    from portachat.checkpoint.runs import latest_checkpoint
+
+    path = Path(spec).expanduser()
+    if (path / "adapter_config.json").is_file():
+        return path
+    latest = latest_checkpoint(path) if path.is_dir() else None
+    if latest is not None and (latest / "adapter_config.json").is_file():
+        return latest
+    raise CheckpointError(f"--lora {spec}: no LoRA adapter there (adapter_config.json missing); pass the adapter "
+                          "directory or the stage directory of a `train sft --lora-rank R` run")
 
 
 def _adapter_base(adapter: Path) -> str:
