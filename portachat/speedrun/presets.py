@@ -52,7 +52,7 @@ PRESETS: dict[str, Preset] = {
         rl_max_tokens=48,
         eval_limit=200,
         synthetic_conversations=24000,
-        note="about ten minutes on a laptop CPU: proves every stage works and moves the metrics",
+        note="about five minutes on a 2-core CPU: proves every stage works and moves the metrics",
         tokenizer_max_chars=3_000_000,
     ),
     "cpu": Preset(
