@@ -62,26 +62,11 @@ def add_sampling_flags(p: argparse.ArgumentParser, temperature: float | None, ma
     flag(g, "--seed", type=int, default=None, help="random seed: the same seed gives the same replies")
 
 
-def resolve_model_arg(spec: str) -> str:
-    """--model as the loader wants it: a stage directory or `run/stage` becomes its latest checkpoint."""
-    from pathlib import Path
-
-    from portachat.checkpoint import CheckpointError, resolve_model_path
-
-    path = Path(spec).expanduser()
-    if path.suffix.lower() == ".gguf" or (path / "config.json").is_file():
-        return str(path)
-    try:
-        return str(resolve_model_path(spec))
-    except CheckpointError:
-        return spec  # the loader says what is wrong with it
-
-
 def load_options(args: argparse.Namespace):
     from portachat.serve.api.loading import LoadOptions
 
     return LoadOptions(
-        model=resolve_model_arg(args.model),
+        model=args.model,  # load_for_inference resolves stage dirs and run/stage names
         device=args.device,
         dtype=args.dtype,
         compile=None if args.compile is None else args.compile == "1",

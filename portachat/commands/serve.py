@@ -7,6 +7,7 @@ import os
 import sys
 
 from portachat.commands.common import EPILOG, flag, int_at_least, positive_int
+from portachat.commands.inference import load_options
 
 
 def _float_above(minimum: float, inclusive: bool):
@@ -32,7 +33,7 @@ def _origins(text: str) -> list[str]:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from portachat.serve.api import ServerSettings, create_app
-    from portachat.serve.api.loading import LoadOptions, default_model_name, load_served_model
+    from portachat.serve.api.loading import default_model_name, load_served_model
     from portachat.serve.api.server import make_server
     from portachat.tools.diagnose import diagnose, format_diagnosis
 
@@ -45,20 +46,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_messages=args.max_messages,
         shutdown_grace_s=args.shutdown_timeout,
     )
-    options = LoadOptions(
-        model=args.model,
-        device=args.device,
-        dtype=args.dtype,
-        compile=None if args.compile is None else args.compile == "1",
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        kv_cache_gb=args.kv_cache_gb,
-        max_waiting=args.max_waiting,
-        enable_prefix_caching=not args.no_prefix_caching,
-        lora=args.lora,
-        quantize=args.quantize,
-    )
+    options = load_options(args)
     url = f"http://{args.host}:{args.port}"
     failure: list[BaseException] = []
 

@@ -74,14 +74,14 @@ def train_config(args: argparse.Namespace, dev) -> object:
     from portachat.train.optim import OptimConfig
     from portachat.train.trainer import TrainConfig
 
-    accel = dev.type != "cpu"
+    defaults = dev.training_defaults
     return TrainConfig(
         run=args.run,
         runs_root=args.runs_root,
-        device_batch_size=args.device_batch_size or (32 if accel else 4),
+        device_batch_size=args.device_batch_size or defaults.device_batch_size,
         activation_checkpointing=args.activation_checkpointing,
         total_batch_size=args.total_batch_size,
-        max_seq_len=args.max_seq_len or (2048 if accel else 256),
+        max_seq_len=args.max_seq_len or defaults.max_seq_len,
         warmup_ratio=args.warmup_ratio,
         warmdown_ratio=args.warmdown_ratio,
         final_lr_frac=args.final_lr_frac,
@@ -118,7 +118,7 @@ def cmd_train_base(args: argparse.Namespace) -> int:
         tokenizer=args.tokenizer,
         vocab_size=args.vocab_size,
         tokenizer_max_chars=args.tokenizer_max_chars,
-        depth=args.depth if args.depth is not None else (20 if dev.type != "cpu" else 4),
+        depth=args.depth if args.depth is not None else dev.training_defaults.depth,
         target_param_data_ratio=args.target_param_data_ratio,
         num_iterations=args.num_iterations,
         resume=args.resume,
@@ -240,7 +240,7 @@ def cmd_train_rl(args: argparse.Namespace) -> int:
     dev = device_from_args(args)
     cfg = train_config(args, dev)
     if args.device_batch_size is None:
-        cfg.device_batch_size = args.num_samples * (1 if dev.type == "cpu" else 4)
+        cfg.device_batch_size = args.num_samples * dev.training_defaults.rl_groups_per_row_batch
     elif args.device_batch_size == "auto":
         from portachat.train.trainer import TrainingError
 

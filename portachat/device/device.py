@@ -6,6 +6,7 @@ import contextlib
 import os
 import threading
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -31,6 +32,14 @@ from portachat.device.probe import KINDS, TORCH_TYPE, ProbeResult, device_module
 from portachat.device.telemetry import Telemetry, read_telemetry
 
 DEVICE_KINDS_ENV = ("cpu", "cuda", "rocm", "dcu", "npu", "xpu", "mps")
+
+
+@dataclass(frozen=True)
+class TrainingDefaults:
+    depth: int
+    device_batch_size: int
+    max_seq_len: int
+    rl_groups_per_row_batch: int  # RL micro-batch = this many groups of --num-samples replies
 
 
 class Device:
@@ -228,6 +237,40 @@ class Device:
             lambda: flops_mod.measure_matmul_flops(self.torch_device, dtype, self.synchronize, budget_s=0.3),
             rounds,
         )
+
+    # --- decisions other packages ask for, so none of them branches on the device kind ---------------
+    @property
+    def is_accelerator(self) -> bool:
+        """Whether an accelerator does the work (False: the CPU fallback), e.g. for sizing presets."""
+        return self.type != "cpu"
+
+    @property
+    def ddp_device_ids(self) -> list[int] | None:
+        """DistributedDataParallel's `device_ids`: this process's device, or None on the CPU."""
+        return None if self.type == "cpu" else [self.index]
+
+    @property
+    def newton_schulz_dtype(self) -> torch.dtype:
+        """Muon's orthogonalisation dtype for tools that build optimizers outside the Trainer: bf16 on an
+        accelerator computing in bf16, fp32 on the CPU (whose bf16 matmuls are slower for these shapes)."""
+        return torch.bfloat16 if self.dtype == torch.bfloat16 and self.type != "cpu" else torch.float32
+
+    @property
+    def allocator_tracks_peaks(self) -> bool:
+        """Whether the device's allocator reports a high-water mark (the CPU's does not: count tensors)."""
+        return self.type != "cpu"
+
+    @property
+    def training_defaults(self) -> TrainingDefaults:
+        """Model and batch sizes a command uses when the user gives none."""
+        if self.type == "cpu":
+            return TrainingDefaults(depth=4, device_batch_size=4, max_seq_len=256, rl_groups_per_row_batch=1)
+        return TrainingDefaults(depth=20, device_batch_size=32, max_seq_len=2048, rl_groups_per_row_batch=4)
+
+    @property
+    def price_per_device_hour(self) -> float:
+        """A rough rental price (USD) for cost estimates in reports: a cloud accelerator, or a CPU machine."""
+        return 0.05 if self.type == "cpu" else 2.0
 
     def describe(self) -> dict:
         """JSON-able summary for doctor and training logs."""

@@ -123,7 +123,7 @@ def run_speedrun(opts: SpeedrunOptions, dev: Device | None = None, print_fn: Cal
     dev = dev or get_device()
     env = init_distributed(dev)
     say = print_fn if env.is_main else (lambda _m: None)
-    preset, why = choose_preset(opts.preset, dev.type, env.world_size)
+    preset, why = choose_preset(opts.preset, dev.is_accelerator, env.world_size)
     run_dir = _run_dir(opts)
     # No shared filesystem is assumed: rank 0's view of the state file decides for every node.
     state = rank0_decides(lambda: load_state(run_dir))
@@ -145,7 +145,7 @@ def run_speedrun(opts: SpeedrunOptions, dev: Device | None = None, print_fn: Cal
     base_data, chat_data, data_note = _data_source(opts, say)
     price = opts.price_per_device_hour
     if price is None:
-        price = 0.05 if dev.type == "cpu" else 2.0
+        price = dev.price_per_device_hour
     state.update(run=opts.run, preset=preset.name, preset_reason=why, data_note=data_note,
                  world_size=env.world_size, price_per_device_hour=price)
     state.setdefault("stages", {})

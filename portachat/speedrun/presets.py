@@ -108,13 +108,13 @@ PRESETS: dict[str, Preset] = {
 PRESETS["d26"] = replace(PRESETS["d20"], name="d26", depth=26, note="nanochat's $300 tier: ~12 hours on 8 accelerators")
 
 
-def choose_preset(name: str, device_type: str, world_size: int) -> tuple[Preset, str]:
+def choose_preset(name: str, accelerated: bool, world_size: int) -> tuple[Preset, str]:
     """The preset to run and why (`auto` looks at the hardware)."""
     if name != "auto":
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; choose one of auto, {', '.join(PRESETS)}")
         return PRESETS[name], f"--preset {name}"
-    if device_type == "cpu":
+    if not accelerated:
         return PRESETS["smoke"], "auto: no accelerator, so the smoke preset (a few minutes on a CPU)"
     if world_size >= 8:
         return PRESETS["d20"], f"auto: {world_size} accelerators, so d20"

@@ -77,8 +77,7 @@ def profile_training(
     batches: Iterator[tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> ProfileResult:
     model = GPT(cfg).to(dev.torch_device)
-    ns_dtype = torch.bfloat16 if dev.dtype == torch.bfloat16 and dev.type != "cpu" else torch.float32
-    optimizers = build_optimizers(model, OptimConfig(), cfg.n_embd, ns_dtype, dev.fused_optimizer)
+    optimizers = build_optimizers(model, OptimConfig(), cfg.n_embd, dev.newton_schulz_dtype, dev.fused_optimizer)
     runner = torch.compile(model) if dev.compile else model
     batches = batches or random_batches(cfg, batch_size, seq_len)
     times: dict[str, list[float]] = {p: [] for p in PHASES}

@@ -70,7 +70,7 @@ def measure_training_peak(
 
     Accelerators report their allocator's high-water mark; on CPU a dispatch-mode counter tracks every
     tensor (the process RSS would include the allocator's and libraries' own memory)."""
-    tracker = LiveTensorBytes() if dev.type == "cpu" else None
+    tracker = None if dev.allocator_tracks_peaks else LiveTensorBytes()
     if tracker is None:
         dev.synchronize()
         dev.reset_peak_memory()
@@ -81,8 +81,7 @@ def measure_training_peak(
         model = GPT(cfg).to(dev.torch_device)
         if activation_checkpointing:
             apply_activation_checkpointing(model)
-        ns_dtype = torch.bfloat16 if dev.dtype == torch.bfloat16 and dev.type != "cpu" else torch.float32
-        optimizers = build_optimizers(model, OptimConfig(), cfg.n_embd, ns_dtype, dev.fused_optimizer)
+        optimizers = build_optimizers(model, OptimConfig(), cfg.n_embd, dev.newton_schulz_dtype, dev.fused_optimizer)
         gen = torch.Generator().manual_seed(0)
         batch = torch.randint(0, cfg.vocab_size, (batch_size, seq_len + 1), generator=gen).to(dev.torch_device)
         inputs, targets = batch[:, :-1], batch[:, 1:]

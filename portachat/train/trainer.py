@@ -241,7 +241,7 @@ class Trainer:
         self.train_model: torch.nn.Module = model
         if self.parallel == "ddp":
             self.ddp = DistributedDataParallel(
-                model, device_ids=[dev.index] if dev.type != "cpu" else None, **_no_buffer_sync()
+                model, device_ids=dev.ddp_device_ids, **_no_buffer_sync()
             )
             self.train_model = self.ddp
         if dev.compile:

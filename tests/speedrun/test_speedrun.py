@@ -14,12 +14,12 @@ from portachat.train.logger import RunLogger
 
 
 def test_auto_preset_follows_the_hardware():
-    assert choose_preset("auto", "cpu", 1)[0].name == "smoke"
-    assert choose_preset("auto", "cuda", 1)[0].name == "d12"
-    assert choose_preset("auto", "npu", 8)[0].name == "d20"
-    assert choose_preset("d26", "cuda", 8)[0].depth == 26
+    assert choose_preset("auto", False, 1)[0].name == "smoke"
+    assert choose_preset("auto", True, 1)[0].name == "d12"
+    assert choose_preset("auto", True, 8)[0].name == "d20"
+    assert choose_preset("d26", True, 8)[0].depth == 26
     with pytest.raises(ValueError, match="choose one of"):
-        choose_preset("huge", "cpu", 1)
+        choose_preset("huge", False, 1)
     assert PRESETS["smoke"].depth < PRESETS["d12"].depth < PRESETS["d20"].depth
 
 
