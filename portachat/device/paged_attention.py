@@ -1,10 +1,13 @@
 """Attention over a paged KV cache, for the inference engine.
 
-The cache of one layer is a flat array of token slots [num_slots, H_kv, D]; a sequence's keys are
-the slots its block table names. The portable path gathers those slots into a dense tensor and runs
-SDPA (decode rows batched together with a padding mask; each prefill chunk on its own, causal).
-Vendor fused kernels (flash-attn's block-table decode, torch_npu's incremental attention) would
-plug in here, behind the same two functions, so the engine never names a vendor.
+The cache of one layer is an array of token slots per kv head, [H_kv, num_slots, D] (head-major);
+a sequence's keys are the slots its block table names. The portable path gathers those slots into
+a dense tensor and multiplies: gathering along the slot axis of a head-major cache gives
+[H_kv, rows, D] blocks that the batched products read as they are, with no transposed copy of the
+keys each step. Decode rows are batched together with a padding mask; each prefill chunk runs on
+its own through SDPA, causal. Vendor fused kernels (flash-attn's block-table decode, torch_npu's
+incremental attention) would plug in here, behind the same functions, so the engine never names a
+vendor.
 """
 
 from __future__ import annotations
@@ -13,12 +16,19 @@ import torch
 import torch.nn.functional as F
 
 
+def kv_cache_dtype(device: torch.device | str, weight_dtype: torch.dtype) -> torch.dtype:
+    """The dtype keys and values are stored in. On a CPU attention computes in fp32 (its bf16
+    batched matmuls are slow), so the cache is fp32 too: every key read each step would otherwise
+    be converted again. Accelerators keep the weights' dtype (half the bytes per token)."""
+    return torch.float32 if torch.device(device).type == "cpu" else weight_dtype
+
+
 def write_kv(
     k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> None:
-    """Store new keys/values [N, H_kv, D] at their slots [N]."""
-    k_cache.index_copy_(0, slots, k.to(k_cache.dtype))
-    v_cache.index_copy_(0, slots, v.to(v_cache.dtype))
+    """Store new keys/values [N, H_kv, D] at their slots [N] of a [H_kv, num_slots, D] cache."""
+    k_cache.index_copy_(1, slots, k.transpose(0, 1).to(k_cache.dtype))
+    v_cache.index_copy_(1, slots, v.transpose(0, 1).to(v_cache.dtype))
 
 
 def decode_attention(
@@ -32,21 +42,21 @@ def decode_attention(
     mask [B, 1, 1, L] bool (True = attend) or None when every row uses all L keys. Returns [B, H, D]."""
     B, L = slot_index.shape
     H, D = q.shape[1], q.shape[2]
-    H_kv = k_cache.shape[1]
+    H_kv = k_cache.shape[0]
     flat = slot_index.reshape(-1)
-    # index_select, not k_cache[slot_index]: advanced indexing is ~100x slower on CPU here.
-    keys = k_cache.index_select(0, flat).view(B, L, H_kv, D).transpose(1, 2)  # [B, H_kv, L, D]
-    values = v_cache.index_select(0, flat).view(B, L, H_kv, D).transpose(1, 2)
-    # Plain matmuls rather than SDPA: with one query per row, CPU SDPA kernels spend far longer
-    # in setup than in arithmetic. Query heads are grouped over their shared kv head.
-    # On CPU these products are tiny and bf16 batched matmuls are slow: compute them in fp32.
-    compute = torch.float32 if q.device.type == "cpu" else keys.dtype
-    qg = q.view(B, H_kv, H // H_kv, D).to(compute)
-    scores = torch.matmul(qg, keys.to(compute).transpose(2, 3)).float() * (D**-0.5)  # [B, H_kv, G, L]
+    # index_select, not k_cache[:, slot_index]: advanced indexing is ~100x slower on CPU here.
+    keys = k_cache.index_select(1, flat).view(H_kv, B, L, D)
+    values = v_cache.index_select(1, flat).view(H_kv, B, L, D)
+    # Plain matmuls rather than SDPA: with one query per row, CPU SDPA kernels spend far longer in
+    # setup than in arithmetic. Query heads are grouped over their shared kv head; batch order is
+    # (kv head, sequence), the gathered keys' own layout.
+    qg = q.reshape(B, H_kv, H // H_kv, D).transpose(0, 1).to(keys.dtype)  # [H_kv, B, G, D]
+    scores = torch.matmul(qg, keys.transpose(2, 3)).float() * (D**-0.5)  # [H_kv, B, G, L]
     if mask is not None:
-        scores = scores.masked_fill(~mask.view(B, 1, 1, L), float("-inf"))
-    probs = torch.softmax(scores, dim=-1).to(compute)
-    return torch.matmul(probs, values.to(compute)).view(B, H, D).to(q.dtype)
+        scores = scores.masked_fill(~mask.view(1, B, 1, L), float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(values.dtype)
+    out = torch.matmul(probs, values)  # [H_kv, B, G, D]
+    return out.transpose(0, 1).reshape(B, H, D).to(q.dtype)
 
 
 def prefill_attention(
@@ -66,11 +76,11 @@ def prefill_attention(
     if slot_index is None:
         keys, values = k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
         out = F.scaled_dot_product_attention(
-            qh, keys, values, is_causal=True, enable_gqa=k.size(1) != q.size(1)
+            qh, keys.to(q.dtype), values.to(q.dtype), is_causal=True, enable_gqa=k.size(1) != q.size(1)
         )
     else:
-        keys = k_cache.index_select(0, slot_index).transpose(0, 1).unsqueeze(0).to(q.dtype)
-        values = v_cache.index_select(0, slot_index).transpose(0, 1).unsqueeze(0).to(q.dtype)
+        keys = k_cache.index_select(1, slot_index).unsqueeze(0).to(q.dtype)  # [1, H_kv, L, D]
+        values = v_cache.index_select(1, slot_index).unsqueeze(0).to(q.dtype)
         out = F.scaled_dot_product_attention(
             qh, keys, values, attn_mask=mask, enable_gqa=keys.size(1) != q.size(1)
         )

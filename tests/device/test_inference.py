@@ -103,7 +103,8 @@ def test_paged_attention_equals_dense_sdpa():
     q = torch.randn(2, H, D, generator=g)
     slot_index = torch.stack([tables[0], torch.cat([tables[1], tables[1][:2]])])
     mask = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])[:, None, None, :]
-    out = decode_attention(q, k_cache, v_cache, slot_index, mask)
+    out = decode_attention(q, k_cache.transpose(0, 1).contiguous(), v_cache.transpose(0, 1).contiguous(), slot_index,
+                           mask)
     for b, table in enumerate(tables):
         ref = torch.nn.functional.scaled_dot_product_attention(
             q[b][None, :, None], k_cache[table].transpose(0, 1)[None], v_cache[table].transpose(0, 1)[None],
@@ -112,5 +113,6 @@ def test_paged_attention_equals_dense_sdpa():
         assert torch.allclose(out[b], ref, atol=1e-5)
     # A chunk of 2 new tokens at positions 3-4 of the first sequence sees keys 0..3 and 0..4.
     causal = torch.arange(5)[None, :] <= torch.tensor([3, 4])[:, None]
-    chunk = prefill_attention(q[:1].expand(2, H, D), None, None, k_cache, v_cache, tables[0], causal)
+    chunk = prefill_attention(q[:1].expand(2, H, D), None, None, k_cache.transpose(0, 1).contiguous(),
+                              v_cache.transpose(0, 1).contiguous(), tables[0], causal)
     assert torch.allclose(chunk[1], out[0], atol=1e-5)

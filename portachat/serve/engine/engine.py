@@ -20,6 +20,7 @@ import torch
 
 from portachat.device import Device, diagnose, get_device
 from portachat.device.inference import decode_compile, inference_dtype, kv_cache_budget, parse_dtype
+from portachat.device.paged_attention import kv_cache_dtype
 from portachat.model.gpt import GPT
 from portachat.quant import model_dtype
 from portachat.serve.engine.block_manager import BlockManager
@@ -128,9 +129,8 @@ class LLMEngine:
 
     def _num_blocks(self, cfg, dtype: torch.dtype) -> tuple[int, str]:
         c = self.config
-        per_token = (
-            2 * cfg.n_layer * cfg.n_kv_head * cfg.head_dim * torch.empty((), dtype=dtype).element_size()
-        )
+        kv_dtype = kv_cache_dtype(self.device.torch_device, dtype)
+        per_token = 2 * cfg.n_layer * cfg.n_kv_head * cfg.head_dim * torch.empty((), dtype=kv_dtype).element_size()
         per_block = per_token * c.block_size
         if c.num_blocks is not None:
             return c.num_blocks, f"{c.num_blocks} blocks requested"

@@ -13,11 +13,10 @@ import warnings
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from portachat.device import paged_attention as pa
-from portachat.device.cpu_linear import pack_linear
 from portachat.model.gpt import GPT, apply_rotary
+from portachat.serve.engine.packed_forward import PackedModel, attend
 from portachat.serve.engine.scheduler import ScheduledSeq
 
 
@@ -68,48 +67,22 @@ class ModelRunner:
         self.block_size = block_size
         cfg = model.config
         self.num_slots = num_blocks * block_size
-        shape = (cfg.n_layer, self.num_slots, cfg.n_kv_head, cfg.head_dim)
-        self.k_cache = torch.zeros(shape, device=device, dtype=dtype)
-        self.v_cache = torch.zeros(shape, device=device, dtype=dtype)
+        shape = (cfg.n_layer, cfg.n_kv_head, self.num_slots, cfg.head_dim)  # head-major: see paged_attention
+        self.kv_dtype = pa.kv_cache_dtype(device, dtype)
+        self.k_cache = torch.zeros(shape, device=device, dtype=self.kv_dtype)
+        self.v_cache = torch.zeros(shape, device=device, dtype=self.kv_dtype)
         self.cos, self.sin = rotary_tables(model, max_model_len, device)
+        half = cfg.head_dim // 2
+        self.sin_signed = torch.cat([-self.sin[:, :half], self.sin[:, half:]], dim=-1)  # rotate_half as a roll
         # Packed copies would go stale under a model that is still training (RL): pack frozen weights only.
         frozen = not any(p.requires_grad for p in model.parameters())
-        self.packed = self._pack(model) if frozen else None
+        self.packed = PackedModel.build(model) if frozen else None
         self._compiled = None
 
     def reload_weights(self) -> None:
         """Re-pack after the model's weights changed in place (a no-op when nothing is packed)."""
         if self.packed is not None:
-            self.packed = self._pack(self.model)
-
-    @staticmethod
-    def _pack(model: GPT) -> list[dict] | None:
-        """Per layer: q/k/v as one packed product, gate/up as one, o and down; plus the output head.
-        None where the device layer has no packed kernels (the modules are called as they are)."""
-        linears = [m for name, m in model.named_modules() if name.endswith(("_proj", "lm_head"))]
-        if not all(isinstance(m, torch.nn.Linear) for m in linears):
-            return None  # quantized layers (portachat.quant) run their own weight-only kernels
-        layers = []
-        for block in model.model.layers:
-            attn, mlp = block.self_attn, block.mlp
-            qkv_w = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
-            qkv_b = None
-            if attn.q_proj.bias is not None:
-                qkv_b = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
-            packed = {
-                "qkv": pack_linear(qkv_w, qkv_b),
-                "o": pack_linear(attn.o_proj.weight, attn.o_proj.bias),
-                "gate_up": pack_linear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
-                "down": pack_linear(mlp.down_proj.weight, mlp.down_proj.bias),
-            }
-            if any(f is None for f in packed.values()):
-                return None
-            layers.append(packed)
-        head = pack_linear(model.lm_head.weight, model.lm_head.bias)
-        if head is None:
-            return None
-        layers.append({"lm_head": head})
-        return layers
+            self.packed = PackedModel.build(self.model)
 
     def enable_compile(self) -> None:
         """torch.compile the forward (shapes vary every step: compiled with dynamic shapes)."""
@@ -203,41 +176,29 @@ class ModelRunner:
             return self._forward(inp)
 
     def _forward(self, inp: StepInputs) -> torch.Tensor:
+        if self.packed is not None:
+            return self.packed.forward(inp, self.k_cache, self.v_cache, self.cos, self.sin_signed)
+        return self._forward_modules(inp)
+
+    def _forward_modules(self, inp: StepInputs) -> torch.Tensor:
+        """The model's own modules over the flat batch (accelerators, quantized or training models)."""
         model = self.model
         x = model.model.embed_tokens(inp.input_ids)  # [N, C]
         N = x.size(0)
         cos = self.cos[inp.positions].to(x.dtype)[:, None, :]  # [N, 1, D]
         sin = self.sin[inp.positions].to(x.dtype)[:, None, :]
         for layer_idx, block in enumerate(model.model.layers):
-            attn, mlp = block.self_attn, block.mlp
-            packed = self.packed[layer_idx] if self.packed is not None else None
+            attn = block.self_attn
             H, H_kv, D = attn.n_head, attn.n_kv_head, attn.head_dim
             h = block.input_layernorm(x)
-            if packed is not None:
-                q, k, v = packed["qkv"](h).split([H * D, H_kv * D, H_kv * D], dim=-1)
-            else:
-                q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
-            q = attn.q_norm(q.reshape(N, H, D))
-            k = attn.k_norm(k.reshape(N, H_kv, D))
-            v = v.reshape(N, H_kv, D)
+            q = attn.q_norm(attn.q_proj(h).reshape(N, H, D))
+            k = attn.k_norm(attn.k_proj(h).reshape(N, H_kv, D))
+            v = attn.v_proj(h).reshape(N, H_kv, D)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
             kc, vc = self.k_cache[layer_idx], self.v_cache[layer_idx]
             pa.write_kv(kc, vc, inp.slot_mapping, k, v)
-            outs = []
-            d = inp.num_decode
-            if d:
-                outs.append(pa.decode_attention(q[:d], kc, vc, inp.decode_slots, inp.decode_mask))
-            for c in inp.prefills:
-                rows = slice(c.start, c.start + c.length)
-                outs.append(pa.prefill_attention(q[rows], k[rows], v[rows], kc, vc, c.slot_index, c.mask))
-            y = (outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)).reshape(N, H * D).to(x.dtype)
-            if packed is None:
-                x = x + attn.o_proj(y)
-                x = x + mlp(block.post_attention_layernorm(x))
-            else:
-                x = x + packed["o"](y)
-                gate, up = packed["gate_up"](block.post_attention_layernorm(x)).chunk(2, dim=-1)
-                x = x + packed["down"](F.silu(gate) * up)
+            y = attend(inp, q, k, v, kc, vc).reshape(N, H * D).to(x.dtype)
+            x = x + attn.o_proj(y)
+            x = x + block.mlp(block.post_attention_layernorm(x))
         x = model.model.norm(x[inp.logits_rows])
-        head = self.packed[-1]["lm_head"] if self.packed is not None else model.lm_head
-        return head(x).float()
+        return model.lm_head(x).float()

@@ -41,6 +41,37 @@ def test_engine_equals_plain_forward(chat_tokenizer, family):
         assert torch.allclose(torch.tensor(c.logprobs), torch.tensor(expected), atol=1e-4)
 
 
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_packed_cpu_forward_equals_plain_forward(chat_tokenizer, family):
+    """A frozen model runs the packed path (norm weights folded into the products, fp32 rotary and
+    attention): same greedy tokens and logprobs as the plain forward, in fp32."""
+    model = tiny_model(chat_tokenizer.vocab_size, seed=5, **FAMILIES[family]).requires_grad_(False)
+    engine = make_engine(chat_tokenizer, model=model)
+    assert engine.runner.packed is not None
+    prompts = prompts_of([13, 4, 22], chat_tokenizer.vocab_size, seed=7)
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=True)
+    for prompt, c in zip(prompts, engine.generate(prompts, params), strict=True):
+        assert c.token_ids == plain_greedy(model, prompt, 8)
+        expected = plain_logprobs(model, prompt, c.token_ids)
+        assert torch.allclose(torch.tensor(c.logprobs), torch.tensor(expected), atol=1e-4)
+
+
+def test_packed_bf16_forward_stays_close_to_the_module_path(chat_tokenizer):
+    """In bf16 the packed path rounds differently (one rounding of W*w instead of two of the
+    normalised activations) but must stay within bf16 noise of the modules' forward."""
+    import copy
+
+    model = tiny_model(chat_tokenizer.vocab_size, seed=5, **FAMILIES["qwen2-bias"]).requires_grad_(False)
+    plain = copy.deepcopy(model).to(torch.bfloat16)
+    packed = make_engine(chat_tokenizer, model=model, dtype="bf16")
+    assert packed.runner.packed is not None
+    prompts = prompts_of([13, 22], chat_tokenizer.vocab_size, seed=9)
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=True)
+    for prompt, c in zip(prompts, packed.generate(prompts, params), strict=True):
+        expected = plain_logprobs(plain, prompt, c.token_ids)
+        assert torch.allclose(torch.tensor(c.logprobs), torch.tensor(expected), atol=0.15)
+
+
 @pytest.mark.slow
 def test_smollm2_concurrent_greedy_equals_plain_forward():
     from portachat.device import get_device
