@@ -115,7 +115,7 @@ class LLMEngine:
         self.runner = ModelRunner(
             model, num_blocks, config.block_size, self.max_model_len, device.torch_device, dtype
         )
-        compile_choice = decode_compile(device, config.compile)
+        compile_choice = decode_compile(device, config.compile, packed=self.runner.packed is not None)
         self.compiled = bool(compile_choice.value)
         self.compile_reason = compile_choice.reason
         if self.compiled:
