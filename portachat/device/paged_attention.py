@@ -27,8 +27,13 @@ def write_kv(
     k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> None:
     """Store new keys/values [N, H_kv, D] at their slots [N] of a [H_kv, num_slots, D] cache."""
-    k_cache.index_copy_(1, slots, k.transpose(0, 1).to(k_cache.dtype))
-    v_cache.index_copy_(1, slots, v.transpose(0, 1).to(v_cache.dtype))
+    k_cache.index_copy_(1, slots, _as(k.transpose(0, 1), k_cache.dtype))
+    v_cache.index_copy_(1, slots, _as(v.transpose(0, 1), v_cache.dtype))
+
+
+def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # A no-op .to() still costs a dispatch (~1 us): decode calls this ~10 times per layer.
+    return x if x.dtype == dtype else x.to(dtype)
 
 
 def decode_attention(
@@ -50,13 +55,13 @@ def decode_attention(
     # Plain matmuls rather than SDPA: with one query per row, CPU SDPA kernels spend far longer in
     # setup than in arithmetic. Query heads are grouped over their shared kv head; batch order is
     # (kv head, sequence), the gathered keys' own layout.
-    qg = q.reshape(B, H_kv, H // H_kv, D).transpose(0, 1).to(keys.dtype)  # [H_kv, B, G, D]
-    scores = torch.matmul(qg, keys.transpose(2, 3)).float() * (D**-0.5)  # [H_kv, B, G, L]
+    qg = _as(q.reshape(B, H_kv, H // H_kv, D).transpose(0, 1), keys.dtype)  # [H_kv, B, G, D]
+    scores = _as(torch.matmul(qg, keys.transpose(2, 3)), torch.float32) * (D**-0.5)  # [H_kv, B, G, L]
     if mask is not None:
         scores = scores.masked_fill(~mask.view(1, B, 1, L), float("-inf"))
-    probs = torch.softmax(scores, dim=-1).to(values.dtype)
+    probs = _as(torch.softmax(scores, dim=-1), values.dtype)
     out = torch.matmul(probs, values)  # [H_kv, B, G, D]
-    return out.transpose(0, 1).reshape(B, H, D).to(q.dtype)
+    return _as(out.transpose(0, 1).reshape(B, H, D), q.dtype)
 
 
 def prefill_attention(

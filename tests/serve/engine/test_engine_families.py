@@ -30,25 +30,15 @@ FAMILIES = {
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_engine_equals_plain_forward(chat_tokenizer, family):
-    model = tiny_model(chat_tokenizer.vocab_size, seed=3, **FAMILIES[family])
+@pytest.mark.parametrize("frozen", [False, True], ids=["modules", "packed"])
+def test_engine_equals_plain_forward(chat_tokenizer, family, frozen):
+    """A model still training runs its own modules; a frozen one the packed CPU path (norm weights
+    folded into the products, fp32 rotary and attention). Both give the plain forward's greedy
+    tokens and logprobs in fp32."""
+    model = tiny_model(chat_tokenizer.vocab_size, seed=3, **FAMILIES[family]).requires_grad_(not frozen)
     engine = make_engine(chat_tokenizer, model=model)
+    assert (engine.runner.packed is not None) == frozen
     prompts = prompts_of([13, 4, 22], chat_tokenizer.vocab_size, seed=12)
-    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=True)
-    for prompt, c in zip(prompts, engine.generate(prompts, params), strict=True):
-        assert c.token_ids == plain_greedy(model, prompt, 8)
-        expected = plain_logprobs(model, prompt, c.token_ids)
-        assert torch.allclose(torch.tensor(c.logprobs), torch.tensor(expected), atol=1e-4)
-
-
-@pytest.mark.parametrize("family", list(FAMILIES))
-def test_packed_cpu_forward_equals_plain_forward(chat_tokenizer, family):
-    """A frozen model runs the packed path (norm weights folded into the products, fp32 rotary and
-    attention): same greedy tokens and logprobs as the plain forward, in fp32."""
-    model = tiny_model(chat_tokenizer.vocab_size, seed=5, **FAMILIES[family]).requires_grad_(False)
-    engine = make_engine(chat_tokenizer, model=model)
-    assert engine.runner.packed is not None
-    prompts = prompts_of([13, 4, 22], chat_tokenizer.vocab_size, seed=7)
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=True)
     for prompt, c in zip(prompts, engine.generate(prompts, params), strict=True):
         assert c.token_ids == plain_greedy(model, prompt, 8)
