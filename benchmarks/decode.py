@@ -32,24 +32,9 @@ from portachat.device.inference import inference_dtype, measure_memory_bandwidth
 from portachat.model import GPT, GPTConfig
 from portachat.model.hf import to_hf_config
 from portachat.serve.engine import EngineConfig, LLMEngine, SamplingParams
+from portachat.serve.engine.oneshot import TokenIdsOnly
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-
-class ByteTokenizer:
-    """Just enough of the ChatTokenizer protocol to drive the engine with fixed token ids."""
-
-    def __init__(self, vocab_size: int) -> None:
-        self.vocab_size, self.bos_id, self.stop_ids, self.tool_tokens = vocab_size, None, set(), None
-
-    def token_bytes(self, token_id: int) -> bytes:
-        return b""
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode())
-
-    def decode(self, ids: list[int]) -> str:
-        return ""
 
 
 def load_smollm2(dev: Device, dtype: torch.dtype) -> GPT:
@@ -127,7 +112,7 @@ def bench_model(name: str, model: GPT, args: argparse.Namespace, dev: Device, dt
     hf = hf_twin(model, dtype, dev.torch_device)
     biggest = max(args.batch_sizes)
     engine = LLMEngine(
-        model, ByteTokenizer(model.config.vocab_size),
+        model, TokenIdsOnly(model.config.vocab_size),
         EngineConfig(max_model_len=args.prompt_len + args.new_tokens + 8, max_num_seqs=biggest,
                      max_num_batched_tokens=max(1024, biggest * args.prompt_len), dtype="model",
                      compile=args.compile),

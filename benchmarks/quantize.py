@@ -2,7 +2,7 @@
 
 The peer is the same model unquantized (fp32, and bf16 weights), loaded once and copied, so every
 variant computes from the same weights. Perplexity is measured on held-out text (by default the
-last 20k characters of tinyshakespeare); decode is greedy batch-1 generation through the KV cache,
+last 20k characters of tinyshakespeare); decode is greedy batch-1 generation through the inference engine (paged KV cache),
 timed in alternating rounds (fp32, bf16, int8, int4, int4, int8, ...) so that background load hits
 every variant alike; the median ms/token is reported. Ratios: weight memory vs bf16, perplexity vs
 fp32 (relative rise), decode tok/s vs fp32.
@@ -28,9 +28,10 @@ from pathlib import Path
 import torch
 
 from portachat.device import get_device
-from portachat.model import KVCache
 from portachat.model.load import load_for_inference
 from portachat.quant import quantize_model, weight_bytes
+from portachat.serve.engine import SamplingParams
+from portachat.serve.engine.oneshot import engine_for
 
 REPO = Path(__file__).resolve().parent.parent
 SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -60,17 +61,15 @@ def perplexity(model, ids: list[int], ctx: int) -> float:
     return math.exp(total / count)
 
 
-@torch.inference_mode()
-def decode_ms_per_token(model, prompt: list[int], new_tokens: int, kv_dtype: torch.dtype) -> float:
-    """Greedy batch-1 decode; ms per generated token after the prefill."""
-    cfg = model.config
-    cache = KVCache.for_model(cfg, num_slots=1, max_len=len(prompt) + new_tokens + 1, dtype=kv_dtype)
-    logits = model(torch.tensor([prompt]), kv_cache=cache, last_only=True)
-    token = logits[0, -1].argmax()
+def decode_ms_per_token(model, prompt: list[int], new_tokens: int) -> float:
+    """Greedy batch-1 decode through the engine (weights kept in their dtype); ms per generated token
+    after the prefill step."""
+    engine = engine_for(model, max_model_len=len(prompt) + new_tokens + 1)
+    engine.add_request(prompt, SamplingParams(max_tokens=new_tokens + 1, temperature=0.0, ignore_eos=True))
+    engine.step()  # the prefill, which samples the first token
     start = time.perf_counter()
-    for _ in range(new_tokens):
-        logits = model(token.view(1, 1), kv_cache=cache, last_only=True)
-        token = logits[0, -1].argmax()
+    while engine.has_unfinished():
+        engine.step()
     return (time.perf_counter() - start) * 1000 / new_tokens
 
 
@@ -119,13 +118,12 @@ def main(argv: list[str] | None = None) -> int:
         elif name in ("int8", "int4"):
             report = quantize_model(model, name, device)
             note = f"{report.backend}: {report.reason}" + (f"; kept {report.skipped}" if report.skipped else "")
-        kv_dtype = torch.bfloat16 if name == "bf16" else torch.float32
-        models[name] = (model, kv_dtype)
+        models[name] = model
         results[name] = {"weight_bytes": weight_bytes(model), "note": note}
     fp32_bytes = weight_bytes(base)
     bf16_bytes = fp32_bytes // 2  # every SmolLM2 tensor is floating point: bf16 is exactly half
 
-    for name, (model, _) in models.items():
+    for name, model in models.items():
         t0 = time.perf_counter()
         results[name]["ppl"] = perplexity(model, ids, args.ctx)
         results[name]["ppl_s"] = time.perf_counter() - t0
@@ -135,8 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.rounds):
         order = list(models) if r % 2 == 0 else list(reversed(models))
         for name in order:
-            model, kv_dtype = models[name]
-            timings[name].append(decode_ms_per_token(model, prompt, args.decode_tokens, kv_dtype))
+            timings[name].append(decode_ms_per_token(models[name], prompt, args.decode_tokens))
     for name in models:
         results[name]["decode_ms"] = statistics.median(timings[name])
         results[name]["decode_tok_s"] = 1000 / results[name]["decode_ms"]

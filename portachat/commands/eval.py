@@ -13,8 +13,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     opts = EvalOptions(
         task=args.task, model=args.model, data=args.data, limit=args.limit, device=args.device, dtype=args.dtype,
-        max_tokens=args.max_tokens, seed=args.seed, workers=args.workers, use_engine=not args.no_engine,
-        quantize=args.quantize,
+        max_tokens=args.max_tokens, seed=args.seed, workers=args.workers, quantize=args.quantize,
     )
     log = (lambda _msg: None) if args.json else print
     results = run_evals(opts, log=log)
@@ -38,7 +37,6 @@ def register(sub) -> None:
     flag(p, "--max-tokens", type=positive_int, default=None, help="longest reply for generative tasks (default per task)")
     flag(p, "--seed", type=int, default=0, help="seed of the synthetic held-out set and of sampling (default 0)")
     flag(p, "--workers", type=positive_int, default=None, help="HumanEval sandboxes run at a time (default: min(4, CPUs))")
-    flag(p, "--no-engine", action="store_true", help="generate with the plain single-sequence loop instead of the engine")
     flag(p, "--device", default=None, help="cpu|cuda|rocm|dcu|npu|xpu|mps (default: auto-detect)")
     flag(p, "--dtype", default=None, help="bf16|fp16|fp32 (default: the device's inference dtype)")
     flag(p, "--quantize", default=None, choices=["int8", "int4"], help="weight-only quantization (default: off)")

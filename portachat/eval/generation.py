@@ -2,10 +2,10 @@
 
     complete(conversations, max_tokens, temperature) -> replies (one string per conversation)
 
-Evaluators only see this signature, so they run the same over the inference engine
-(`engine_complete`, batched, continuous batching) and over the plain single-sequence generator
-(`model_complete`, no engine needed). Both run the calculator tool when the model calls it and
-return the reply with tool calls kept visible as literal markers:
+Evaluators only see this signature. `engine_complete` answers through an `LLMEngine` the caller
+built (a loaded model, `portachat eval`); `model_complete` builds one per batch around a model in
+memory. Either way the engine runs the calculator tool when the model calls it, and the reply keeps
+tool calls visible as literal markers:
 
     <|python_start|>23+58<|python_end|><|output_start|>81<|output_end|>The answer is 81.
 
@@ -79,56 +79,21 @@ def engine_complete(engine: Any, tokenizer: ChatTokenizer, seed: int = 0, top_k:
     return complete
 
 
-def _calculate(expression: str) -> str | None:
-    from portachat.serve.engine.calculator import calculate
+def model_complete(model: torch.nn.Module, tokenizer: ChatTokenizer, seed: int = 0, top_k: int = 0) -> CompleteFn:
+    """`engine_complete` over an engine built for each call's batch around `model` as it is (weights,
+    device and train/eval mode untouched): for a model in memory, e.g. one still training.
 
-    return calculate(expression)
-
-
-def model_complete(
-    model: torch.nn.Module,
-    tokenizer: ChatTokenizer,
-    autocast: Callable[[], Any] | None = None,
-    seed: int = 0,
-    top_k: int | None = None,
-) -> CompleteFn:
-    """Complete with portachat.model.generate, one conversation at a time, calculator included.
-
-    After <|python_end|> the expression is evaluated and <|output_start|>RESULT<|output_end|> is
-    fed to the model, as the engine does; the output tokens count against `max_tokens`.
-    """
-    from contextlib import nullcontext
-
-    from portachat.model.generate import generate
-
-    tools = tokenizer.tool_tokens
-    stops = set(tokenizer.stop_ids)
-    if tools is not None:
-        stops.add(tools.python_end)  # pause there to run the tool
-
-    def one(conversation: Conversation, max_tokens: int, temperature: float, sample_seed: int) -> str:
-        ids = list(tokenizer.render_prompt(conversation))
-        out: list[int] = []
-        while len(out) < max_tokens:
-            room = min(max_tokens - len(out), model.config.max_seq_len - len(ids) - len(out))
-            if room <= 0:
-                break
-            with autocast() if autocast is not None else nullcontext():
-                new = list(generate(model, ids + out, room, temperature=temperature, top_k=top_k,
-                                    seed=sample_seed + len(out), stop_ids=stops))
-            out.extend(new)
-            if not new or tools is None or new[-1] != tools.python_end:
-                break
-            start = max((i for i, t in enumerate(out) if t == tools.python_start), default=None)
-            if start is None:
-                continue
-            result = _calculate(tokenizer.decode(out[start + 1:-1]))
-            if result is not None:
-                out.extend([tools.output_start, *tokenizer.encode(result), tools.output_end][: max_tokens - len(out)])
-        return reply_text(tokenizer, out)
+    The context is the model's own: a reply gets min(max_tokens, max_seq_len - prompt) tokens."""
+    from portachat.serve.engine.oneshot import MAX_NUM_SEQS, engine_for, eval_mode
 
     def complete(conversations: list[Conversation], max_tokens: int, temperature: float) -> list[str]:
-        return [one(c, max_tokens, temperature, seed + 1000 * i) for i, c in enumerate(conversations)]
+        if not conversations:
+            return []
+        longest = max(len(tokenizer.render_prompt(c)) for c in conversations)
+        engine = engine_for(model, tokenizer, max_num_seqs=min(len(conversations), MAX_NUM_SEQS),
+                            max_model_len=min(model.config.max_seq_len, longest + max_tokens))
+        with eval_mode(model):
+            return engine_complete(engine, tokenizer, seed=seed, top_k=top_k)(conversations, max_tokens, temperature)
 
     return complete
 

@@ -34,7 +34,6 @@ class EvalOptions:
     max_tokens: int | None = None  # per reply; None = each task's default
     seed: int = 0
     workers: int | None = None  # HumanEval sandboxes at a time
-    use_engine: bool = True  # False: the plain single-sequence generator
     quantize: str | None = None  # "int8" / "int4" weight-only, as the device layer plans it
 
 
@@ -137,11 +136,8 @@ def run_evals(opts: EvalOptions, log: Callable[[str], None] = print) -> list[Eva
 
 
 def _make_complete(loaded: Any, opts: EvalOptions):
-    from portachat.eval.generation import engine_complete, model_complete
-
-    if not opts.use_engine:
-        return model_complete(loaded.model, loaded.tokenizer, seed=opts.seed)
     from portachat.device import get_device
+    from portachat.eval.generation import engine_complete
     from portachat.serve.engine.config import EngineConfig
     from portachat.serve.engine.engine import LLMEngine
 

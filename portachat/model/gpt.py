@@ -10,7 +10,6 @@ the same modules are Llama's (SmolLM2) and Qwen2's, whose checkpoints load uncha
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +17,6 @@ from torch import nn
 
 from portachat.device.attention import attention
 from portachat.model.config import GPTConfig
-from portachat.model.kv_cache import CacheStep, KVCache, KVCacheError
 
 
 class RMSNorm(nn.Module):
@@ -85,9 +83,8 @@ def rotary_tables(
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: GPTConfig, layer_idx: int) -> None:
+    def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
-        self.layer_idx = layer_idx
         self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
         bias = cfg.attention_bias
         self.q_proj = nn.Linear(cfg.n_embd, cfg.n_head * cfg.head_dim, bias=bias)
@@ -98,27 +95,13 @@ class Attention(nn.Module):
         self.q_norm: nn.Module = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else nn.Identity()
         self.k_norm: nn.Module = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else nn.Identity()
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        kv_cache: KVCache | None = None,
-        step: CacheStep | None = None,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(B, T, self.n_head, self.head_dim)).transpose(1, 2)
         k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        if kv_cache is None or step is None:
-            y = attention(q, k, v, is_causal=True)
-        else:
-            k, v = kv_cache.update(self.layer_idx, step, k, v)
-            if step.fresh:
-                y = attention(q, k, v, is_causal=True)
-            else:
-                y = attention(q, k, v, is_causal=False, attn_mask=step.attn_mask)
+        y = attention(q, k, v, is_causal=True)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
 
 
@@ -134,22 +117,15 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: GPTConfig, layer_idx: int) -> None:
+    def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.n_embd, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer_idx)
+        self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.n_embd, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        kv_cache: KVCache | None = None,
-        step: CacheStep | None = None,
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, step)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -159,7 +135,7 @@ class Transformer(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.n_embd)
-        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.norm = RMSNorm(cfg.n_embd, cfg.rms_norm_eps)
 
 
@@ -253,19 +229,11 @@ class GPT(nn.Module):
     # ----------------------------------------------------------------------------- forward
 
     def forward(
-        self,
-        idx: torch.Tensor,
-        targets: torch.Tensor | None = None,
-        kv_cache: KVCache | None = None,
-        loss_reduction: str = "mean",
-        *,
-        slots: Sequence[int] | torch.Tensor | None = None,
-        last_only: bool = False,
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, loss_reduction: str = "mean"
     ) -> torch.Tensor:
-        """Logits [B, T, V] in fp32 (or [B, 1, V] with `last_only`), or the fp32 cross-entropy loss.
+        """Logits [B, T, V] in fp32, or the fp32 cross-entropy loss: plain causal attention over `idx`
+        (inference with a KV cache is the engine's: portachat.serve.engine).
 
-        With `kv_cache`, row b of `idx` continues the sequence in slot `slots[b]` (rows 0..B-1 use
-        slots 0..B-1 when `slots` is None) and the cache lengths advance by T afterwards.
         Targets equal to -1 are ignored; `loss_reduction` is "mean", "sum" or "none" ([B, T]).
         """
         if idx.dim() != 2:
@@ -273,18 +241,8 @@ class GPT(nn.Module):
         if loss_reduction not in ("mean", "sum", "none"):
             raise ValueError(f"loss_reduction must be 'mean', 'sum' or 'none', got {loss_reduction!r}")
         B, T = idx.shape
-        step = host_slots = None
-        if kv_cache is None:
-            if slots is not None:
-                raise KVCacheError("slots were given without a kv_cache")
-            cos, sin = self._rotary(T)
-            cos, sin = cos[None, None, :T], sin[None, None, :T]
-        else:
-            step, host_slots = kv_cache.prepare(B, T, slots)
-            cos, sin = self._rotary(step.kv_len)
-            # Per-row positions: each slot may sit at a different point of its sequence.
-            cos, sin = cos[step.positions][:, None], sin[step.positions][:, None]
-
+        cos, sin = self._rotary(T)
+        cos, sin = cos[None, None, :T], sin[None, None, :T]
         x = self.model.embed_tokens(idx)
         # Rotate q and k in the dtype they are computed in (autocast's, else the weights'), so all of
         # q, k, v reach attention in one dtype.
@@ -292,17 +250,10 @@ class GPT(nn.Module):
         compute = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
         cos, sin = cos.to(compute), sin.to(compute)
         for block in self.model.layers:
-            x = block(x, cos, sin, kv_cache, step)
-        if kv_cache is not None:
-            kv_cache.advance(host_slots, T)
-        x = self.model.norm(x)
-        if last_only:
-            x = x[:, -1:]
-        logits = self.lm_head(x).float()
+            x = block(x, cos, sin)
+        logits = self.lm_head(self.model.norm(x)).float()
         if targets is None:
             return logits
-        if last_only:
-            raise ValueError("last_only cannot be combined with targets: the loss needs every position")
         loss = F.cross_entropy(
             logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1, reduction=loss_reduction
         )

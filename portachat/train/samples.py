@@ -2,26 +2,25 @@
 
 from __future__ import annotations
 
-import torch
-
 from portachat.device import Device
-from portachat.model import GPT, generate
+from portachat.model import GPT
+from portachat.serve.engine import SamplingParams
+from portachat.serve.engine.oneshot import generate_once
 from portachat.tokenizer import Tokenizer
+from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
 
 
-@torch.no_grad()
-def greedy_samples(
-    model: GPT, tokenizer: Tokenizer, prompts: list[str], max_tokens: int, dev: Device, seed: int
-) -> list[str]:
-    """Each prompt followed by the model's greedy continuation (stops at bos / end of turn)."""
-    out = []
-    stop = {tokenizer.bos_id, tokenizer.eos_id}
-    was_training = model.training
-    model.eval()
-    for i, prompt in enumerate(prompts):
-        ids = tokenizer.encode(prompt, prepend_bos=True)
-        with dev.autocast():
-            new = list(generate(model, ids, max_new_tokens=max_tokens, temperature=0.0, seed=seed + i, stop_ids=stop))
-        out.append(prompt + tokenizer.decode([t for t in new if t not in stop]))
-    model.train(was_training)
-    return out
+def greedy_samples(model: GPT, tokenizer: Tokenizer, prompts: list[str], max_tokens: int, dev: Device) -> list[str]:
+    """Each prompt followed by the model's greedy continuation (stops at bos / eos).
+
+    Runs through the inference engine over the training model itself (weights and mode untouched);
+    a continuation may run past the model's context."""
+    if max_tokens < 1:
+        return list(prompts)
+    stop = [tokenizer.bos_id, tokenizer.eos_id]
+    # Plain text, not a chat: no end-of-turn stop (ignore_eos), no calculator.
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, stop_token_ids=stop,
+                            use_tools=False)
+    ids = [tokenizer.encode(p, prepend_bos=True) for p in prompts]
+    done = generate_once(model, ids, params, PortachatChatTokenizer(tokenizer), dev)
+    return [p + tokenizer.decode([t for t in c.token_ids if t not in stop]) for p, c in zip(prompts, done, strict=True)]

@@ -423,8 +423,7 @@ class Trainer:
         if self.logger is not None:
             self.logger.log(step, {("val/bpb" if k == "val_bpb" else f"eval/{k}"): v for k, v in results.items()})
         if env.is_main and self.stage.sample_prompts and (cfg.sample_every == 0 or step % cfg.sample_every == 0):
-            self.samples = greedy_samples(model, self.tokenizer, self.stage.sample_prompts, cfg.sample_tokens,
-                                          dev, cfg.seed)
+            self.samples = greedy_samples(model, self.tokenizer, self.stage.sample_prompts, cfg.sample_tokens, dev)
             for text in self.samples:
                 self.say("  sample | " + text.replace("\n", "\n         | "))
             if self.logger is not None:

@@ -108,8 +108,9 @@ def test_smollm2_matches_transformers_weights_logits_greedy(parts):
     """transformers loads the same GGUF: its config and dequantized, unpermuted tensors equal ours; our
     model built from the file (fp32, by portachat's loader) gives its logits and first 32 greedy tokens."""
     transformers = pytest.importorskip("transformers")
-    from portachat.model import generate
     from portachat.model.load import load_for_inference
+    from portachat.serve.engine import SamplingParams
+    from portachat.serve.engine.oneshot import generate_once
 
     path = smollm2_gguf_path()
     hf = transformers.AutoModelForCausalLM.from_pretrained(
@@ -147,8 +148,9 @@ def test_smollm2_matches_transformers_weights_logits_greedy(parts):
 
     # transformers' greedy continuation, checked teacher-forced: one forward over prompt + our 32 tokens
     # must put its argmax on each of our tokens (the same sequence its generate(do_sample=False) makes).
-    for ids in prompts:
-        mine = list(generate(ours.model, ids, max_new_tokens=32, temperature=0.0))
+    replies = generate_once(ours.model, prompts, SamplingParams(max_tokens=32, temperature=0.0))
+    for ids, reply in zip(prompts, replies, strict=True):
+        mine = reply.token_ids
         assert len(mine) == 32
         with torch.no_grad():
             logits = hf(torch.tensor([ids + mine])).logits[0]

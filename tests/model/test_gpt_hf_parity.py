@@ -14,10 +14,11 @@ from portachat.model import (
     UnsupportedConfigError,
     exportable,
     from_hf_config,
-    generate,
     generation_config,
     to_hf_config,
 )
+from portachat.serve.engine import SamplingParams
+from portachat.serve.engine.oneshot import generate_once
 
 transformers = pytest.importorskip("transformers")
 
@@ -55,7 +56,7 @@ def test_greedy_generate_matches_transformers(tmp_path):
     model = randomized(GPT(tiny_config()), seed=1, std=0.5)
     hf = load_hf(save_hf_dir(model, tmp_path))
     prompt = [1, 17, 42, 99, 5]
-    ours = list(generate(model, prompt, max_new_tokens=12, temperature=0.0))
+    ours = generate_once(model, [prompt], SamplingParams(max_tokens=12, temperature=0.0))[0].token_ids
     with torch.no_grad():
         out = hf.generate(
             torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0

@@ -12,8 +12,10 @@ from hf_families import VOCAB, make_hf_dir, train_bpe
 from safetensors.torch import load_file, save_file
 
 from portachat.checkpoint.atomic import CheckpointError
-from portachat.model import GPT, UnsupportedConfigError, exportable, generate, to_hf_config
+from portachat.model import GPT, UnsupportedConfigError, exportable, to_hf_config
 from portachat.model.load import GenerationDefaults, load_for_inference
+from portachat.serve.engine import SamplingParams
+from portachat.serve.engine.oneshot import generate_once
 
 transformers = pytest.importorskip("transformers")
 
@@ -61,7 +63,7 @@ def test_logits_and_greedy_tokens_match_transformers(family_dir):
     torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)
 
     prompt = [1, 17, 42, 99, 5, 260]
-    mine = list(generate(model, prompt, max_new_tokens=10, temperature=0.0))
+    mine = generate_once(model, [prompt], SamplingParams(max_tokens=10, temperature=0.0))[0].token_ids
     with torch.no_grad():
         out = hf.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, eos_token_id=None, pad_token_id=0)
     assert mine == out[0, len(prompt) :].tolist()

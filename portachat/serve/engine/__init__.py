@@ -2,7 +2,8 @@
 
 Layout after nano-vllm: `block_manager` (KV blocks, prefix reuse), `scheduler` (which tokens run
 each step), `runner` (one forward over a flat batch), `sampler`, `detokenizer`, `calculator`,
-and `engine` (the loop the server, `chat`, `generate`, RL and evals drive).
+`engine` (the loop the server, `chat`, `generate`, RL and evals drive), and `oneshot` (an engine
+around a model the caller keeps: training samples, in-memory evals, profiling).
 """
 
 from portachat.serve.engine.config import EngineConfig
