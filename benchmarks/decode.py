@@ -29,6 +29,7 @@ import torch
 
 from portachat.device import Device, get_device
 from portachat.device.inference import inference_dtype, measure_memory_bandwidth, parse_dtype
+from portachat.device.paged_attention import kv_cache_dtype
 from portachat.model import GPT, GPTConfig
 from portachat.model.hf import to_hf_config
 from portachat.serve.engine import EngineConfig, LLMEngine, SamplingParams
@@ -99,11 +100,11 @@ def run_hf(hf, prompts: list[list[int]], new_tokens: int, dev: Device) -> float:
     return time.perf_counter() - t0
 
 
-def bytes_per_step(model: GPT, batch: int, context: float, dtype: torch.dtype) -> float:
+def bytes_per_step(model: GPT, batch: int, context: float, dtype: torch.dtype, kv_dtype: torch.dtype) -> float:
     """What one decode step must read: all weights once (a tied table once) plus each sequence's KV."""
     cfg = model.config
     element = torch.empty((), dtype=dtype).element_size()
-    kv_per_token = 2 * cfg.n_layer * cfg.n_kv_head * cfg.head_dim * element
+    kv_per_token = 2 * cfg.n_layer * cfg.n_kv_head * cfg.head_dim * torch.empty((), dtype=kv_dtype).element_size()
     return model.num_params() * element + batch * context * kv_per_token
 
 
@@ -133,7 +134,8 @@ def bench_model(name: str, model: GPT, args: argparse.Namespace, dev: Device, dt
         tok_s = {k: batch * args.new_tokens / statistics.median(v) for k, v in times.items()}
         context = args.prompt_len + args.new_tokens / 2
         steps_per_s = tok_s["ours"] / batch
-        mbu = bytes_per_step(model, batch, context, dtype) * steps_per_s / bandwidth
+        kv_dtype = kv_cache_dtype(dev.torch_device, dtype)
+        mbu = bytes_per_step(model, batch, context, dtype, kv_dtype) * steps_per_s / bandwidth
         rec = dict(model=name, batch=batch, ours_tok_s=tok_s["ours"], hf_tok_s=tok_s["hf"],
                    ratio=tok_s["ours"] / tok_s["hf"], mbu=mbu)  # fmt: skip
         records.append(rec)
