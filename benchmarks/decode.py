@@ -116,9 +116,11 @@ def bench_model(name: str, model: GPT, args: argparse.Namespace, dev: Device, dt
         model, TokenIdsOnly(model.config.vocab_size),
         EngineConfig(max_model_len=args.prompt_len + args.new_tokens + 8, max_num_seqs=biggest,
                      max_num_batched_tokens=max(1024, biggest * args.prompt_len), dtype="model",
-                     compile=args.compile),
+                     compile=args.compile, enforce_eager=args.enforce_eager),
         device=dev,
     )  # fmt: skip
+    print(f"{name:>10}  decode graphs {'on' if engine.uses_decode_graphs else 'off'} ({engine.graphs_reason})",
+          flush=True)  # fmt: skip
     g = torch.Generator().manual_seed(0)
     records = []
     for batch in args.batch_sizes:
@@ -163,6 +165,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--compile", type=int, default=None, help="1/0: compile the engine's forward; default: policy"
+    )
+    p.add_argument(
+        "--enforce-eager", action="store_true", help="no device graphs for decode steps (default: policy)"
     )
     p.add_argument("--device", default=None, help="cpu, cuda, npu, ... (default: auto)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's choice)")

@@ -38,6 +38,8 @@ def add_model_flags(p: argparse.ArgumentParser, max_num_seqs: int = 32) -> None:
     flag(g, "--device", default=None, help="cpu|cuda|rocm|dcu|npu|xpu|mps (default: auto-detect)")
     flag(g, "--dtype", default=None, help="bf16|fp16|fp32 weights (default: the device's best for inference)")
     flag(g, "--compile", default=None, choices=["0", "1"], help="torch.compile the decode step (default: per device policy)")
+    flag(g, "--enforce-eager", action="store_true",
+         help="never replay decode steps from device graphs (default: CUDA graphs where the device policy allows)")
     flag(g, "--quantize", default=None, choices=["int8", "int4"],
          help="weight-only quantization: int8 per channel or int4 in groups of 32 (default: off); the device layer "
               "picks the kernels and refuses where none exists")
@@ -70,6 +72,7 @@ def load_options(args: argparse.Namespace):
         device=args.device,
         dtype=args.dtype,
         compile=None if args.compile is None else args.compile == "1",
+        enforce_eager=args.enforce_eager,
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,

@@ -104,6 +104,8 @@ def register(sub) -> None:
     flag(g, "--device", default=None, help="cpu|cuda|rocm|dcu|npu|xpu|mps (default: auto-detect)")
     flag(g, "--dtype", default=None, help="bf16|fp16|fp32 weights (default: the device's best for inference)")
     flag(g, "--compile", default=None, choices=["0", "1"], help="torch.compile the decode step (default: per device policy)")
+    flag(g, "--enforce-eager", action="store_true",
+         help="never replay decode steps from device graphs (default: CUDA graphs where the device policy allows)")
     g = p.add_argument_group("engine")
     flag(g, "--max-model-len", type=positive_int, default=None, help="prompt + reply tokens per request (default: the model's)")
     flag(g, "--max-num-seqs", type=positive_int, default=32, help="requests decoded together (default 32)")

@@ -1,4 +1,4 @@
-"""Inference-time device choices: weight dtype, decode-step compilation, KV-cache memory budget.
+"""Inference-time device choices: weight dtype, decode-step compilation and graphs, KV-cache budget.
 
 Training's dtype policy (autocast over fp32 master weights) answers a different question than
 serving's (what dtype should the weights themselves be in). On accelerators the answer is the
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from portachat.device.device import Device
+from portachat.device.graphs import graphs_available
 from portachat.paths import portachat_home
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -127,6 +128,27 @@ def decode_compile(dev: Device, requested: bool | None = None, packed: bool = Fa
             return Choice(True, f"requested, although the device policy says eager ({dev.compile_reason})")
         return Choice(bool(requested), "requested")
     return Choice(False, "opt-in (--compile): dynamic shapes every step; eager is the verified path")
+
+
+def decode_graphs(dev: Device, requested: bool | None = None, packed: bool = False,
+                  compiled: bool = False) -> Choice:  # fmt: skip
+    """Whether the engine captures its decode steps in device graphs (vLLM's CUDA graphs; off with
+    --enforce-eager). On by default where it was measured: CUDA, where a small model's decode step
+    is bound by kernel launches (SmolLM2-135M on an H100: see benchmarks/README.md). Elsewhere only
+    on request, where this torch can capture at all."""
+    if requested is False:
+        return Choice(False, "eager: requested (--enforce-eager)")
+    if packed:
+        return Choice(False, "eager: the packed CPU kernels run the decode step")
+    if compiled:
+        return Choice(False, "eager: the compiled forward runs the decode step (--compile)")
+    if not graphs_available(dev.type):
+        return Choice(False, f"eager: no graph capture for {dev.kind} in this torch")
+    if requested:
+        return Choice(True, "requested")
+    if dev.kind == "cuda":
+        return Choice(True, "CUDA graphs: a decode step replays as one launch (--enforce-eager: off)")
+    return Choice(False, f"eager: graph capture is not verified on {dev.kind} yet")
 
 
 def kv_cache_budget(dev: Device, utilization: float, wanted_bytes: int) -> Choice:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from device_sim import ascend, h100, mps, v100
+from device_sim import ascend, h100, hip, mps, v100
 
 from portachat.device import Device, MemoryStats, get_device
 from portachat.device import inference as inf
@@ -55,6 +55,29 @@ def test_compile_is_opt_in():
     assert inf.decode_compile(Device(h100()), requested=True).value is True
     forced = inf.decode_compile(Device(mps()), requested=True)
     assert forced.value is True and "eager" in forced.reason
+
+
+def test_decode_graphs_on_for_cuda_unless_eager_is_enforced(monkeypatch):
+    monkeypatch.setattr(inf, "graphs_available", lambda device_type: device_type in ("cuda", "npu"))
+    on = inf.decode_graphs(Device(h100()))
+    assert on.value is True and "--enforce-eager" in on.reason
+    enforced = inf.decode_graphs(Device(h100()), requested=False)
+    assert enforced.value is False and "--enforce-eager" in enforced.reason
+    assert inf.decode_graphs(Device(h100()), compiled=True).value is False  # the compiled forward runs
+    # Unmeasured accelerators stay eager unless asked; a device without capture never gets graphs.
+    for facts in (ascend("Ascend910B", bf16=True), hip("rocm", "gfx942")):
+        off = inf.decode_graphs(Device(facts))
+        assert off.value is False and "not verified" in off.reason
+    assert inf.decode_graphs(Device(ascend("Ascend910B", bf16=True)), requested=True).value is True
+    assert inf.decode_graphs(Device(mps()), requested=True).value is False
+
+
+def test_decode_graphs_never_on_a_cpu():
+    cpu = get_device("cpu")
+    assert inf.decode_graphs(cpu).value is False
+    assert inf.decode_graphs(cpu, requested=True).value is False
+    packed = inf.decode_graphs(cpu, packed=True)
+    assert packed.value is False and "packed" in packed.reason
 
 
 def test_kv_budget_accelerator_rule(monkeypatch):

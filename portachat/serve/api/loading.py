@@ -15,6 +15,7 @@ class LoadOptions:
     device: str | None = None  # None = auto-detect
     dtype: str | None = None  # None = the device layer's inference dtype
     compile: bool | None = None  # None = the device layer's policy
+    enforce_eager: bool = False  # no device graphs for decode steps (else: the device layer's policy)
     max_model_len: int | None = None
     max_num_seqs: int = 32
     max_num_batched_tokens: int | None = None
@@ -72,11 +73,13 @@ def load_served_model(options: LoadOptions) -> ServedModel:
         max_waiting=options.max_waiting,
         enable_prefix_caching=options.enable_prefix_caching,
         compile=options.compile,
+        enforce_eager=options.enforce_eager,
         dtype="model",  # load_for_inference already put the weights in the chosen dtype
     )
     if options.max_num_batched_tokens is not None:
         config.max_num_batched_tokens = options.max_num_batched_tokens
     engine = LLMEngine(loaded.model, loaded.tokenizer, config, device=device)
+    description += f"; decode graphs {'on' if engine.uses_decode_graphs else 'off'} ({engine.graphs_reason})"
     served = ServedModel(
         engine=engine,
         tokenizer=loaded.tokenizer,

@@ -17,4 +17,5 @@ class EngineConfig:
     max_waiting: int = 256  # bounded queue: add_request raises EngineError("queue_full") past it
     enable_prefix_caching: bool = True
     compile: bool | None = None  # torch.compile the forward; None = the device layer's policy
+    enforce_eager: bool = False  # never replay decode steps from device graphs (else: the device policy)
     dtype: str | None = None  # weights + KV dtype: "fp32"/"bf16"/"fp16", "model" (keep), None = device policy

@@ -19,7 +19,14 @@ from dataclasses import dataclass
 import torch
 
 from portachat.device import Device, diagnose, get_device
-from portachat.device.inference import decode_compile, inference_dtype, kv_cache_budget, parse_dtype
+from portachat.device.graphs import GraphCapturer
+from portachat.device.inference import (
+    decode_compile,
+    decode_graphs,
+    inference_dtype,
+    kv_cache_budget,
+    parse_dtype,
+)
 from portachat.device.paged_attention import kv_cache_dtype
 from portachat.model.gpt import GPT
 from portachat.quant import model_dtype
@@ -120,6 +127,11 @@ class LLMEngine:
         self.compile_reason = compile_choice.reason
         if self.compiled:
             self.runner.enable_compile()
+        graphs = decode_graphs(device, False if config.enforce_eager else None,
+                               packed=self.runner.packed is not None, compiled=self.compiled)  # fmt: skip
+        self.graphs_reason = graphs.reason
+        if graphs.value:
+            self.runner.enable_decode_graphs(config.max_num_seqs, GraphCapturer(device.type))
         self.stop_ids = set(tokenizer.stop_ids)
         self.tools = tokenizer.tool_tokens
         self._seqs: dict[str, Sequence] = {}
@@ -197,6 +209,12 @@ class LLMEngine:
         self.runner.reload_weights()
         self.blocks.clear_prefix_cache()
 
+    @property
+    def uses_decode_graphs(self) -> bool:
+        """Whether decode-only steps replay from device graphs (False after a failed capture)."""
+        graphs = self.runner.graphs
+        return graphs is not None and graphs.replays
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
@@ -215,6 +233,8 @@ class LLMEngine:
             "max_model_len": self.max_model_len,
             "dtype": str(self.dtype).removeprefix("torch."),
             "compiled": self.compiled,
+            "decode_graphs": self.uses_decode_graphs,
+            "decode_graphs_captured": len(self.runner.graphs.graphs) if self.runner.graphs else 0,
             "packed_weights": self.runner.packed is not None,
         }
 

@@ -10,34 +10,16 @@ in one copy. Logits are computed only at the positions that sample.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
 
 import torch
 
 from portachat.device import paged_attention as pa
+from portachat.device.graphs import GraphCapturer
 from portachat.model.gpt import GPT, apply_rotary
+from portachat.serve.engine.decode_graphs import DecodeGraphs, PaddedDecode
 from portachat.serve.engine.packed_forward import PackedModel, attend
 from portachat.serve.engine.scheduler import ScheduledSeq
-
-
-@dataclass
-class PrefillChunk:
-    start: int  # row of the chunk's first token in the flat batch
-    length: int
-    slot_index: torch.Tensor | None  # [L] all slots up to the chunk's end; None when it starts at 0
-    mask: torch.Tensor | None  # [T, L]
-
-
-@dataclass
-class StepInputs:
-    input_ids: torch.Tensor  # [N]
-    positions: torch.Tensor  # [N]
-    slot_mapping: torch.Tensor  # [N]
-    logits_rows: torch.Tensor  # [S] rows whose logits are sampled, in the scheduler's batch order
-    num_decode: int  # rows 0..num_decode-1 are decode tokens
-    decode_slots: torch.Tensor | None  # [B, L]
-    decode_mask: torch.Tensor | None  # [B, 1, 1, L]
-    prefills: list[PrefillChunk]
+from portachat.serve.engine.step_inputs import PrefillChunk, StepInputs
 
 
 def rotary_tables(model: GPT, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,7 +48,10 @@ class ModelRunner:
         self.dtype = dtype
         self.block_size = block_size
         cfg = model.config
-        self.num_slots = num_blocks * block_size
+        # One block more than the block manager hands out: padded rows of a graph-replayed decode
+        # step write their keys and values there.
+        self.scratch_block = num_blocks
+        self.num_slots = (num_blocks + 1) * block_size
         shape = (cfg.n_layer, cfg.n_kv_head, self.num_slots, cfg.head_dim)  # head-major: see paged_attention
         self.kv_dtype = pa.kv_cache_dtype(device, dtype)
         self.k_cache = torch.zeros(shape, device=device, dtype=self.kv_dtype)
@@ -78,9 +63,12 @@ class ModelRunner:
         frozen = not any(p.requires_grad for p in model.parameters())
         self.packed = PackedModel.build(model) if frozen else None
         self._compiled = None
+        self.max_model_len = max_model_len
+        self.graphs: DecodeGraphs | None = None
 
     def reload_weights(self) -> None:
-        """Re-pack after the model's weights changed in place (a no-op when nothing is packed)."""
+        """Re-pack after the model's weights changed in place (a no-op when nothing is packed).
+        Captured graphs stay valid: they read the weights where they are."""
         if self.packed is not None:
             self.packed = PackedModel.build(self.model)
 
@@ -88,10 +76,19 @@ class ModelRunner:
         """torch.compile the forward (shapes vary every step: compiled with dynamic shapes)."""
         self._compiled = torch.compile(self._forward, dynamic=True)
 
+    def enable_decode_graphs(self, max_num_seqs: int, capturer: GraphCapturer | None) -> None:
+        """Run decode-only steps padded to buckets, replayed from graphs `capturer` records
+        (None: the padded steps run eagerly, e.g. to test the padding on a CPU)."""
+        self.graphs = DecodeGraphs(self._forward_modules, self.block_size, self.scratch_block, max_num_seqs,
+                                   self.max_model_len, self.model.config.vocab_size, self.device,
+                                   capturer)  # fmt: skip
+
     # ------------------------------------------------------------------ inputs
 
-    def prepare(self, batch: list[ScheduledSeq]) -> StepInputs:
+    def prepare(self, batch: list[ScheduledSeq]) -> StepInputs | PaddedDecode:
         """Host-side bookkeeping for a step, shipped to the device in one copy."""
+        if self.graphs is not None and self.graphs.fits(batch):
+            return self.graphs.prepare(batch)
         bs = self.block_size
         decodes = [s for s in batch if s.num_tokens == 1]
         chunks = [s for s in batch if s.num_tokens > 1]
@@ -160,8 +157,10 @@ class ModelRunner:
     # ------------------------------------------------------------------ forward
 
     @torch.inference_mode()
-    def forward(self, inp: StepInputs) -> torch.Tensor:
+    def forward(self, inp: StepInputs | PaddedDecode) -> torch.Tensor:
         """fp32 logits [S, V] at `inp.logits_rows`."""
+        if isinstance(inp, PaddedDecode):
+            return self.graphs.run(inp)
         if self._compiled is None:
             return self._forward(inp)
         try:

@@ -1,0 +1,27 @@
+"""What one forward pass takes: the flat batch of a step, already on the device."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PrefillChunk:
+    start: int  # row of the chunk's first token in the flat batch
+    length: int
+    slot_index: torch.Tensor | None  # [L] all slots up to the chunk's end; None when it starts at 0
+    mask: torch.Tensor | None  # [T, L]
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor  # [N]
+    positions: torch.Tensor  # [N]
+    slot_mapping: torch.Tensor  # [N]
+    logits_rows: torch.Tensor  # [S] rows whose logits are sampled, in the scheduler's batch order
+    num_decode: int  # rows 0..num_decode-1 are decode tokens
+    decode_slots: torch.Tensor | None  # [B, L]
+    decode_mask: torch.Tensor | None  # [B, 1, 1, L]
+    prefills: list[PrefillChunk]
