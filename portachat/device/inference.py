@@ -131,7 +131,7 @@ def decode_compile(dev: Device, requested: bool | None = None, packed: bool = Fa
 
 
 def decode_graphs(dev: Device, requested: bool | None = None, packed: bool = False,
-                  compiled: bool = False) -> Choice:  # fmt: skip
+                  compiled: bool = False, sharded: bool = False) -> Choice:  # fmt: skip
     """Whether the engine captures its decode steps in device graphs (vLLM's CUDA graphs; off with
     --enforce-eager). On by default where it was measured: CUDA, where a small model's decode step
     is bound by kernel launches (SmolLM2-135M on an H100: see benchmarks/README.md). Elsewhere only
@@ -142,6 +142,8 @@ def decode_graphs(dev: Device, requested: bool | None = None, packed: bool = Fal
         return Choice(False, "eager: the packed CPU kernels run the decode step")
     if compiled:
         return Choice(False, "eager: the compiled forward runs the decode step (--compile)")
+    if sharded:  # a graph replays fixed addresses; FSDP gathers sharded weights into new memory each time
+        return Choice(False, "eager: the weights are sharded (FSDP) and gathered anew for every forward")
     if not graphs_available(dev.type):
         return Choice(False, f"eager: no graph capture for {dev.kind} in this torch")
     if requested:

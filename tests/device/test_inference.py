@@ -64,6 +64,8 @@ def test_decode_graphs_on_for_cuda_unless_eager_is_enforced(monkeypatch):
     enforced = inf.decode_graphs(Device(h100()), requested=False)
     assert enforced.value is False and "--enforce-eager" in enforced.reason
     assert inf.decode_graphs(Device(h100()), compiled=True).value is False  # the compiled forward runs
+    sharded = inf.decode_graphs(Device(h100()), sharded=True)  # FSDP gathers weights into new memory
+    assert sharded.value is False and "FSDP" in sharded.reason
     # Unmeasured accelerators stay eager unless asked; a device without capture never gets graphs.
     for facts in (ascend("Ascend910B", bf16=True), hip("rocm", "gfx942")):
         off = inf.decode_graphs(Device(facts))

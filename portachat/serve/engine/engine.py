@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from portachat.device import Device, diagnose, get_device
 from portachat.device.graphs import GraphCapturer
@@ -127,8 +128,9 @@ class LLMEngine:
         self.compile_reason = compile_choice.reason
         if self.compiled:
             self.runner.enable_compile()
-        graphs = decode_graphs(device, False if config.enforce_eager else None,
-                               packed=self.runner.packed is not None, compiled=self.compiled)  # fmt: skip
+        sharded = any(isinstance(p, DTensor) for p in model.parameters())
+        graphs = decode_graphs(device, False if config.enforce_eager else None, packed=self.runner.packed is not None,
+                               compiled=self.compiled, sharded=sharded)  # fmt: skip
         self.graphs_reason = graphs.reason
         if graphs.value:
             self.runner.enable_decode_graphs(config.max_num_seqs, GraphCapturer(device.type))
