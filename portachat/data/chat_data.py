@@ -180,11 +180,14 @@ def synthetic_heldout(n: int) -> list[Conversation]:
     """The held-out questions `portachat eval synthetic` asks (distinct, never trained on), as conversations."""
     from portachat.data.synthetic_tasks import heldout_set
 
-    return [{"messages": ex.messages, "answer": ex.answer} for ex in heldout_set(n)]
+    return [{"messages": ex.messages, "answer": ex.answer, "task": ex.task} for ex in heldout_set(n)]
 
 
-def synthetic_conversations(n: int, split: str = "train", seed: int | str = 0) -> list[Conversation]:
-    """The built-in task curriculum as conversations with their expected answers."""
+def synthetic_conversations(n: int, split: str = "train", seed: int | str = 0,
+                            weights: Mapping[str, float] | None = None) -> list[Conversation]:
+    """The built-in task curriculum as conversations with their expected answers and task names,
+    tasks drawn by `weights` (None: the curriculum's default mix)."""
     from portachat.data.synthetic_tasks import task_examples
 
-    return [{"messages": ex.messages, "answer": ex.answer} for ex in task_examples(n, split, seed)]
+    return [{"messages": ex.messages, "answer": ex.answer, "task": ex.task}
+            for ex in task_examples(n, split, seed, weights=dict(weights) if weights else None)]

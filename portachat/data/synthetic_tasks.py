@@ -7,13 +7,15 @@ designed to be LEARNABLE by a tiny model in minutes of CPU training: short promp
 templates, and one final form for every answer, "The answer is X.". Where the work is beyond a tiny
 model (multi-digit arithmetic, counting letters) the assistant calls the calculator tool and copies
 its output, which only needs attention to copy; the tool-free tasks are built from steps that all
-occur in training (column addition digit by digit, comparing two numbers, spelling known words).
+occur in training (column addition digit by digit, comparing numbers digit by digit, spelling known
+words).
 
 Tasks:
   calc_arithmetic     "What is 23+58?"            python `23+58` -> 81 -> "The answer is 81."
   mental_arithmetic   "What is 47 + 35 without the calculator?"  column addition spelled out
   letter_count        "How many r's are in strawberry?"  python `'strawberry'.count('r')` -> 3
-  comparison          "Which is larger, 47 or 52?" / "Is 47 less than 52?"
+  comparison          "Is 47 less than 52?"  "Tens 4 and 5: 4 < 5, so 47 < 52." -> yes
+                      "Which is larger, 47 or 52?"  "Tens 4 and 5: 4 < 5. Ones 7 and 2. The larger is 52."
   spelling            "How do you spell apple?"  -> "The answer is a-p-p-l-e."
 
 Splits: every question has a canonical key (the task and its content, not its phrasing); a hash of
@@ -192,8 +194,30 @@ def letter_count(rng: random.Random) -> TaskExample:
                        [*_tool(f"'{word}'.count('{letter}')", result), _answer(result)])
 
 
+def compare_steps(a: int, b: int, kind: str) -> str:
+    """The worked comparison of two numbers below 100, one small step at a time: the tens digits are
+    copied (0 for a one-digit number) and compared (<, = or >), and on a tie the ones the same way:
+    "Tens 7 and 7: 7 = 7. Ones 8 and 3: 8 > 3". A yes/no question then states the relation ("so 78 >
+    73."); "which is larger/smaller" lists the ones (if not yet written) and names the number, whose
+    digits it picks from the two pairs just written: "Tens 4 and 9: 4 < 9. Ones 7 and 1. The larger
+    is 91.". Each step reads only the last few tokens. A 3-layer model answering in one step stayed
+    near chance; picking the answer's digits out of the question instead mixed the digits of the two
+    numbers ("98" for 78 or 91) on a fifth of the questions, and comparing the tens before writing
+    both of them got a fifth of the comparisons wrong."""
+    sym = "<" if a < b else ">"
+    (ta, oa), (tb, ob) = divmod(a, 10), divmod(b, 10)
+    steps = f"Tens {ta} and {tb}: {ta} {'=' if ta == tb else sym} {tb}"
+    if ta == tb:
+        steps += f". Ones {oa} and {ob}: {oa} {sym} {ob}"
+    elif kind in ("larger", "smaller"):
+        steps += f". Ones {oa} and {ob}"
+    if kind in ("larger", "smaller"):
+        return f"{steps}. The {kind} is {max(a, b) if kind == 'larger' else min(a, b)}. "
+    return f"{steps}, so {a} {sym} {b}. "
+
+
 def comparison(rng: random.Random) -> TaskExample:
-    """Which of two numbers is larger/smaller, or is one less/greater than the other."""
+    """Which of two numbers is larger/smaller, or is one less/greater than the other, worked digit by digit."""
     a, b = rng.sample(range(0, 100), 2)
     kind = rng.choice(("larger", "smaller", "less", "greater"))
     if kind in ("larger", "smaller"):
@@ -202,7 +226,8 @@ def comparison(rng: random.Random) -> TaskExample:
     else:
         answer = "yes" if (a < b if kind == "less" else a > b) else "no"
         question = f"Is {a} {kind} than {b}?"
-    return TaskExample("comparison", f"compare:{kind}:{a}:{b}", question, answer, [_answer(answer)])
+    return TaskExample("comparison", f"compare:{kind}:{a}:{b}", question, answer,
+                       [_text(compare_steps(a, b, kind) + f"{ANSWER_PREFIX}{answer}.")])
 
 
 def spelling(rng: random.Random) -> TaskExample:

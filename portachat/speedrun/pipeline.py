@@ -266,7 +266,8 @@ def _rl_stage(opts: SpeedrunOptions, preset: Preset, dev: Device, say) -> dict[s
             max_new_tokens=preset.rl_max_tokens,
             lr_scale=preset.rl_lr_scale,
             num_iterations=steps,
-            max_prompts=max(200, steps * preset.rl_prompts_per_step),
+            # dynamic sampling may draw up to sample_rounds prompts per slot: enough that none repeats
+            max_prompts=max(200, steps * preset.rl_prompts_per_step * RLOptions.sample_rounds),
             eval_examples=int(opts.overrides.get("chat_eval_examples", 64)),
             resume="auto" if _has_checkpoints(opts, "rl") else None,
             train=_train_config(plan, "rl", opts),
@@ -299,7 +300,8 @@ def _eval_stage(opts: SpeedrunOptions, preset: Preset, dev: Device, env: DistEnv
         results = run_evals(EvalOptions(task="synthetic", model=str(ckpt), limit=limit, device=dev.kind,
                                         seed=opts.seed), log=lambda _m: None)
         say(f"[speedrun] {stage}:\n{format_table(results)}")
-        state["evals"][stage] = summary(results)
+        state["evals"][stage] = {**summary(results), **{  # per task too: where RL helps or hurts
+            f"{r.task}/{t}": v for r in results for t, v in (r.details.get("per_task") or {}).items()}}
         for r in results:
             headline[f"{stage}_{r.task}"] = r.value
     if env.is_distributed:

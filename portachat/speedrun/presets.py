@@ -46,14 +46,15 @@ PRESETS: dict[str, Preset] = {
         base=StagePlan(num_iterations=800, device_batch_size=8, max_seq_len=256, eval_every=400),
         mid=StagePlan(num_iterations=800, device_batch_size=8, max_seq_len=256, eval_every=400),
         sft=StagePlan(num_iterations=300, device_batch_size=8, max_seq_len=256, eval_every=300),
-        rl_steps=20,
-        rl_prompts_per_step=4,
+        rl_steps=60,
+        rl_prompts_per_step=8,
         rl_samples_per_prompt=8,
-        rl_max_tokens=48,
-        eval_limit=200,
+        rl_max_tokens=64,  # a worked comparison with a tie is ~50 tokens
+        eval_limit=500,  # ~140 comparison questions: RL's gain there is a few questions, 200 was too noisy
         synthetic_conversations=24000,
         note="about five minutes on a 2-core CPU: proves every stage works and moves the metrics",
         tokenizer_max_chars=3_000_000,
+        rl_lr_scale=0.05,
     ),
     "cpu": Preset(
         name="cpu",

@@ -20,6 +20,7 @@ CURVES: dict[str, list[tuple[str, str]]] = {
     "rl_length": [("rl", "response_length")],
 }
 LOG_SCALE = {"loss"}  # the chat stages' losses sit far below pretraining's: a log axis shows both
+PER_TASK_CURVES = {"rl_reward": ("rl", "reward/")}  # plus one curve per task the stage logged under this prefix
 
 
 def read_log(path: Path) -> list[dict[str, Any]]:
@@ -59,7 +60,12 @@ def plot_curves(run_dir: Path, out_dir: Path) -> list[tuple[str, Path]]:
         drawn = 0
         keys_seen: set[str] = set()
         fig, ax = plt.subplots(figsize=(7, 3.6), dpi=110)
-        for stage, key in curves:
+        extra = []
+        if name in PER_TASK_CURVES:
+            stage, prefix = PER_TASK_CURVES[name]
+            keys = {k for rec in read_log(run_dir / stage / "log.jsonl") for k in rec if k.startswith(prefix)}
+            extra = [(stage, k) for k in sorted(keys)]
+        for stage, key in [*curves, *extra]:
             records = read_log(run_dir / stage / "log.jsonl")
             steps, values = series(records, key)
             if len(values) < 1:
@@ -135,12 +141,19 @@ def render_report(state: dict[str, Any], hardware: dict[str, Any], curves: list[
     if evals:
         lines.append("## Evaluations")
         lines.append("")
-        columns = sorted({task for results in evals.values() for task in results})
+        columns = sorted({task for results in evals.values() for task in results if "/" not in task})
         lines.append("| model | " + " | ".join(columns) + " |")
         lines.append("|---|" + "---|" * len(columns))
         for stage_name, results in evals.items():
             lines.append(f"| {stage_name} | " + " | ".join(_fmt(results.get(c)) for c in columns) + " |")
         lines.append("")
+        subtasks = sorted({task for results in evals.values() for task in results if "/" in task})
+        if subtasks:  # one row per subtask, one column per model: what each stage changed
+            lines.append("| task | " + " | ".join(evals) + " |")
+            lines.append("|---|" + "---|" * len(evals))
+            for task in subtasks:
+                lines.append(f"| {task} | " + " | ".join(_fmt(r.get(task)) for r in evals.values()) + " |")
+            lines.append("")
     if curves:
         lines.append("## Curves")
         lines.append("")

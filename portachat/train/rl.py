@@ -5,7 +5,11 @@ Each micro-batch takes a few prompts, samples G replies per prompt through the i
 0 wrong). A reply's advantage is its reward minus its group's mean (optionally over the group's
 std). The loss is -sum(advantage * log p(token)) over the tokens the model sampled: prompt tokens,
 padding and the tool's forced output tokens are masked out. The Trainer divides by the global
-number of sampled tokens. Rewards, pass@G and reply lengths are logged every step.
+number of sampled tokens. Rewards (overall and per task), pass@G and reply lengths are logged every step.
+
+On the synthetic tasks, RL first measures each task's pass rate p on a few sampled replies and draws
+its prompts in proportion to p(1-p): a task the SFT model always (or never) solves gives groups whose
+replies all agree, which carry no advantage, so practising it only spends rollouts.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from portachat.train.batch import Batch
 from portachat.train.chat_eval import answer_accuracy_evaluator, is_correct
 from portachat.train.chat_stage import model_from_checkpoint, start_points
 from portachat.train.rollout import Reply, RolloutEngine
-from portachat.train.trainer import Stage, TrainConfig, TrainingError, TrainResult, train
+from portachat.train.trainer import Stage, TrainConfig, TrainingError, TrainResult, load_init_weights, train
 
 
 @dataclass
@@ -46,6 +50,11 @@ class RLOptions:
     temperature: float = 1.0
     normalize_std: bool = False  # divide advantages by the group's reward std (GRPO) or not (Dr. GRPO)
     sample_rounds: int = 4  # rounds of fresh prompts drawn to fill a batch with informative groups (1 = off)
+    # Synthetic tasks only: the mix of tasks RL practises. None = probe each task's pass rate first
+    # (probe_examples sampled replies per task) and weight it by p(1-p), floored at probe_floor.
+    task_weights: dict[str, float] | None = None
+    probe_examples: int = 32  # 0 with no task_weights = the curriculum's default mix
+    probe_floor: float = 0.02
     lr_scale: float = 0.05  # times the base learning rates (nanochat's RL init_lr_frac)
     warmdown_ratio: float = 1.0  # the lr decays linearly to 0 over the stage (train.warmdown_ratio is not used)
     num_epochs: float = 1.0
@@ -85,30 +94,44 @@ def rollout_batch(prompts: Sequence[list[int]], replies: Sequence[Reply], advant
 
 
 class RolloutStats:
-    """Per-step rollout metrics, summed over micro-batches and ranks when read."""
+    """Per-step rollout metrics, summed over micro-batches and ranks when read; `tasks` (the task names
+    prompts may carry) get their own mean reward, `reward/<task>`, in steps that sampled them."""
 
-    def __init__(self, dev: Device) -> None:
+    def __init__(self, dev: Device, tasks: Sequence[str] = ()) -> None:
         self.dev = dev
+        self.tasks = list(tasks)  # a fixed order, so every rank reduces the same vector
         self.reset()
 
     def reset(self) -> None:
-        self.sums = [0.0, 0.0, 0.0, 0.0, 0.0]  # reward, replies, groups solved, groups, reply tokens
+        # reward, replies, groups solved, groups, reply tokens, then (reward, replies) per task
+        self.sums = [0.0] * (5 + 2 * len(self.tasks))
 
-    def add(self, rewards: torch.Tensor, lengths: list[int]) -> None:
+    def add(self, rewards: torch.Tensor, lengths: list[int], tasks: Sequence[str | None] = ()) -> None:
+        """rewards [groups, G]; tasks: each group's task name (None or unknown: counted in the totals only)."""
         self.sums[0] += rewards.sum().item()
         self.sums[1] += rewards.numel()
         self.sums[2] += (rewards.max(dim=1).values > 0).sum().item()
         self.sums[3] += rewards.shape[0]
         self.sums[4] += sum(lengths)
+        for g, task in enumerate(tasks):
+            if task in self.tasks:
+                k = 5 + 2 * self.tasks.index(task)
+                self.sums[k] += rewards[g].sum().item()
+                self.sums[k + 1] += rewards.shape[1]
 
     def read(self) -> dict[str, float]:
         totals = torch.tensor(self.sums, dtype=torch.float64, device=self.dev.torch_device)
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(totals)
-        reward, replies, solved, groups, tokens = totals.tolist()
+        values = totals.tolist()
+        reward, replies, solved, groups, tokens = values[:5]
         self.reset()
-        return {"reward": reward / max(replies, 1), "pass_at_k": solved / max(groups, 1),
-                "response_length": tokens / max(replies, 1)}
+        out = {"reward": reward / max(replies, 1), "pass_at_k": solved / max(groups, 1),
+               "response_length": tokens / max(replies, 1)}
+        for i, task in enumerate(self.tasks):
+            if values[6 + 2 * i] > 0:
+                out[f"reward/{task}"] = values[5 + 2 * i] / values[6 + 2 * i]
+        return out
 
 
 class RolloutStream:
@@ -140,7 +163,7 @@ class RolloutStream:
             self.index += self.prompts_per_batch
             rewards = torch.tensor([[float(is_correct(replies[g * G + k].text, t["answer"])) for k in range(G)]
                                     for g, t in enumerate(picked)])
-            self.stats.add(rewards, [sum(r.mask) for r in replies])
+            self.stats.add(rewards, [sum(r.mask) for r in replies], [t.get("task") for t in picked])
             adv = group_advantages(rewards, self.opts.normalize_std)
             for g in range(len(picked)):
                 group = (prompts[g * G : (g + 1) * G], replies[g * G : (g + 1) * G], adv[g].tolist())
@@ -159,8 +182,40 @@ class RolloutStream:
             self.index = int(state["index"])
 
 
-def rl_tasks(opts: RLOptions, seed: int) -> tuple[list[Conversation], list[Conversation], str]:
-    """(training prompts, held-out prompts, description); every row carries the answer its verifier checks."""
+def probe_pass_rates(sampler: RolloutEngine, tokenizer: Tokenizer, per_task: int, max_new_tokens: int,
+                     temperature: float, seed: int) -> dict[str, float]:
+    """Each synthetic task's pass rate under the current policy: one sampled reply to each of `per_task`
+    fresh train-split questions per task (each rank answers its share; the counts are summed)."""
+    from portachat.data.synthetic_tasks import TASKS, task_examples
+
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    names = list(TASKS)
+    examples = [ex for name in names for ex in task_examples(per_task, "train", f"rl-probe:{seed}", tasks=[name])]
+    mine = list(range(rank, len(examples), world))
+    prompts = [render_for_completion(tokenizer, examples[i].prompt) for i in mine]
+    replies = sampler.sample(prompts, max_new_tokens, temperature, seeds=[seed * 1_000_003 + i for i in mine])
+    counts = torch.zeros(len(names), 2, dtype=torch.float64)
+    for i, reply in zip(mine, replies, strict=True):
+        ex = examples[i]
+        counts[names.index(ex.task)] += torch.tensor([float(is_correct(reply.text, ex.answer)), 1.0])
+    if world > 1:
+        counts = counts.to(sampler.dev.torch_device)
+        dist.all_reduce(counts)
+    return {name: float(counts[k, 0] / max(float(counts[k, 1]), 1.0)) for k, name in enumerate(names)}
+
+
+def informative_weights(pass_rates: dict[str, float], floor: float) -> dict[str, float]:
+    """Task weights for RL: p(1-p), the variance of one reply's reward, is 0 for a task the policy always
+    or never solves (all its groups agree and teach nothing) and largest at p = 1/2; the floor keeps
+    every task in the mix so the others are still rehearsed."""
+    return {task: max(p * (1.0 - p), floor) for task, p in pass_rates.items()}
+
+
+def rl_tasks(opts: RLOptions, seed: int, weights: dict[str, float] | None = None,
+             ) -> tuple[list[Conversation], list[Conversation], str]:
+    """(training prompts, held-out prompts, description); every row carries the answer its verifier checks.
+    `weights`: the synthetic tasks' mix (None = the curriculum's default)."""
     if opts.data:
         rows = [c for c in load_conversations(opts.data, limit=opts.max_prompts) if c.get("answer") is not None]
         if not rows:
@@ -169,8 +224,32 @@ def rl_tasks(opts: RLOptions, seed: int) -> tuple[list[Conversation], list[Conve
         n_val = min(200, len(rows) // 10) if len(rows) >= 10 else 0
         return rows[: len(rows) - n_val] or rows, rows[len(rows) - n_val :] or rows[:1], ", ".join(opts.data)
     n = opts.max_prompts or 2000
-    return (synthetic_conversations(n, "train", f"rl:{seed}"), synthetic_heldout(max(opts.eval_examples, 1)),
+    return (synthetic_conversations(n, "train", f"rl:{seed}", weights), synthetic_heldout(max(opts.eval_examples, 1)),
             f"synthetic tasks ({n} prompts)")
+
+
+def synthetic_task_mix(opts: RLOptions, sampler: RolloutEngine, tokenizer: Tokenizer, seed: int,
+                       init_from: Path | None, resume_from: Path | None, say) -> dict[str, float] | None:
+    """The synthetic tasks' weights for this run (announced): given, probed, or None (the default mix).
+    A resumed run keeps the mix it started with (its prompt list must not change under it)."""
+    if resume_from is not None:
+        return read_meta(resume_from).get("task_weights")
+    if opts.task_weights:
+        say(f"[portachat] rl: task mix as given: {_fmt_mix(opts.task_weights)}")
+        return dict(opts.task_weights)
+    if opts.probe_examples <= 0 or init_from is None:
+        return None
+    load_init_weights(sampler.model, tokenizer, init_from)  # the Trainer loads them again; the probe needs them now
+    rates = probe_pass_rates(sampler, tokenizer, opts.probe_examples, opts.max_new_tokens, opts.temperature, seed)
+    weights = informative_weights(rates, opts.probe_floor)
+    say(f"[portachat] rl: probed pass rates ({opts.probe_examples} sampled replies per task): {_fmt_mix(rates)}")
+    total = sum(weights.values())
+    say(f"[portachat] rl: task mix, weighted by p(1-p): {_fmt_mix({t: w / total for t, w in weights.items()})}")
+    return weights
+
+
+def _fmt_mix(values: dict[str, float]) -> str:
+    return ", ".join(f"{task} {value:.2f}" for task, value in values.items())
 
 
 def run_rl(opts: RLOptions, dev: Device | None = None, print_fn=print) -> TrainResult:
@@ -196,7 +275,10 @@ def run_rl(opts: RLOptions, dev: Device | None = None, print_fn=print) -> TrainR
     o.matrix_lr, o.embedding_lr, o.unembedding_lr, o.scalar_lr = (
         o.matrix_lr * opts.lr_scale, o.embedding_lr * opts.lr_scale, o.unembedding_lr * opts.lr_scale,
         o.scalar_lr * opts.lr_scale)
-    tasks, heldout, described = rl_tasks(opts, cfg.seed)
+    sampler = RolloutEngine(model, tokenizer, dev, max_num_seqs=max(cfg.device_batch_size, 1))
+    weights = None if opts.data else synthetic_task_mix(opts, sampler, tokenizer, cfg.seed, init_from, resume_from,
+                                                         say)
+    tasks, heldout, described = rl_tasks(opts, cfg.seed, weights)
     prompts_per_batch = cfg.device_batch_size // opts.num_samples
     streams = env.world_size * cfg.grad_accum_steps(env.world_size)
     if opts.num_iterations is not None:
@@ -208,8 +290,7 @@ def run_rl(opts: RLOptions, dev: Device | None = None, print_fn=print) -> TrainR
     if not opts.data:
         say("[portachat] NOTE: no --data given: RL on the built-in SYNTHETIC tasks (offline).")
 
-    sampler = RolloutEngine(model, tokenizer, dev, max_num_seqs=max(cfg.device_batch_size, 1))
-    stats = RolloutStats(dev)
+    stats = RolloutStats(dev, sorted({t["task"] for t in tasks if t.get("task")}))
     evaluators = []
     if opts.eval_examples > 0:
         evaluators.append(answer_accuracy_evaluator(heldout[: opts.eval_examples], tokenizer, dev,
@@ -222,7 +303,7 @@ def run_rl(opts: RLOptions, dev: Device | None = None, print_fn=print) -> TrainR
     )
     origin = str(init_from) if init_from else read_meta(resume_from).get("init_from")
     extra = {"data": described, "init_from": origin, "num_samples": opts.num_samples, "lr_scale": opts.lr_scale,
-             "normalize_std": opts.normalize_std}
+             "normalize_std": opts.normalize_std, "task_weights": weights}
     return train(model, tokenizer, stage, cfg, dev, env, path, resume_from=resume_from, init_from=init_from,
                  extra_meta=extra, print_fn=print_fn)
 

@@ -62,3 +62,14 @@ def test_validation_batches_cover_each_conversation_once(small_tokenizer):
     assert [b[0].shape[0] for b in batches] == [3, 3, 1]
     supervised = sum(int((t >= 0).sum()) for _, t in batches)
     assert supervised == sum(sum(render_conversation(small_tokenizer, c["messages"])[1][1:]) for c in convs)
+
+
+def test_synthetic_conversations_follow_the_task_weights():
+    convs = synthetic_conversations(300, seed=6, weights={"comparison": 3.0, "spelling": 1.0, "calc_arithmetic": 0.0,
+                                                          "mental_arithmetic": 0.0, "letter_count": 0.0})
+    tasks = [c["task"] for c in convs]
+    assert set(tasks) == {"comparison", "spelling"}
+    assert 0.65 < tasks.count("comparison") / len(tasks) < 0.85
+    assert all(c["answer"] and c["messages"][-1]["role"] == "assistant" for c in convs)
+    default = [c["task"] for c in synthetic_conversations(300, seed=6)]
+    assert len(set(default)) == 5  # no weights: the curriculum's own mix

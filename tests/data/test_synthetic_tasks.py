@@ -68,6 +68,32 @@ def test_every_answer_is_correct_and_every_reference_reply_verifies():
                 assert ex.assistant[i + 1] == {"type": "python_output", "text": run_tool(part["text"])}
 
 
+def test_comparison_replies_work_digit_by_digit():
+    """Every step of a worked comparison is true: the tens compared first, the ones compared exactly
+    when the tens tie (and listed for larger/smaller questions), and the conclusion gives the answer."""
+    examples = [ex for ex in st.task_examples(2000, "train", seed=11) if ex.task == "comparison"]
+    ties = 0
+    for ex in examples:
+        a, b = (int(x) for x in re.findall(r"\d+", ex.question))
+        text = ex.assistant[-1]["text"]
+        which = "larger" in ex.question or "smaller" in ex.question
+        compared = re.findall(r"(Tens|Ones) (\d) and (\d): (\d) ([<>=]) (\d)", text)
+        expected = [("Tens", a // 10, b // 10)] + ([("Ones", a % 10, b % 10)] if a // 10 == b // 10 else [])
+        assert [(c[0], int(c[1]), int(c[2])) for c in compared] == expected, text
+        for _, x, y, x2, sym, y2 in compared:
+            assert (x, y) == (x2, y2) and sym == ("<" if x < y else ">" if x > y else "=")
+        ties += len(compared) == 2
+        assert f"Ones {a % 10} and {b % 10}" in text or not which  # the answer's digits are on show
+        if which:
+            m = re.search(r"The (larger|smaller) is (\d+)\. The answer is (\d+)\.$", text)
+            assert m and m[2] == m[3] == solve(ex.question) and m[1] in ex.question, text
+        else:
+            m = re.search(r"so (\d+) ([<>]) (\d+)\. The answer is (yes|no)\.$", text)
+            assert m and (int(m[1]), m[2], int(m[3])) == (a, "<" if a < b else ">", b), text
+            assert m[4] == solve(ex.question)
+    assert len(examples) > 300 and ties > 10  # both branches are exercised
+
+
 def test_verifier_rejects_wrong_missing_and_tool_only_answers():
     ex = next(e for e in st.task_examples(50, seed=2) if e.task == "calc_arithmetic")
     wrong = str(int(ex.answer) + 1)

@@ -34,7 +34,7 @@ def test_report_has_tables_costs_and_curves(tmp_path):
     for stage, key in (("base", "loss"), ("sft", "loss"), ("rl", "reward")):
         log = RunLogger(run / stage)
         for step in range(1, 6):
-            log.log(step, {key: 3.0 / step})
+            log.log(step, {key: 3.0 / step, **({"reward/comparison": step / 5} if stage == "rl" else {})})
         log.close()
     (run / "rl" / "log.jsonl").open("a").write('{"step": 9, "rew')  # a line cut by a crash is skipped
     assert len(read_log(run / "rl" / "log.jsonl")) == 5
@@ -42,14 +42,16 @@ def test_report_has_tables_costs_and_curves(tmp_path):
         "run": "r", "preset": "smoke", "data_note": "synthetic", "world_size": 2, "price_per_device_hour": 3.0,
         "stages": {"base": {"done": True, "seconds": 1800.0, "metrics": {"val_bpb": 1.25}},
                    "sft": {"done": False, "seconds": 60.0, "metrics": {}}},
-        "evals": {"sft": {"synthetic": 0.75}, "rl": {"synthetic": 0.8}},
+        "evals": {"sft": {"synthetic": 0.75, "synthetic/comparison": 0.5},
+                  "rl": {"synthetic": 0.8, "synthetic/comparison": 0.625}},
         "final_model": str(run / "rl" / "step_000005"),
     }
     path = write_report(run, state, {"device": "2 x test"})
     text = path.read_text(encoding="utf-8")
     assert "| base | done | 30.0 min | 3.0000 | val_bpb 1.2500 |" in text  # 0.5 h x 3 USD x 2 devices
     assert "| sft | not finished |" in text
-    assert "| sft | 0.7500 |" in text and "| rl | 0.8000 |" in text
+    assert "| sft | 0.7500 |" in text and "| rl | 0.8000 |" in text  # the main table: one column per task
+    assert "| task | sft | rl |" in text and "| synthetic/comparison | 0.5000 | 0.6250 |" in text
     assert "portachat chat --model" in text
     pngs = sorted(run.glob("curve_*.png"))
     assert [p.name for p in pngs] == ["curve_loss.png", "curve_rl_reward.png"]
@@ -75,6 +77,7 @@ def test_speedrun_end_to_end_then_resume(tmp_path, monkeypatch):
     state = json.loads((tmp_path / "runs" / "tiny" / STATE_FILE).read_text())
     assert [s for s, v in state["stages"].items() if v["done"]] == ["tokenizer", "base", "mid", "sft", "rl", "eval"]
     assert set(state["evals"]) == {"mid", "sft", "rl"}
+    assert all(0.0 <= v["synthetic/comparison"] <= 1.0 for v in state["evals"].values())  # per task too
     assert all(0.0 <= v["synthetic"] <= 1.0 for v in state["evals"].values())
     assert any("SYNTHETIC" in line for line in lines)
     text = report.read_text(encoding="utf-8")

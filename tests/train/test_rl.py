@@ -8,10 +8,21 @@ import json
 import torch
 
 from portachat.checkpoint import save_checkpoint, stage_dir
+from portachat.data.synthetic_tasks import TASKS, task_examples
 from portachat.device import get_device
 from portachat.model import GPT, GPTConfig
 from portachat.tokenizer import render_for_completion
-from portachat.train.rl import RLOptions, group_advantages, logprob_of, rollout_batch, run_rl
+from portachat.train.rl import (
+    RLOptions,
+    RolloutStats,
+    group_advantages,
+    informative_weights,
+    logprob_of,
+    probe_pass_rates,
+    rl_tasks,
+    rollout_batch,
+    run_rl,
+)
 from portachat.train.rollout import Reply, tool_mask
 from portachat.train.trainer import TrainConfig, token_loss
 
@@ -85,5 +96,61 @@ def test_rl_run_logs_reward_curves_and_checkpoints(small_tokenizer):
     for r in steps:
         assert 0.0 <= r["reward"] <= 1.0 and 0.0 <= r["pass_at_k"] <= 1.0
         assert 0 < r["response_length"] <= 8 and r["supervised_tokens"] > 0
+        per_task = {k: v for k, v in r.items() if k.startswith("reward/")}
+        assert per_task and set(per_task) <= {f"reward/{t}" for t in TASKS}
     meta = json.loads((result.final_checkpoint / "portachat.json").read_text())
     assert meta["stage"] == "rl" and meta["init_from"] == str(sft) and "heldout_accuracy" in meta["metrics"]
+    # the untrained model solves nothing: the probe leaves every task at the floor, an even mix
+    assert meta["task_weights"] == {t: opts.probe_floor for t in TASKS}
+    # a resumed run keeps the mix it started with instead of probing the half-trained policy again
+    said: list[str] = []
+    more = RLOptions(num_samples=2, max_new_tokens=8, max_prompts=16, num_iterations=3, eval_examples=2,
+                     resume="auto", train=TrainConfig(device_batch_size=4, eval_every=3, log_every=1))
+    resumed = run_rl(more, dev=get_device("cpu", dtype="fp32", compile=False), print_fn=said.append)
+    assert resumed.steps == 3 and not any("probed" in line for line in said)
+    assert json.loads((resumed.final_checkpoint / "portachat.json").read_text())["task_weights"] == meta["task_weights"]
+
+
+class ScriptedSampler:
+    """Answers the probe's questions like a policy that has solved the tool tasks, gets every other
+    comparison right, and fails the rest."""
+
+    def __init__(self, tok, answers: dict[str, tuple[str, str]]) -> None:
+        self.tok, self.answers, self.dev, self.comparisons = tok, answers, get_device("cpu"), 0
+
+    def sample(self, prompts, max_tokens, temperature, seeds):
+        replies = []
+        for prompt in prompts:
+            text = self.tok.decode(prompt)
+            task, answer = next(v for q, v in self.answers.items() if q in text)
+            if task == "comparison":
+                self.comparisons += 1
+            right = task in ("calc_arithmetic", "letter_count") or (task == "comparison" and self.comparisons % 2)
+            reply = f"The answer is {answer if right else 'wrong'}."
+            replies.append(Reply(self.tok.encode(reply), [1] * len(self.tok.encode(reply)), reply))
+        return replies
+
+
+def test_task_mix_follows_the_probed_pass_rates(small_tokenizer):
+    per_task, seed = 16, 3
+    answers = {ex.question: (ex.task, ex.answer) for name in TASKS
+               for ex in task_examples(per_task, "train", f"rl-probe:{seed}", tasks=[name])}
+    rates = probe_pass_rates(ScriptedSampler(small_tokenizer, answers), small_tokenizer, per_task, 16, 1.0, seed)
+    assert rates == {"calc_arithmetic": 1.0, "mental_arithmetic": 0.0, "letter_count": 1.0, "comparison": 0.5,
+                     "spelling": 0.0}
+    weights = informative_weights(rates, floor=0.02)
+    assert weights["comparison"] == 0.25  # p(1-p) at p = 1/2
+    assert all(w == 0.02 for t, w in weights.items() if t != "comparison")  # solved or hopeless: the floor
+    prompts, _, _ = rl_tasks(RLOptions(max_prompts=400, eval_examples=4), seed=0, weights=weights)
+    share = sum(p["task"] == "comparison" for p in prompts) / len(prompts)
+    assert 0.65 < share < 0.9  # 0.25 / (0.25 + 4 x 0.02) = 0.76
+
+
+def test_rollout_stats_report_reward_per_task():
+    stats = RolloutStats(get_device("cpu"), ["comparison", "spelling"])
+    stats.add(torch.tensor([[1.0, 0.0], [1.0, 1.0]]), [3, 3, 3, 3], ["comparison", "spelling"])
+    stats.add(torch.tensor([[0.0, 0.0]]), [2, 2], ["comparison"])
+    out = stats.read()
+    assert out["reward/comparison"] == 0.25 and out["reward/spelling"] == 1.0 and out["reward"] == 0.5
+    stats.add(torch.tensor([[1.0, 1.0]]), [1, 1], ["spelling"])
+    assert "reward/comparison" not in stats.read()  # a task this step did not sample has no entry
