@@ -1,10 +1,12 @@
 """Serving throughput: N concurrent streaming clients against the same requests sent one at a time.
 
-Starts `portachat serve` as a subprocess (or uses --url), warms it up, then runs the same set of chat
-requests twice: one after another (the peer: no batching can help), and all at once (continuous
-batching). Every request asks for exactly --max-tokens tokens (ignore_eos), so both runs generate the
-same amount of text. Prints requests/s, output tokens/s, time to first token (TTFT) and time per
-output token (TPOT) p50/p99 for both, and the ratio of output tokens/s, concurrent / sequential.
+Starts `portachat serve` as a subprocess (or uses --url), warms it up, then runs chat requests one
+after another (the peer: no batching can help) and --concurrency of them all at once (continuous
+batching). Every request asks for exactly --max-tokens tokens (ignore_eos), so tokens/s compare.
+Prints requests/s, output tokens/s, time to first token (TTFT) and time per output token (TPOT)
+p50/p99 for both, and the ratio of output tokens/s, concurrent / one at a time: per round (--rounds,
+each a sequential run then a concurrent one, so drift of a shared machine hits both alike) and
+their median.
 
     python benchmarks/serve.py                                # SmolLM2-135M-Instruct GGUF, 32 clients
     python benchmarks/serve.py --model runs/x/sft/latest --concurrency 64 --max-tokens 128
@@ -191,9 +193,11 @@ def main() -> int:
     p.add_argument("--url", default=None, help="benchmark this running server instead of starting one")
     p.add_argument("--model-name", default="bench", help="served model name (with --url: the server's)")
     p.add_argument("--concurrency", type=int_at_least(1), default=32, help="concurrent streaming clients (default 32)")
-    p.add_argument("--sequential", type=int_at_least(1), default=4,
-                   help="requests of the one-at-a-time peer run (default 4: its rate is per request)")
+    p.add_argument("--sequential", type=int_at_least(1), default=8,
+                   help="requests of the one-at-a-time peer run (default 8: its rate is per request)")
     p.add_argument("--max-tokens", type=int_at_least(2), default=64, help="output tokens per request (default 64)")
+    p.add_argument("--rounds", type=int_at_least(1), default=3,
+                   help="rounds of (one at a time, concurrent); the median ratio is reported (default 3)")
     p.add_argument("--max-model-len", type=int_at_least(64), default=1024, help="server context (default 1024)")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None)
@@ -218,8 +222,15 @@ def main() -> int:
         warm = asyncio.run(run_sequential(url, bodies(args.model_name, 1, 4), args.timeout))
         if not warm.results[0].ok:
             raise SystemExit(f"warm-up request failed: {warm.results[0].error}")
-        seq = asyncio.run(run_sequential(url, bodies(args.model_name, args.sequential, args.max_tokens), args.timeout))
-        conc = asyncio.run(run_concurrent(url, bodies(args.model_name, args.concurrency, args.max_tokens), args.timeout))
+        # Rounds alternate the peer and the concurrent run, so drift of a shared machine (other jobs,
+        # noisy neighbours of a VM) hits both sides of each round's ratio alike; the median is reported.
+        rounds = []
+        for _ in range(args.rounds):
+            seq = asyncio.run(run_sequential(url, bodies(args.model_name, args.sequential, args.max_tokens),
+                                             args.timeout))
+            conc = asyncio.run(run_concurrent(url, bodies(args.model_name, args.concurrency, args.max_tokens),
+                                              args.timeout))
+            rounds.append((seq, conc))
         time.sleep(0.5)
         left = running_requests(url)
     finally:
@@ -229,20 +240,28 @@ def main() -> int:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    rows = {run.name: run.summary() for run in (seq, conc)}
-    print(f"{'run':>16} {'ok':>7} {'req/s':>8} {'out tok/s':>10} {'TTFT p50':>9} {'TTFT p99':>9} "
+    print(f"{'round':>5} {'run':>16} {'ok':>7} {'req/s':>8} {'out tok/s':>10} {'TTFT p50':>9} {'TTFT p99':>9} "
           f"{'TPOT p50':>9} {'TPOT p99':>9}")
-    for name, s in rows.items():
-        print(f"{name:>16} {s['ok']:>3}/{s['requests']:<3} {s['requests_per_s']:>8.2f} {s['output_tok_per_s']:>10.1f} "
-              f"{s['ttft_p50_s']:>8.3f}s {s['ttft_p99_s']:>8.3f}s {s['tpot_p50_s']:>8.4f}s {s['tpot_p99_s']:>8.4f}s")
-        for error in s["errors"]:
-            print(f"{'':>16} error: {error}")
-    ratio = rows[conc.name]["output_tok_per_s"] / rows[seq.name]["output_tok_per_s"]
-    print(f"ratio (concurrent / one at a time, output tok/s): {ratio:.2f}x")
+    records = []
+    for i, (seq, conc) in enumerate(rounds, 1):
+        rows = {run.name: run.summary() for run in (seq, conc)}
+        for name, s in rows.items():
+            print(f"{i:>5} {name:>16} {s['ok']:>3}/{s['requests']:<3} {s['requests_per_s']:>8.2f} "
+                  f"{s['output_tok_per_s']:>10.1f} {s['ttft_p50_s']:>8.3f}s {s['ttft_p99_s']:>8.3f}s "
+                  f"{s['tpot_p50_s']:>8.4f}s {s['tpot_p99_s']:>8.4f}s")
+            for error in s["errors"]:
+                print(f"{'':>22} error: {error}")
+        ratio = rows[conc.name]["output_tok_per_s"] / rows[seq.name]["output_tok_per_s"]
+        records.append({"ratio": ratio, "runs": rows})
+    ratios = [r["ratio"] for r in records]
+    ratio = statistics.median(ratios)
+    print(f"ratio per round: {', '.join(f'{r:.2f}x' for r in ratios)}")
+    print(f"ratio (concurrent / one at a time, output tok/s): {ratio:.2f}x (median of {len(ratios)} rounds)")
     print(f"requests still running after the run: {left:.0f}")
     if args.json:
-        print(json.dumps({"ratio": ratio, "runs": rows, "left_running": left, "max_tokens": args.max_tokens}))
-    return 0 if rows[conc.name]["ok"] == args.concurrency else 1
+        print(json.dumps({"ratio": ratio, "rounds": records, "left_running": left, "max_tokens": args.max_tokens}))
+    all_ok = all(r["runs"][conc.name]["ok"] == args.concurrency for r in records)
+    return 0 if all_ok else 1
 
 
 if __name__ == "__main__":

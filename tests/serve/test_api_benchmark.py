@@ -23,11 +23,13 @@ def test_serve_benchmark_prints_a_ratio(tmp_path, small_tokenizer):
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "serve.py"), "--model", str(model_dir), "--concurrency", "4",
          "--sequential", "2", "--max-tokens", "8", "--max-model-len", "128", "--dtype", "fp32",
-         "--kv-cache-gb", "0.01", "--json"],
+         "--kv-cache-gb", "0.01", "--rounds", "2", "--json"],
         capture_output=True, text=True, timeout=600, cwd=REPO,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "ratio (concurrent / one at a time, output tok/s):" in proc.stdout
     record = json.loads(proc.stdout.strip().splitlines()[-1])
     assert record["ratio"] > 0 and record["left_running"] == 0
-    assert record["runs"]["4 concurrent"]["ok"] == 4 and record["runs"]["one at a time"]["ok"] == 2
+    assert len(record["rounds"]) == 2 and all(r["ratio"] > 0 for r in record["rounds"])
+    for r in record["rounds"]:
+        assert r["runs"]["4 concurrent"]["ok"] == 4 and r["runs"]["one at a time"]["ok"] == 2
