@@ -158,8 +158,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--batch-sizes", default="1,8,32", type=lambda s: [int(x) for x in s.split(",")])
     p.add_argument("--prompt-len", type=int, default=16)
-    p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=3, help="timed runs per side (alternating)")
+    p.add_argument("--new-tokens", type=int, default=128, help="tokens generated per sequence and run")
+    p.add_argument("--rounds", type=int, default=5, help="timed runs per side, alternating; the median counts")
     p.add_argument(
         "--dtype", default=None, help="fp32 | bf16 | fp16; default: the device layer's inference dtype"
     )
