@@ -15,7 +15,7 @@ Tasks:
   mental_arithmetic   "What is 47 + 35 without the calculator?"  column addition spelled out
   letter_count        "How many r's are in strawberry?"  python `'strawberry'.count('r')` -> 3
   comparison          "Is 47 less than 52?"  "Tens 4 and 5: 4 < 5, so 47 < 52." -> yes
-                      "Which is larger, 47 or 52?"  "Tens 4 and 5: 4 < 5. Ones 7 and 2. The larger is 52."
+                      "Which is larger, 47 or 52?"  "... so 47 < 52. The larger is the second, 52."
   spelling            "How do you spell apple?"  -> "The answer is a-p-p-l-e."
 
 Splits: every question has a canonical key (the task and its content, not its phrasing); a hash of
@@ -196,24 +196,23 @@ def letter_count(rng: random.Random) -> TaskExample:
 
 def compare_steps(a: int, b: int, kind: str) -> str:
     """The worked comparison of two numbers below 100, one small step at a time: the tens digits are
-    copied (0 for a one-digit number) and compared (<, = or >), and on a tie the ones the same way:
-    "Tens 7 and 7: 7 = 7. Ones 8 and 3: 8 > 3". A yes/no question then states the relation ("so 78 >
-    73."); "which is larger/smaller" lists the ones (if not yet written) and names the number, whose
-    digits it picks from the two pairs just written: "Tens 4 and 9: 4 < 9. Ones 7 and 1. The larger
-    is 91.". Each step reads only the last few tokens. A 3-layer model answering in one step stayed
-    near chance; picking the answer's digits out of the question instead mixed the digits of the two
-    numbers ("98" for 78 or 91) on a fifth of the questions, and comparing the tens before writing
-    both of them got a fifth of the comparisons wrong."""
+    copied (0 for a one-digit number) and compared (<, = or >), on a tie the ones the same way, then
+    the relation of the two numbers in the question's order: "Tens 7 and 7: 7 = 7. Ones 8 and 3: 8 > 3,
+    so 78 > 73. ". "Which is larger/smaller" then names the number's place before copying it: "The
+    larger is the first, 78. ". Each step reads only the last few tokens or copies a number in place.
+    A 3-layer model answering in one step stayed near chance; picking the answer's digits without
+    naming its place first mixed the digits of the two numbers ("71" for 72 or 39) on up to half of
+    those questions, and comparing the tens before writing both got a fifth of them wrong."""
     sym = "<" if a < b else ">"
     (ta, oa), (tb, ob) = divmod(a, 10), divmod(b, 10)
     steps = f"Tens {ta} and {tb}: {ta} {'=' if ta == tb else sym} {tb}"
     if ta == tb:
         steps += f". Ones {oa} and {ob}: {oa} {sym} {ob}"
-    elif kind in ("larger", "smaller"):
-        steps += f". Ones {oa} and {ob}"
+    steps += f", so {a} {sym} {b}. "
     if kind in ("larger", "smaller"):
-        return f"{steps}. The {kind} is {max(a, b) if kind == 'larger' else min(a, b)}. "
-    return f"{steps}, so {a} {sym} {b}. "
+        first = (a > b) == (kind == "larger")
+        steps += f"The {kind} is the {'first' if first else 'second'}, {a if first else b}. "
+    return steps
 
 
 def comparison(rng: random.Random) -> TaskExample:
