@@ -14,7 +14,7 @@ Tasks:
   calc_arithmetic     "What is 23+58?"            python `23+58` -> 81 -> "The answer is 81."
   mental_arithmetic   "What is 47 + 35 without the calculator?"  column addition spelled out
   letter_count        "How many r's are in strawberry?"  python `'strawberry'.count('r')` -> 3
-  comparison          "Is 47 less than 52?"  "Tens 4 and 5: 4 < 5, so 47 < 52." -> yes
+  comparison          "Is 47 less than 52?"  "Tens 4 and 5: 4 < 5, so 47 < 52. Less? Yes." -> yes
                       "Which is larger, 47 or 52?"  "... so 47 < 52. The larger is the second, 52."
   spelling            "How do you spell apple?"  -> "The answer is a-p-p-l-e."
 
@@ -199,10 +199,12 @@ def compare_steps(a: int, b: int, kind: str) -> str:
     copied (0 for a one-digit number) and compared (<, = or >), on a tie the ones the same way, then
     the relation of the two numbers in the question's order: "Tens 7 and 7: 7 = 7. Ones 8 and 3: 8 > 3,
     so 78 > 73. ". "Which is larger/smaller" then names the number's place before copying it: "The
-    larger is the first, 78. ". Each step reads only the last few tokens or copies a number in place.
-    A 3-layer model answering in one step stayed near chance; picking the answer's digits without
-    naming its place first mixed the digits of the two numbers ("71" for 72 or 39) on up to half of
-    those questions, and comparing the tens before writing both got a fifth of them wrong."""
+    larger is the first, 78. "; "Is 78 less than 73?" repeats the word asked about next to the
+    relation before answering: "Less? No. ". Each step reads only the last few tokens or copies a
+    number or word in place. A 3-layer model answering in one step stayed near chance; picking the
+    answer's digits without naming its place first mixed the digits of the two numbers ("71" for 72
+    or 39) on up to half of those questions; answering yes/no from the question's word far back left
+    some seeds at chance; comparing the tens before writing both got a fifth of them wrong."""
     sym = "<" if a < b else ">"
     (ta, oa), (tb, ob) = divmod(a, 10), divmod(b, 10)
     steps = f"Tens {ta} and {tb}: {ta} {'=' if ta == tb else sym} {tb}"
@@ -211,8 +213,9 @@ def compare_steps(a: int, b: int, kind: str) -> str:
     steps += f", so {a} {sym} {b}. "
     if kind in ("larger", "smaller"):
         first = (a > b) == (kind == "larger")
-        steps += f"The {kind} is the {'first' if first else 'second'}, {a if first else b}. "
-    return steps
+        return steps + f"The {kind} is the {'first' if first else 'second'}, {a if first else b}. "
+    holds = (a < b) == (kind == "less")
+    return steps + f"{kind.capitalize()}? {'Yes' if holds else 'No'}. "
 
 
 def comparison(rng: random.Random) -> TaskExample:

@@ -83,14 +83,14 @@ def test_comparison_replies_work_digit_by_digit():
         for _, x, y, x2, sym, y2 in compared:
             assert (x, y) == (x2, y2) and sym == ("<" if x < y else ">" if x > y else "=")
         ties += len(compared) == 2
-        m = re.search(r"so (\d+) ([<>]) (\d+)\. (?:The (larger|smaller) is the (first|second), (\d+)\. )?"
-                      r"The answer is (\w+)\.$", text)
+        m = re.search(r"so (\d+) ([<>]) (\d+)\. (?:The (larger|smaller) is the (first|second), (\d+)\. |"
+                      r"(Less|Greater)\? (Yes|No)\. )The answer is (\w+)\.$", text)
         assert m and (int(m[1]), m[2], int(m[3])) == (a, "<" if a < b else ">", b), text
-        assert m[7] == solve(ex.question)
+        assert m[9] == solve(ex.question)
         if which:  # the answer's place in the question is named before the answer is copied from it
-            assert m[4] in ex.question and m[6] == m[7] == str((a, b)[m[5] == "second"]), text
-        else:
-            assert m[4] is None
+            assert m[4] in ex.question and m[6] == m[9] == str((a, b)[m[5] == "second"]), text
+        else:  # the word asked about is repeated next to the relation, then answered
+            assert m[4] is None and m[7].lower() in ex.question and m[8].lower() == m[9], text
     assert len(examples) > 300 and ties > 10  # both branches are exercised
 
 
