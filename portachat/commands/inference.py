@@ -81,7 +81,9 @@ def load_options(args: argparse.Namespace):
         enable_prefix_caching=not args.no_prefix_caching,
         lora=getattr(args, "lora", None),
         quantize=getattr(args, "quantize", None),
+        chat_template=getattr(args, "chat_template", None),  # the file's text (read by the flag's type)
     )
+
 
 
 def sampling_params(args: argparse.Namespace, model_defaults: dict, fallback_temperature: float = 0.6):

@@ -27,6 +27,18 @@ _positive_float = _float_above(0.0, inclusive=False)
 _nonneg_float = _float_above(0.0, inclusive=True)
 
 
+def _template_file(path: str) -> str:
+    """`--chat-template FILE` -> the Jinja text (its syntax is checked when the model loads)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{path} is empty: give a Jinja chat template file")
+    return text
+
+
 def _origins(text: str) -> list[str]:
     return [o.strip() for o in text.split(",") if o.strip()]
 
@@ -99,6 +111,9 @@ def register(sub) -> None:
     flag(g, "--quantize", default=None, choices=["int8", "int4"],
          help="weight-only quantization: int8 per channel or int4 in groups of 32 (default: off); the device layer "
               "picks the kernels and refuses where none exists")
+    flag(g, "--chat-template", type=_template_file, default=None,
+         help="a Jinja chat template file replacing the model's own (e.g. one that renders `tools` for tool calling; "
+              "Hugging Face directories and GGUF files)")
     flag(g, "--served-model-name", default=None, help="the model name clients send and /v1/models lists "
                                                       "(default: from the path)")
     flag(g, "--device", default=None, help="cpu|cuda|rocm|dcu|npu|xpu|mps (default: auto-detect)")

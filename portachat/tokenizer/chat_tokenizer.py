@@ -95,7 +95,12 @@ class PortachatChatTokenizer:
             ]
         return self._bytes[token_id]
 
-    def render_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
+    def render_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        if tools:
+            raise ChatFormatError(
+                "this model's chat format has only the built-in calculator tool, no function tools; serve a model "
+                "whose chat template takes tools, or give one with `portachat serve --chat-template FILE`"
+            )
         return render_for_completion(self.tokenizer, messages)
 
 
@@ -245,8 +250,17 @@ class TemplateChatTokenizer:
             self._bytes = self._all_token_bytes()
         return self._bytes[token_id]
 
-    def render_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
-        return self.encode_rendered(*self.render_text(messages, add_generation_prompt=True))
+    def render_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        return self.encode_rendered(*self.render_text(messages, add_generation_prompt=True, tools=tools))
+
+    def with_chat_template(self, template: str) -> TemplateChatTokenizer:
+        """The same tokenizer rendering with another chat template (`serve --chat-template FILE`)."""
+        return TemplateChatTokenizer(self._hf_template, self.tokenizer_config, self._stop_ids, chat_template=template)
+
+    @property
+    def takes_tools(self) -> bool:
+        """Whether the chat template renders a `tools` list (Qwen2.5/Qwen3, Llama 3.x, Hermes-style)."""
+        return "tools" in self.chat_template
 
     # ---- saving next to a checkpoint (same interface as our Tokenizer) --------------------------
 
@@ -272,7 +286,8 @@ class TemplateChatTokenizer:
 
     # ---- rendering -------------------------------------------------------------------------
 
-    def render_text(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> tuple[str, str]:
+    def render_text(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    tools: list[dict[str, Any]] | None = None) -> tuple[str, str]:
         """The template's output for `messages`, with every control string inside message contents
         replaced by a placeholder; returns (text, nonce) for `encode_rendered`."""
         if not isinstance(messages, list) or not messages:
@@ -291,7 +306,8 @@ class TemplateChatTokenizer:
         specials = {k: v for k, v in self._special_strings.items() if v is not None}
         try:
             text = self._template.render(
-                messages=escaped, tools=None, documents=None, add_generation_prompt=add_generation_prompt, **specials
+                messages=escaped, tools=self._escape(tools, nonce) if tools else None, documents=None,
+                add_generation_prompt=add_generation_prompt, **specials,
             )
         except ChatFormatError:
             raise

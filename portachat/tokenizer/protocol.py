@@ -53,6 +53,7 @@ class ChatTokenizer(Protocol):
         back the bytes of a character split across tokens."""
         ...
 
-    def render_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
-        """A conversation as ids that end where the assistant's next reply begins."""
+    def render_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """A conversation as ids that end where the assistant's next reply begins; `tools` (OpenAI
+        function definitions) go to chat templates that take them."""
         ...

@@ -17,6 +17,14 @@ from portachat.serve.api.errors import APIError, error_body
 from portachat.serve.api.protocol import ChatCompletionRequest, CompletionRequest, check_supported, parse_body
 from portachat.serve.api.sse import SSE_DONE, GuardedStream, sse_event
 from portachat.serve.api.state import ServerState
+from portachat.serve.api.tool_calls import (
+    StreamingToolParser,
+    ToolRequest,
+    call_format,
+    parse_tool_calls,
+    template_messages,
+    tool_request,
+)
 from portachat.serve.async_engine import EngineShutdown, RequestStream
 from portachat.serve.engine.types import EngineError, RequestOutput, SamplingParams
 
@@ -28,7 +36,7 @@ class ClientGone(Exception):
 # ------------------------------------------------------------------------------------------ prompt
 
 
-def chat_prompt(state: ServerState, req: ChatCompletionRequest) -> list[int]:
+def chat_prompt(state: ServerState, req: ChatCompletionRequest, tools: ToolRequest | None = None) -> list[int]:
     settings = state.settings
     if not req.messages:
         raise APIError(400, "'messages' is empty: send at least one message, e.g. "
@@ -36,9 +44,9 @@ def chat_prompt(state: ServerState, req: ChatCompletionRequest) -> list[int]:
     if len(req.messages) > settings.max_messages:
         raise APIError(400, f"Too many messages: {len(req.messages)} (this server's limit is "
                             f"{settings.max_messages}, `portachat serve --max-messages`).", param="messages")
-    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
+    messages = template_messages(req.messages)
     try:
-        return state.model.tokenizer.render_prompt(messages)
+        return state.model.tokenizer.render_prompt(messages, tools=tools.tools if tools else None)
     except Exception as exc:  # noqa: BLE001 - a template's raise_exception or our format's checks
         raise APIError(400, f"The conversation cannot be rendered with this model's chat template: {exc}",
                        param="messages") from None
@@ -226,7 +234,9 @@ async def chat_completions(request: Request) -> Response:
     req = parse_body(await request.body(), ChatCompletionRequest)
     check_supported(req)
     state.check_model(req.model)
-    prompt_ids = await run_in_threadpool(chat_prompt, state, req)
+    tools = tool_request(req.tools, req.tool_choice, req.parallel_tool_calls)
+    prompt_ids = await run_in_threadpool(chat_prompt, state, req, tools)
+    call_fmt = call_format(getattr(state.model.tokenizer, "chat_template", None)) if tools and tools.parse_calls else None
     max_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     params = sampling_params(state, req, len(prompt_ids), "messages")
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -236,7 +246,8 @@ async def chat_completions(request: Request) -> Response:
         options = req.stream_options
         return GuardedStream(
             _chat_stream(state, handle, request_id, created, len(prompt_ids), req.logprobs,
-                         bool(options and options.include_usage), bool(options and options.continuous_usage_stats)),
+                         bool(options and options.include_usage), bool(options and options.continuous_usage_stats),
+                         call_fmt, tools.parallel if tools else True),
             on_close=handle.abort,
         )
     try:
@@ -245,11 +256,20 @@ async def chat_completions(request: Request) -> Response:
         handle.abort()
     if result.finish_reason == "error":
         raise _error_for(result.error)
+    message: dict[str, Any] = {"role": "assistant", "content": result.text}
+    finish_reason = result.finish_reason
+    if call_fmt is not None:
+        content, calls = parse_tool_calls(result.text, call_fmt)
+        if calls:
+            calls = calls if tools.parallel else calls[:1]
+            message = {"role": "assistant", "content": content or None,
+                       "tool_calls": [c.openai() for c in calls]}
+            finish_reason = "tool_calls"
     choice = {
         "index": 0,
-        "message": {"role": "assistant", "content": result.text},
+        "message": message,
         "logprobs": chat_logprobs(state, result.token_ids, result.logprobs) if req.logprobs else None,
-        "finish_reason": result.finish_reason,
+        "finish_reason": finish_reason,
     }
     return JSONResponse({
         "id": request_id, "object": "chat.completion", "created": created, "model": state.model_name,
@@ -258,7 +278,8 @@ async def chat_completions(request: Request) -> Response:
 
 
 async def _chat_stream(state: ServerState, handle: RequestStream, request_id: str, created: int, prompt_len: int,
-                       logprobs: bool, include_usage: bool, continuous_usage: bool) -> AsyncIterator[bytes]:
+                       logprobs: bool, include_usage: bool, continuous_usage: bool, call_fmt: str | None = None,
+                       parallel_calls: bool = True) -> AsyncIterator[bytes]:
     base = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": state.model_name}
     completion_tokens = 0
 
@@ -268,18 +289,41 @@ async def _chat_stream(state: ServerState, handle: RequestStream, request_id: st
             payload["usage"] = _usage(prompt_len, completion_tokens) if continuous_usage else None
         return sse_event(payload)
 
+    calls = StreamingToolParser(call_fmt) if call_fmt is not None else None
+    sent_calls = 0
+
+    def call_chunks(found: list) -> list[bytes]:
+        # OpenAI streams a call as its id and name first, then the arguments.
+        nonlocal sent_calls
+        out = []
+        for call in found:
+            if sent_calls and not parallel_calls:
+                break
+            head = {"index": sent_calls, "id": call.id, "type": "function",
+                    "function": {"name": call.name, "arguments": ""}}
+            out.append(chunk({"tool_calls": [head]}))
+            out.append(chunk({"tool_calls": [{"index": sent_calls, "function": {"arguments": call.arguments}}]}))
+            sent_calls += 1
+        return out
+
     yield chunk({"role": "assistant", "content": ""})
     async for output in handle:
         completion_tokens += len(output.token_ids)
-        if output.text or (logprobs and output.token_ids):  # held-back bytes: nothing to show yet
+        text, found = calls.feed(output.text) if calls is not None else (output.text, [])
+        if output.finished and calls is not None and output.finish_reason != "error":
+            rest, more = calls.finish()
+            text, found = text + rest, found + more
+        if text or (logprobs and output.token_ids):  # held-back bytes: nothing to show yet
             lp = chat_logprobs(state, output.token_ids, _logprobs_of(output)) if logprobs else None
-            yield chunk({"content": output.text}, lp=lp)
+            yield chunk({"content": text}, lp=lp)
+        for piece in call_chunks(found):
+            yield piece
         if output.finished:
             if output.finish_reason == "error":
                 yield sse_event(error_body(500, output.error or "the engine failed on this request", code="engine_error"))
                 yield SSE_DONE
                 return
-            yield chunk({}, output.finish_reason)
+            yield chunk({}, "tool_calls" if sent_calls else output.finish_reason)
     if include_usage:
         yield sse_event({**base, "choices": [], "usage": _usage(prompt_len, completion_tokens)})
     yield SSE_DONE

@@ -24,6 +24,7 @@ class LoadOptions:
     enable_prefix_caching: bool = True
     lora: str | None = None  # a PEFT LoRA adapter directory, folded into the weights at load time
     quantize: str | None = None  # "int8" / "int4" weight-only, as the device layer plans it; None = off
+    chat_template: str | None = None  # Jinja text replacing the model's own chat template
 
 
 def generation_defaults(generation: Any) -> dict[str, Any]:
@@ -61,6 +62,13 @@ def load_served_model(options: LoadOptions) -> ServedModel:
     device = get_device(kind=options.device, dtype=None, compile=options.compile)
     loaded = load_for_inference(options.model, device=device, dtype=options.dtype, lora=options.lora)
     description = loaded.description
+    tokenizer = loaded.tokenizer
+    if options.chat_template is not None:
+        if not hasattr(tokenizer, "with_chat_template"):
+            raise ValueError("--chat-template applies to models with a Jinja chat template (Hugging Face directories "
+                             "and GGUF files); our own checkpoints use portachat's chat format")
+        tokenizer = tokenizer.with_chat_template(options.chat_template)
+        description += "; chat template from --chat-template"
     if options.quantize:
         from portachat.quant import quantize_model
 
@@ -78,11 +86,11 @@ def load_served_model(options: LoadOptions) -> ServedModel:
     )
     if options.max_num_batched_tokens is not None:
         config.max_num_batched_tokens = options.max_num_batched_tokens
-    engine = LLMEngine(loaded.model, loaded.tokenizer, config, device=device)
+    engine = LLMEngine(loaded.model, tokenizer, config, device=device)
     description += f"; decode graphs {'on' if engine.uses_decode_graphs else 'off'} ({engine.graphs_reason})"
     served = ServedModel(
         engine=engine,
-        tokenizer=loaded.tokenizer,
+        tokenizer=tokenizer,
         max_model_len=engine.max_model_len,
         generation_defaults=generation_defaults(loaded.generation),
         description=description,

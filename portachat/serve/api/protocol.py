@@ -1,7 +1,7 @@
 """OpenAI request bodies (the fields we honour, with OpenAI's ranges) and the errors they give.
 
 Unknown fields are ignored, as OpenAI-compatible servers do, so clients that send extra options
-keep working; fields we cannot honour (n > 1, tools, images, ...) get a 400 naming the field.
+keep working; fields we cannot honour (n > 1, images, ...) get a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -31,9 +31,11 @@ class TextPart(BaseModel):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     # "developer" is OpenAI's newer name for "system".
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
     def text(self) -> str:
         if self.content is None:
@@ -75,6 +77,7 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[Any] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
 
 
@@ -136,8 +139,6 @@ def check_supported(request: ChatCompletionRequest | CompletionRequest) -> None:
     if request.stream_options is not None and not request.stream:
         raise APIError(400, "stream_options is only allowed when stream is true.", param="stream_options")
     if isinstance(request, ChatCompletionRequest):
-        if request.tools:
-            raise APIError(400, "Tool calling ('tools') is not supported by this server.", param="tools")
         if request.top_logprobs:
             raise APIError(400, "top_logprobs > 0 is not supported: set logprobs=true for the chosen "
                                 "tokens' log-probabilities.", param="top_logprobs")
