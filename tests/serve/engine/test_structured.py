@@ -53,6 +53,19 @@ def test_masks_unpack_to_the_allowed_tokens_and_touch_only_their_rows():
     assert finite == allowed and torch.equal(masked[1, allowed], logits[1, allowed])
 
 
+def test_masks_on_every_row_leave_the_raw_logits_alone():
+    vocab = 70
+    bitmask = torch.zeros(2, 3, dtype=torch.int32)
+    bitmask[0, 0] = 1 << 5  # row 0: token 5 only
+    bitmask[1, 2] = 1 << 1  # row 1: token 65 only
+    logits = torch.randn(2, vocab)
+    raw = logits.clone()
+    masked = TokenMasks([0, 1], bitmask).apply(logits)
+    assert torch.equal(logits, raw)  # the sampler still reads the raw logits for logprobs
+    assert [torch.isfinite(row).nonzero().flatten().tolist() for row in masked] == [[5], [65]]
+    assert masked[0, 5] == logits[0, 5] and masked[1, 65] == logits[1, 65]
+
+
 def test_our_tokenizer_bytes_build_the_library_tokenizer(ours):
     padded = ours.vocab_size + 13  # models pad their vocabulary past the tokenizer's
     constraints = Constraints(ours, padded)

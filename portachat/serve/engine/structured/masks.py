@@ -32,7 +32,9 @@ class TokenMasks:
         """Logits [S, V] with every disallowed token of a constrained row at -inf (a new tensor)."""
         if not self.rows:
             return logits
-        index = torch.tensor(self.rows, device=logits.device)
         allowed = unpack(self.bitmask[: len(self.rows)], logits.shape[-1]).to(logits.device, non_blocking=True)
+        if self.rows == list(range(logits.shape[0])):  # every row constrained: one pass, no gather/scatter
+            return logits.masked_fill(~allowed, float("-inf"))
+        index = torch.tensor(self.rows, device=logits.device)
         masked = logits.index_select(0, index).masked_fill_(~allowed, float("-inf"))
         return logits.index_copy(0, index, masked)
