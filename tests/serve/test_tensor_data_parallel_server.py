@@ -66,7 +66,7 @@ def test_two_split_replicas_serve_as_one_engine_and_fail_as_one(tmp_path):
         for chunks in streams:
             assert_failed_within(chunks, url, killed)
         assert proc.wait(30) != 0
-        assert "worker rank 2" in proc.stderr.read()
+        assert "worker rank 1 of replica 1" in proc.stderr.read()
         procs[1].wait(30)
     finally:
         for p in procs.values():

@@ -67,8 +67,10 @@ def _exit_text(code: int) -> str:
 
 
 class WorkerGroup:
-    def __init__(self, procs: list[subprocess.Popen], on_failure: Callable[[str], None] | None) -> None:
+    def __init__(self, procs: list[subprocess.Popen], on_failure: Callable[[str], None] | None,
+                 names: list[str] | None = None) -> None:  # fmt: skip
         self.procs = procs  # rank r is procs[r - 1]
+        self.names = names or [f"rank {r}" for r in range(1, len(procs) + 1)]  # for messages
         self.on_failure = on_failure
         self.failure: str | None = None
         self.closing = False
@@ -89,10 +91,10 @@ class WorkerGroup:
 
     def _monitor(self) -> None:
         while not self.closing:
-            for rank, proc in enumerate(self.procs, start=1):
+            for name, proc in zip(self.names, self.procs, strict=True):
                 code = proc.poll()
                 if code is not None and not self.closing:
-                    self._fail(f"tensor-parallel worker rank {rank} (pid {proc.pid}) {_exit_text(code)}; "
+                    self._fail(f"tensor-parallel worker {name} (pid {proc.pid}) {_exit_text(code)}; "
                                "the model cannot run without its shard")  # fmt: skip
                     return
             now = time.monotonic()
@@ -192,7 +194,9 @@ def start_workers(options, device: Device, on_failure: Callable[[str], None] | N
                  "PORTACHAT_TP_PARENT": str(os.getpid())}  # fmt: skip
         procs.append(subprocess.Popen([sys.executable, "-m", "portachat.serve.workers.worker", payload],
                                       env=env_r, stdin=subprocess.DEVNULL))  # fmt: skip
-    group = WorkerGroup(procs, on_failure)
+    places = [worker_place(rank, tp) for rank in range(1, world)]
+    names = [f"rank {r}" if dp == 1 else f"rank {r} of replica {i}" for i, r in places]
+    group = WorkerGroup(procs, on_failure, names)
     try:
         init_distributed(device, timeout_s, env=DistEnv(0, 0, world, devices), store=store, bind_device=dp == 1)  # fmt: skip
         group.groups = replica_groups(tp, dp)
