@@ -288,7 +288,7 @@ def register(sub) -> None:
     add_tensor_parallel_flag(g)
     g.add_argument("--data-parallel-size", "--data_parallel_size", "-dp", type=positive_int, default=1,
          help=_("engine replicas, one per device (the i-th visible GPU/NPU/DCU/XPU; on a CPU they share it), "
-              "each request going to the least busy one (default 1)"))
+              "each request going to the least busy one; with -tp N, each replica takes N devices (default 1)"))
     add_engine_flags(g, 32, _("requests queued beyond the running batch; more get 429 (default 256)"))
     add_speculative_flags(p)
     g = p.add_argument_group(_("HTTP"))

@@ -59,11 +59,20 @@ def dist_env() -> DistEnv:
     return DistEnv(rank=rank, local_rank=local_rank, world_size=world, local_world_size=local_world)
 
 
-def init_distributed(dev: Device, timeout_s: float = 600, env: DistEnv | None = None, store=None) -> DistEnv:
+def shard_device_index(replica: int, rank: int, tensor_parallel_size: int) -> int:
+    """The device index of tensor-parallel `rank` in data-parallel `replica`: replica i holds devices
+    i*N .. i*N+N-1, so D replicas of N ranks use D*N devices, each once."""
+    return replica * tensor_parallel_size + rank
+
+
+def init_distributed(dev: Device, timeout_s: float = 600, env: DistEnv | None = None, store=None,
+                     bind_device: bool = True) -> DistEnv:  # fmt: skip
     """Join the process group when WORLD_SIZE > 1 (idempotent); a no-op for a single process.
 
     `env` and `store` replace torchrun's environment for a process that starts its own group (the
-    tensor-parallel server is rank 0 and hosts the rendezvous store its workers connect to)."""
+    tensor-parallel server is rank 0 and hosts the rendezvous store its workers connect to).
+    `bind_device=False` for a process that drives several devices (rank 0 of several tensor-parallel
+    replicas): its groups must not all be bound to its first device."""
     env = env or dist_env()
     if not env.is_distributed:
         return env
@@ -84,7 +93,7 @@ def init_distributed(dev: Device, timeout_s: float = 600, env: DistEnv | None = 
             raise DeviceError(f"WORLD_SIZE={env.world_size} but {var} is not set; launch with torchrun.")
     if dev.type != "cpu":
         device_module(dev.type).set_device(dev.index)
-        if dev.dist_backend in DEVICE_ID_BACKENDS:
+        if bind_device and dev.dist_backend in DEVICE_ID_BACKENDS:
             kwargs["device_id"] = dev.torch_device
     try:
         dist.init_process_group(**kwargs)

@@ -123,7 +123,7 @@ def shard_model(model: GPT, rank: int, world_size: int, group=None) -> ShardPlan
 
     Afterwards `model.config` describes the shard (its heads and MLP width: the engine sizes this
     rank's KV cache from it) and `model.tensor_parallel` holds the plan; the forward needs the
-    process group (`group`, default: the default group) to be up.
+    process group (`group`, default: the default group; kept as `model.tensor_parallel_group`) to be up.
     """
     if getattr(model, "tensor_parallel", None) is not None:
         raise ValueError("the model is already sharded")
@@ -151,4 +151,5 @@ def shard_model(model: GPT, rank: int, world_size: int, group=None) -> ShardPlan
     )
     model.full_config = cfg
     model.tensor_parallel = plan
+    model.tensor_parallel_group = group
     return plan

@@ -100,6 +100,7 @@ def load_served_model(options: LoadOptions, embedding_models: bool = False,
 
     With --data-parallel-size D the model loads once per replica, replica i on the i-th device.
     With --tensor-parallel-size N > 1 this process becomes rank 0 of N and starts the other ranks;
+    with both, it is rank 0 of each replica's group of N (D*N devices, replica i on devices i*N..);
     `on_worker_failure` hears of a worker that died (default: exit the process with status 1). An
     embedding model loads (without an engine) only with `embedding_models`: commands that generate
     text refuse it."""
@@ -111,9 +112,6 @@ def load_served_model(options: LoadOptions, embedding_models: bool = False,
             raise ValueError(f"{options.model} is an embedding model: it makes vectors, not text. Serve it with "
                              f"`portachat serve --model {options.model}` (POST /v1/embeddings).")
         return load_embedding_served(options, get_device(kind=options.device, dtype=None, compile=options.compile))
-    if options.tensor_parallel_size > 1 and options.data_parallel_size > 1:
-        raise ValueError("--tensor-parallel-size and --data-parallel-size together are not supported yet: use one "
-                         "of them (or run one `portachat serve -tp N` per group of N devices behind a balancer)")
     device = get_device(kind=options.device, dtype=None, compile=options.compile)
     _check_fits(options, device)
     workers = None
@@ -129,8 +127,9 @@ def load_served_model(options: LoadOptions, embedding_models: bool = False,
         options = replace(options, dtype=str(dtype).removeprefix("torch."), compile=False, enforce_eager=True)
         workers = start_workers(options, device, on_worker_failure)
     try:
-        replicas = [_load_engine(options, replica=i if options.data_parallel_size > 1 else None)
-                    for i in range(options.data_parallel_size)]
+        replicas = [_load_engine(options, replica=i if options.data_parallel_size > 1 else None,
+                                 group=workers.groups[i] if workers is not None and workers.groups else None)
+                    for i in range(options.data_parallel_size)]  # fmt: skip
     except BaseException:
         if workers is not None:
             workers.close()
@@ -157,10 +156,10 @@ def load_served_model(options: LoadOptions, embedding_models: bool = False,
         embedder=embedder,
     )
     if workers is not None:
-        runner = engine.runner
-        workers.watch(runner)
+        runners = [e.runner for e, *_ in replicas]
+        workers.watch(*runners)
         served.failure = workers.status
-        served.close = lambda: workers.close(runner)
+        served.close = lambda: workers.close(*runners)
         served.worker_pids = workers.pids
     return served
 
@@ -210,16 +209,20 @@ def _check_fits(options: LoadOptions, device) -> None:
     check_fits(shape, options.tensor_parallel_size, name, context, device.memory().total, str(path))
 
 
-def _load_engine(options: LoadOptions, replica: int | None):
+def _load_engine(options: LoadOptions, replica: int | None, group=None):
+    """Replica `replica`'s engine (None: the only one); with -tp, its shard 0 over the replica's `group`."""
     from portachat.device import get_device
+    from portachat.device.dist import shard_device_index
     from portachat.model.load import load_for_inference
     from portachat.serve.engine import EngineConfig, EngineError, LLMEngine
 
-    device = get_device(kind=options.device, dtype=None, compile=options.compile, replica=replica)
-    if options.tensor_parallel_size > 1:
+    tp = options.tensor_parallel_size
+    index = None if replica is None else shard_device_index(replica, 0, tp)
+    device = get_device(kind=options.device, dtype=None, compile=options.compile, replica=index)
+    if tp > 1:
         from portachat.serve.workers.load import load_shard
 
-        loaded = load_shard(options, device, 0, options.tensor_parallel_size)
+        loaded = load_shard(options, device, 0, tp, group)
     else:
         loaded = load_for_inference(options.model, device=device, dtype=options.dtype, lora=options.lora)
     description = loaded.description

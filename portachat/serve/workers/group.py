@@ -6,6 +6,10 @@ device index = rank through the device layer (LOCAL_RANK), so the vendors' visib
 apply as the device layer reads them. A thread polls the workers: one that exits while
 the group is up is a failure (reported within a poll interval, the others are stopped). Workers watch
 their parent in turn and leave when it is gone, so none outlives the server.
+
+With --data-parallel-size D as well, one world holds rank 0 and the D*(N-1) workers, and replica i
+runs over its own sub-group [0, its N-1 workers]: rank 0 holds every replica's shard 0 (on device
+i*N, as the device layer places it) and drives each replica from that replica's engine thread.
 """
 
 from __future__ import annotations
@@ -23,13 +27,30 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from portachat.device import Device
-from portachat.device.dist import DistEnv, destroy_distributed, init_distributed
+from portachat.device.dist import DistEnv, destroy_distributed, init_distributed, shard_device_index
 
 POLL_S = 0.2
 STOP_TIMEOUT_S = 10.0
 # A step that has not finished after this long means a worker (or its device) hangs: a dead worker
 # breaks the collectives at once, a hung one would hold them until the process group's timeout.
 STEP_TIMEOUT_S = float(os.environ.get("PORTACHAT_TP_STEP_TIMEOUT_S", "60"))
+
+
+def worker_place(global_rank: int, tensor_parallel_size: int) -> tuple[int, int]:
+    """(replica, tensor-parallel rank) of worker `global_rank` (>= 1) in the world rank 0 starts."""
+    replica, offset = divmod(global_rank - 1, tensor_parallel_size - 1)
+    return replica, offset + 1
+
+
+def replica_groups(tensor_parallel_size: int, data_parallel_size: int) -> list | None:
+    """Each replica's process group (rank 0 and the replica's workers); None for a single replica,
+    which uses the default group. Every rank of the world must call this, in the same order."""
+    import torch.distributed as dist
+
+    if data_parallel_size == 1:
+        return None
+    per = tensor_parallel_size - 1
+    return [dist.new_group([0, *range(1 + i * per, 1 + (i + 1) * per)]) for i in range(data_parallel_size)]
 
 
 class WorkerFailure(RuntimeError):
@@ -46,12 +67,15 @@ def _exit_text(code: int) -> str:
 
 
 class WorkerGroup:
-    def __init__(self, procs: list[subprocess.Popen], on_failure: Callable[[str], None] | None) -> None:
+    def __init__(self, procs: list[subprocess.Popen], on_failure: Callable[[str], None] | None,
+                 names: list[str] | None = None) -> None:  # fmt: skip
         self.procs = procs  # rank r is procs[r - 1]
+        self.names = names or [f"rank {r}" for r in range(1, len(procs) + 1)]  # for messages
         self.on_failure = on_failure
         self.failure: str | None = None
         self.closing = False
-        self.runner = None
+        self.runners: list = []
+        self.groups: list | None = None  # each replica's process group (None: one replica, the default group)
         self._lock = threading.Lock()
         self._watch = threading.Thread(target=self._monitor, name="portachat-tp-monitor", daemon=True)
         self._watch.start()
@@ -61,20 +85,21 @@ class WorkerGroup:
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
 
-    def watch(self, runner) -> None:
-        """Also fail when one of `runner`'s steps (rank 0's TensorParallelRunner) outlasts STEP_TIMEOUT_S."""
-        self.runner = runner
+    def watch(self, *runners) -> None:
+        """Also fail when a step of one of `runners` (rank 0's TensorParallelRunners) outlasts STEP_TIMEOUT_S."""
+        self.runners = list(runners)
 
     def _monitor(self) -> None:
         while not self.closing:
-            for rank, proc in enumerate(self.procs, start=1):
+            for name, proc in zip(self.names, self.procs, strict=True):
                 code = proc.poll()
                 if code is not None and not self.closing:
-                    self._fail(f"tensor-parallel worker rank {rank} (pid {proc.pid}) {_exit_text(code)}; "
+                    self._fail(f"tensor-parallel worker {name} (pid {proc.pid}) {_exit_text(code)}; "
                                "the model cannot run without its shard")  # fmt: skip
                     return
-            started = getattr(self.runner, "step_started", None)
-            if started is not None and time.monotonic() - started > STEP_TIMEOUT_S and not self.closing:
+            now = time.monotonic()
+            started = [r.step_started for r in self.runners if r.step_started is not None]
+            if any(now - t > STEP_TIMEOUT_S for t in started) and not self.closing:
                 self._fail(f"a tensor-parallel step has not finished in {STEP_TIMEOUT_S:g} s: a worker or its "
                            "device hangs; the workers were stopped")  # fmt: skip
                 return
@@ -110,19 +135,21 @@ class WorkerGroup:
                 proc.kill()
                 proc.wait()
 
-    def close(self, runner=None) -> None:
-        """Stop the workers: through the step protocol when they are healthy (`runner`: rank 0's
-        TensorParallelRunner, idle), else by signal; then leave the process group."""
+    def close(self, *runners) -> None:
+        """Stop the workers: through the step protocol when they are healthy (`runners`: rank 0's
+        TensorParallelRunners, idle, one per replica), else by signal; then leave the process group."""
         self.closing = True
         healthy = self.failure is None and all(p.poll() is None for p in self.procs)
         if healthy:
             try:
-                if runner is not None:
-                    runner.stop_workers()
-                else:
-                    from portachat.serve.workers.tp_runner import _send
+                from portachat.serve.workers.tp_runner import _send
 
-                    _send(("stop",))
+                stopped = {id(r.group) for r in runners}
+                for runner in runners:
+                    runner.stop_workers()
+                for group in self.groups or [None]:  # replicas whose engine was never built
+                    if id(group) not in stopped:
+                        _send(("stop",), group)
                 for proc in self.procs:
                     proc.wait(STOP_TIMEOUT_S)
             except Exception:  # noqa: BLE001 - a worker that will not stop politely is stopped by signal
@@ -140,17 +167,20 @@ def start_workers(options, device: Device, on_failure: Callable[[str], None] | N
     import torch
     import torch.distributed as dist
 
-    world = options.tensor_parallel_size
-    if device.is_accelerator and device.count < world:
-        raise WorkerFailure(f"--tensor-parallel-size {world} needs {world} {device.kind} devices, but "
-                            f"{device.count} are visible; lower -tp or make more devices visible")  # fmt: skip
+    tp, dp = options.tensor_parallel_size, options.data_parallel_size
+    devices = tp * dp
+    if device.is_accelerator and device.count < devices:
+        sizes = f"--tensor-parallel-size {tp}" + (f" with --data-parallel-size {dp}" if dp > 1 else "")
+        raise WorkerFailure(f"{sizes} needs {devices} {device.kind} devices, but "
+                            f"{device.count} are visible; lower -tp or -dp, or make more devices visible")  # fmt: skip
     if not device.supports_distributed:
         raise WorkerFailure(f"{device.kind} has no collective backend: tensor parallelism needs one "
                             f"({device.dist_reason})")  # fmt: skip
+    world = 1 + dp * (tp - 1)  # rank 0 holds shard 0 of every replica
     store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=timeout_s))
-    # Ranks share the host's cores: without a user setting, each process takes its part of them.
-    threads = max(1, (os.cpu_count() or 1) // world)
+    # Ranks share the host's cores: without a user setting, each shard takes its part of them.
+    threads = max(1, (os.cpu_count() or 1) // devices)
     env = {**os.environ}
     env.setdefault("OMP_NUM_THREADS", str(threads))
     if "OMP_NUM_THREADS" not in os.environ:
@@ -158,14 +188,18 @@ def start_workers(options, device: Device, on_failure: Callable[[str], None] | N
     payload = json.dumps(dataclasses.asdict(options))
     procs = []
     for rank in range(1, world):
-        env_r = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
-                 "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port),
+        local_rank = shard_device_index(*worker_place(rank, tp), tp)
+        env_r = {**env, "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world),
+                 "LOCAL_WORLD_SIZE": str(devices), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port),
                  "PORTACHAT_TP_PARENT": str(os.getpid())}  # fmt: skip
         procs.append(subprocess.Popen([sys.executable, "-m", "portachat.serve.workers.worker", payload],
                                       env=env_r, stdin=subprocess.DEVNULL))  # fmt: skip
-    group = WorkerGroup(procs, on_failure)
+    places = [worker_place(rank, tp) for rank in range(1, world)]
+    names = [f"rank {r}" if dp == 1 else f"rank {r} of replica {i}" for i, r in places]
+    group = WorkerGroup(procs, on_failure, names)
     try:
-        init_distributed(device, timeout_s, env=DistEnv(0, 0, world, world), store=store)
+        init_distributed(device, timeout_s, env=DistEnv(0, 0, world, devices), store=store, bind_device=dp == 1)  # fmt: skip
+        group.groups = replica_groups(tp, dp)
     except BaseException:
         group.kill()
         raise

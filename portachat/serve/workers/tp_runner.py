@@ -17,17 +17,19 @@ from portachat.serve.engine.runner import ModelRunner
 from portachat.serve.engine.step_inputs import StepPlan
 
 
-def _send(message: tuple) -> None:
+def _send(message: tuple, group=None, device: torch.device | None = None) -> None:
+    """Broadcast from rank 0 over `group` (a replica's group; None: the default group). `device`: where
+    the serialized message travels for a device backend; rank 0 of several replicas holds several devices."""
     import torch.distributed as dist
 
-    dist.broadcast_object_list([message], src=0)
+    dist.broadcast_object_list([message], src=0, group=group, device=device)
 
 
-def _receive() -> tuple:
+def _receive(group=None, device: torch.device | None = None) -> tuple:
     import torch.distributed as dist
 
     box: list = [None]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=group, device=device)
     return box[0]
 
 
@@ -42,8 +44,14 @@ class TensorParallelRunner(ModelRunner):
         super().__init__(model, num_blocks, block_size, max_model_len, device, dtype, kv_dtype)
         self.stopped = False
         self.step_started: float | None = None
-        _send(("init", num_blocks, block_size, max_model_len, str(dtype).removeprefix("torch."),
-               str(self.kv_dtype).removeprefix("torch.")))
+        self.group = getattr(model, "tensor_parallel_group", None)
+        # One replica keeps torch's default (this process's current device); several pass their own.
+        self.wire = device if self.group is not None else None
+        self._send(("init", num_blocks, block_size, max_model_len, str(dtype).removeprefix("torch."),
+                    str(self.kv_dtype).removeprefix("torch.")))  # fmt: skip
+
+    def _send(self, message: tuple) -> None:
+        _send(message, self.group, self.wire)
 
     def prepare(self, batch) -> StepPlan:
         return self.plan(batch)
@@ -54,7 +62,7 @@ class TensorParallelRunner(ModelRunner):
             raise RuntimeError("the tensor-parallel workers have been stopped")
         self.step_started = time.monotonic()  # the group's monitor notices a step that never ends
         try:
-            _send(("step", inp))
+            self._send(("step", inp))
             return self._forward(self.to_device(inp))
         finally:
             self.step_started = None
@@ -69,13 +77,15 @@ class TensorParallelRunner(ModelRunner):
         """Tell every worker to leave its loop (once; the engine must be idle)."""
         if not self.stopped:
             self.stopped = True
-            _send(("stop",))
+            self._send(("stop",))
 
 
 def serve_steps(model: GPT, device: torch.device) -> int:
     """A worker's loop: build its runner on rank 0's geometry, run every step it is sent, return the
     number of steps run when told to stop."""
-    message = _receive()
+    group = getattr(model, "tensor_parallel_group", None)
+    wire = device if group is not None else None
+    message = _receive(group, wire)
     if message[0] == "stop":  # rank 0 gave up before its engine was built
         return 0
     _, num_blocks, block_size, max_model_len, dtype_name, kv_dtype_name = message
@@ -85,7 +95,7 @@ def serve_steps(model: GPT, device: torch.device) -> int:
     runner = ModelRunner(model, num_blocks, block_size, max_model_len, device, dtype, getattr(torch, kv_dtype_name))
     steps = 0
     while True:
-        message = _receive()
+        message = _receive(group, wire)
         if message[0] == "stop":
             return steps
         with torch.inference_mode():

@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     from portachat.device import get_device
     from portachat.device.dist import destroy_distributed, dist_env, init_distributed
     from portachat.serve.api.loading import LoadOptions
+    from portachat.serve.workers.group import replica_groups, worker_place
     from portachat.serve.workers.load import load_shard
     from portachat.serve.workers.tp_runner import serve_steps
 
@@ -46,8 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     env = dist_env()
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), env.world_size,
                           is_master=False, timeout=timedelta(seconds=STORE_TIMEOUT_S))  # fmt: skip
-    init_distributed(device, env=env, store=store)
-    loaded = load_shard(options, device, env.rank, env.world_size)
+    tp, dp = options.tensor_parallel_size, options.data_parallel_size
+    init_distributed(device, env=env, store=store, bind_device=dp == 1)
+    replica, rank = worker_place(env.rank, tp)
+    groups = replica_groups(tp, dp)
+    loaded = load_shard(options, device, rank, tp, None if groups is None else groups[replica])
     serve_steps(loaded.model, device.torch_device)
     destroy_distributed()
     return 0
