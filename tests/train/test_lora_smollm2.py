@@ -62,7 +62,9 @@ def test_smollm2_lora_sft(trained):
         theirs = peft_model(ids).logits
         mine = ours.model(ids)
         # Folding the adapter into the weights and peft's separate B@A product round differently in fp32;
-        # over 30 layers a few of 1.9M logits (|x| ~ 10) land just past 1e-4, hence the small relative term.
-        torch.testing.assert_close(mine, theirs, atol=1e-4, rtol=2e-5)
+        # over 30 layers a few of 1.9M logits (|x| ~ 10) land just past 1e-4 (1.06e-4 seen on an AVX2-only
+        # CPU, whose fp32 kernels sum in another order), hence 2e-4 with a small relative term: still 10x
+        # below the adapter's own effect (> 1e-3, checked below).
+        torch.testing.assert_close(mine, theirs, atol=2e-4, rtol=2e-5)
         torch.testing.assert_close(merged.model(ids), mine, atol=1e-4, rtol=0)
         assert (mine - load_for_inference(gguf, device="cpu", dtype=torch.float32).model(ids)).abs().max() > 1e-3
