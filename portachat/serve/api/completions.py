@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -371,6 +371,26 @@ async def merged(streams: list[AsyncIterator[Any]]) -> AsyncIterator[Any]:
             task.cancel()
 
 
+def _engine_error_event(output: RequestOutput) -> bytes:
+    """The SSE error event of a request the engine failed (OpenAI's error shape, 500)."""
+    message = output.error or "the engine failed on this request"
+    return sse_event(error_body(500, message, code="engine_error"))
+
+
+async def _stream_choices(choices: list[AsyncIterator[tuple[bytes, bool]]],
+                          final_usage: Callable[[], dict] | None) -> AsyncIterator[bytes]:
+    """The choices' events interleaved; an error event ends the stream; then the usage chunk (when
+    asked for) and [DONE]."""
+    async for event, is_error in (choices[0] if len(choices) == 1 else merged(choices)):
+        yield event
+        if is_error:
+            yield SSE_DONE
+            return
+    if final_usage is not None:
+        yield sse_event(final_usage())
+    yield SSE_DONE
+
+
 async def with_lease(request: Request, req: Any, respond) -> Response:
     """Run `respond(request, state, req)` holding a lease on the model the request names; a streamed
     response releases it when the stream closes, anything else when `respond` returns or raises."""
@@ -495,20 +515,16 @@ async def _chat_stream(state: ModelLease, handles: list[RequestStream], request_
                 yield piece, False
             if output.finished:
                 if output.finish_reason == "error":
-                    message = output.error or "the engine failed on this request"
-                    yield sse_event(error_body(500, message, code="engine_error")), True
+                    yield _engine_error_event(output), True
                     return
                 yield chunk(index, {}, "tool_calls" if sent_calls else output.finish_reason), False
 
-    streams = [choice(i, h) for i, h in enumerate(handles)]
-    async for event, is_error in (streams[0] if len(streams) == 1 else merged(streams)):
+    def final_usage() -> dict:  # read after every choice has finished
+        return {**base, "choices": [], "usage": _usage(prompt_len, completion_tokens)}
+
+    async for event in _stream_choices([choice(i, h) for i, h in enumerate(handles)],
+                                       final_usage if include_usage else None):
         yield event
-        if is_error:
-            yield SSE_DONE
-            return
-    if include_usage:
-        yield sse_event({**base, "choices": [], "usage": _usage(prompt_len, completion_tokens)})
-    yield SSE_DONE
 
 
 async def completions(request: Request) -> Response:
@@ -582,17 +598,13 @@ async def _completion_stream(state: ModelLease, handles: list[RequestStream], re
                 yield chunk(index, output.text, lp=lp), False
             if output.finished:
                 if output.finish_reason == "error":
-                    message = output.error or "the engine failed on this request"
-                    yield sse_event(error_body(500, message, code="engine_error")), True
+                    yield _engine_error_event(output), True
                     return
                 yield chunk(index, "", output.finish_reason), False
 
-    streams = [choice(i, h) for i, h in enumerate(handles)]
-    async for event, is_error in (streams[0] if len(streams) == 1 else merged(streams)):
+    def final_usage() -> dict:  # read after every choice has finished
+        return {**base, "choices": [], "usage": _usage(prompt_len, completion_tokens)}
+
+    async for event in _stream_choices([choice(i, h) for i, h in enumerate(handles)],
+                                       final_usage if include_usage else None):
         yield event
-        if is_error:
-            yield SSE_DONE
-            return
-    if include_usage:
-        yield sse_event({**base, "choices": [], "usage": _usage(prompt_len, completion_tokens)})
-    yield SSE_DONE
