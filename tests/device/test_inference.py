@@ -11,7 +11,7 @@ from device_sim import ascend, h100, hip, mps, v100
 
 from portachat.device import Device, MemoryStats, get_device
 from portachat.device import inference as inf
-from portachat.device.cpu_linear import pack_linear, packing_available
+from portachat.device.cpu_linear import pack_linear, packed_weight_bytes, packing_available
 from portachat.device.paged_attention import decode_attention, prefill_attention
 
 
@@ -118,6 +118,31 @@ def test_packed_linear_equals_linear(dtype):
         x = torch.randn(rows, 40, generator=g).to(dtype)
         assert torch.allclose(f(x).float(), torch.nn.functional.linear(x, w, b).float(), atol=1e-4, rtol=1e-3)
     assert pack_linear(w.to(torch.float16)) is None  # no packed fp16 kernel: callers use the module
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_linear_folds_the_norm_weight_and_keeps_no_folded_copy(dtype):
+    if not packing_available("cpu", dtype):
+        pytest.skip(f"no packed CPU kernel for {dtype} in this torch build")
+    g = torch.Generator().manual_seed(0)
+    w, scale = torch.randn(96, 40, generator=g).to(dtype), (torch.rand(40, generator=g) + 0.5).to(dtype)
+    f = pack_linear(w, in_scale=scale)
+    for rows in (1, 3):  # the packed product, and the unpacked fallback for other row counts
+        x = torch.randn(rows, 40, generator=g).to(dtype)
+        want = torch.nn.functional.linear(x.float() * scale.float(), w.float())
+        assert torch.allclose(f(x).float(), want, atol=3e-2 if dtype == torch.bfloat16 else 1e-4, rtol=1e-2)
+    held = [c.cell_contents for c in f.__closure__ if isinstance(c.cell_contents, torch.Tensor)]
+    dense = [t for t in held if not t.is_mkldnn and t.numel() == w.numel() and t.stride() != (0, 0)]
+    # only the caller's own weight, never a folded copy
+    assert all(t.data_ptr() == w.data_ptr() for t in dense)
+
+
+def test_packed_weight_bytes_follow_the_packing_decision():
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        held = packed_weight_bytes("cpu", dtype, 1000)
+        assert (held > 0) == packing_available("cpu", dtype)
+        assert held == 0 or held >= 1000
+    assert packed_weight_bytes("cuda", torch.float32, 1000) == 0  # accelerators pack nothing
 
 
 def test_paged_attention_equals_dense_sdpa():

@@ -44,10 +44,10 @@ def test_what_fits_and_the_smallest_size_that_does():
     assert not est["fits"] and est["smallest_tp_that_fits"] == 2
     assert est["kv_tokens_that_fit"] == 0  # not even the weights fit
     roomy = estimate_serving(shape, 1, "bf16", 4, 1024, device_bytes=10 * budget, utilization=1.0)
-    kv_room = 10 * budget - one["weights_bytes_per_device"]
+    kv_room = 10 * budget - one["weights_bytes_per_device"] - one["activations_bytes_per_device"]
     assert roomy["kv_tokens_that_fit"] == kv_room // one["kv_bytes_per_token_per_device"]
     assert roomy["sequences_that_fit"] == roomy["kv_tokens_that_fit"] // 1024
-    assert smallest_tp(shape, "bf16", 4 * 1024, budget=1) is None
+    assert smallest_tp(shape, "bf16", 4, 1024, budget=1) is None
     two = estimate_serving(shape, 2, "bf16", 4, 1024, device_bytes=budget, utilization=1.0)
     assert two["fits"] and two["weights_bytes_per_device"] < one["weights_bytes_per_device"]
 

@@ -4,12 +4,12 @@ At batch 1 a decode step reads every weight once (a few milliseconds of memory t
 135M model) and then spends as long again dispatching the ~60 small operations per layer that
 surround the products. This path removes most of them without changing the mathematics:
 
-- RMSNorm's weight is folded into the packed product that follows it (W diag(w)), and its
-  per-row scale 1/rms(x) is applied to the product's output: W(s x) = s (W x). The norm becomes
-  one reduction, and the scaled output is fp32, so rotary, attention and the MLP's gate run in
-  fp32 with no casts in between (and no extra rounding over transformers' bf16 path).
-- q, k and v come out of one product; rotary turns q and k together (rotate_half as a roll with
-  a sign folded into the sine table).
+- q, k and v come out of one product, gate and up out of another. The fused weight is the only
+  copy: the modules' own weights become views of it, so fusing costs no memory (the packed
+  kernels' blocked layout is the one extra copy of each weight, see device.cpu_linear).
+- RMSNorm is one reduction: its per-row scale and weight multiply the product's input in fp32,
+  so rotary, attention and the MLP's gate run in fp32 with no casts in between.
+- Rotary turns q and k together (rotate_half as a roll with a sign folded into the sine table).
 - Keys and values live in the cache in the dtype attention computes in (the device layer's
   choice), so reading them costs no conversion.
 
@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from portachat.device import paged_attention as pa
-from portachat.device.cpu_linear import pack_linear
+from portachat.device.cpu_linear import pack_linear, packing_available
 from portachat.model.gpt import GPT
 from portachat.model.lora_batch import AdapterSet
 
@@ -34,7 +34,7 @@ Linear = Callable[[torch.Tensor], torch.Tensor]
 
 @dataclass
 class PackedLayer:
-    qkv: Linear  # input norm's weight folded in
+    qkv: Linear  # input norm's weight folded in (pack_linear's in_scale)
     qkv_bias: torch.Tensor | None  # fp32, added after the norm scale
     o: Linear
     gate_up: Linear  # post-attention norm's weight folded in
@@ -45,9 +45,21 @@ class PackedLayer:
     k_norm: torch.nn.Module | None
 
 
-def _fold(norm_weight: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """W diag(w), multiplied in fp32 and rounded once to the weight's dtype."""
-    return (weight.float() * norm_weight.float()[None, :]).to(weight.dtype)
+def _fuse(linears: list[torch.nn.Linear]) -> torch.Tensor:
+    """One weight for several products, rows stacked; the modules' weights become views of it, so the
+    fused weight is not a second copy (the module path, embeddings and LoRA read the same memory).
+    Each module's old weight is released as soon as it is copied, which keeps the transient small."""
+    first = linears[0].weight
+    fused = torch.empty(
+        sum(m.weight.size(0) for m in linears), first.size(1), dtype=first.dtype, device=first.device
+    )
+    start = 0
+    for m in linears:
+        rows = m.weight.size(0)
+        fused[start : start + rows].copy_(m.weight.detach())
+        m.weight = torch.nn.Parameter(fused[start : start + rows], requires_grad=False)
+        start += rows
+    return fused
 
 
 def _is_identity(module: torch.nn.Module) -> bool:
@@ -71,19 +83,19 @@ class PackedModel:
         if not all(isinstance(m, torch.nn.Linear) for m in linears):
             return None  # quantized layers (portachat.quant) run their own weight-only kernels
         device = model.lm_head.weight.device
+        if not packing_available(device.type, model.lm_head.weight.dtype):
+            return None  # before fusing anything: the modules stay as they are
         layers = []
         for block in model.model.layers:
             attn, mlp = block.self_attn, block.mlp
             w_in, w_post = block.input_layernorm.weight, block.post_attention_layernorm.weight
-            qkv_w = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
             qkv_b = None
             if attn.q_proj.bias is not None:
                 qkv_b = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]).float()
-            gate_up_w = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
             parts = (
-                pack_linear(_fold(w_in, qkv_w)),
+                pack_linear(_fuse([attn.q_proj, attn.k_proj, attn.v_proj]), in_scale=w_in),
                 pack_linear(attn.o_proj.weight, attn.o_proj.bias),
-                pack_linear(_fold(w_post, gate_up_w)),
+                pack_linear(_fuse([mlp.gate_proj, mlp.up_proj]), in_scale=w_post),
                 pack_linear(mlp.down_proj.weight, mlp.down_proj.bias),
             )
             if any(p is None for p in parts):
@@ -94,7 +106,9 @@ class PackedModel:
             layers.append(PackedLayer(qkv, qkv_b, o, gate_up, down, _eps(block.input_layernorm, device),
                                       _eps(block.post_attention_layernorm, device), q_norm, k_norm))  # fmt: skip
         final = model.model.norm
-        head = pack_linear(_fold(final.weight, model.lm_head.weight), model.lm_head.bias)
+        # Unfolded: a folded head would need a transient copy of the largest matrix while packing (the
+        # final norm's weight is applied to the logits rows' input instead, once per step).
+        head = pack_linear(model.lm_head.weight)
         if head is None:
             return None
         return cls(model, layers, head, _eps(final, device))
@@ -150,7 +164,7 @@ class PackedModel:
                 lora.add_to(down, act, i, "down", groups)
             x = x + down
         x = x.index_select(0, inp.logits_rows)
-        return self.head(x) * rms_scale(x, self.eps_final, inv_c)
+        return self.head(x * model.model.norm.weight) * rms_scale(x, self.eps_final, inv_c)
 
 
 def rms_scale(x: torch.Tensor, eps: torch.Tensor, inv_c: float) -> torch.Tensor:

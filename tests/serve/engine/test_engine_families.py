@@ -46,6 +46,25 @@ def test_engine_equals_plain_forward(chat_tokenizer, family, frozen):
         assert torch.allclose(torch.tensor(c.logprobs), torch.tensor(expected), atol=1e-4)
 
 
+def test_packing_fuses_weights_without_a_second_copy(chat_tokenizer):
+    """q/k/v and gate/up run as one product each; the modules' weights become views of the fused
+    weight (same values, one storage), so the packed path holds no extra unpacked copy."""
+    import copy
+
+    model = tiny_model(chat_tokenizer.vocab_size, seed=4, **FAMILIES["qwen2-bias"]).requires_grad_(False)
+    before = copy.deepcopy(model.state_dict())
+    engine = make_engine(chat_tokenizer, model=model)
+    if engine.runner.packed is None:
+        pytest.skip("no packed CPU kernels in this torch build")
+    for block in model.model.layers:
+        attn, mlp = block.self_attn, block.mlp
+        for group in ((attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj)):
+            storages = {m.weight.untyped_storage().data_ptr() for m in group}
+            assert len(storages) == 1
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
 def test_packed_bf16_forward_stays_close_to_the_module_path(chat_tokenizer):
     """In bf16 the packed path rounds differently (one rounding of W*w instead of two of the
     normalised activations) but must stay within bf16 noise of the modules' forward."""
