@@ -6,6 +6,10 @@ weight is read once for one token, that re-layout costs as much as the product i
 SmolLM2's 49152-wide output head in bf16). Packing each weight once when the engine starts removes
 it. This is what inductor's "freezing" does for compiled CPU graphs, without compiling anything,
 so it works for every batch shape. Off the CPU, `pack_linear` returns None and callers use the module.
+
+Where a CPU has no packed bf16 kernel (no AVX512-BF16/AMX: oneDNN has none), `pack_linear` still
+returns the product, unpacked: the engine's fused forward (one product for q/k/v, one for gate/up,
+fewer small operations around them) decodes faster than the modules there too, at no memory cost.
 """
 
 from __future__ import annotations
@@ -36,6 +40,11 @@ def packing_available(device_type: str, dtype: torch.dtype) -> bool:
     return False
 
 
+def fused_forward_available(device_type: str, dtype: torch.dtype) -> bool:
+    """Whether `pack_linear` returns products for this device and dtype (packed or not)."""
+    return packing_available(device_type, dtype) or (device_type == "cpu" and dtype == torch.bfloat16)
+
+
 # Packed copies' size per byte of weight. MKL's packed sgemm layout pads its panels: measured (RSS)
 # 1.03x-1.5x the fp32 weight depending on the shape, 1.34x over whole depth-8 and depth-12 portachat
 # models on an AVX2 EPYC. oneDNN's bf16 blocks are counted as the weight itself (not measured here).
@@ -57,14 +66,17 @@ def pack_linear(
     batch_hint: int = 1,
 ) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """A function x [N, in] -> [N, out] equal to F.linear(x * in_scale, weight, bias), with the weight
-    packed once; None when this device/dtype has no packed kernel (use the plain module then).
+    packed once where a packed kernel exists (bf16 without one: unpacked); None where
+    `fused_forward_available` says no (use the plain module then).
 
     `in_scale` [in] (an RMSNorm's weight) is folded into the packed copy, W diag(in_scale), so the
     packed product needs no extra operation. Only the packed copy is new memory: `weight` itself is
     what the MKL kernel falls back to for row counts other than `batch_hint`, unfolded."""
-    if not packing_available(weight.device.type, weight.dtype):
+    if not fused_forward_available(weight.device.type, weight.dtype):
         return None
     weight = weight.detach()
+    if not packing_available(weight.device.type, weight.dtype):
+        return _plain_linear(weight, bias, in_scale)
     bias = None if bias is None else bias.detach().contiguous()
     folded = (
         weight if in_scale is None else (weight.float() * in_scale.detach().float()[None, :]).to(weight.dtype)
@@ -88,3 +100,14 @@ def pack_linear(
         return torch.nn.functional.linear(x if scale is None else x * scale, weight, bias)
 
     return linear_fp32
+
+
+def _plain_linear(weight: torch.Tensor, bias: torch.Tensor | None, in_scale: torch.Tensor | None) -> Callable:
+    """F.linear(x * in_scale, weight, bias) as it is: no copy of the weight (a folded one would be one)."""
+    bias = None if bias is None else bias.detach()
+    scale = None if in_scale is None else in_scale.detach()
+
+    def linear(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x if scale is None else x * scale, weight, bias)
+
+    return linear

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from portachat.device import paged_attention as pa
-from portachat.device.cpu_linear import pack_linear, packing_available
+from portachat.device.cpu_linear import fused_forward_available, pack_linear
 from portachat.model.gpt import GPT
 from portachat.model.lora_batch import AdapterSet
 
@@ -83,7 +83,7 @@ class PackedModel:
         if not all(isinstance(m, torch.nn.Linear) for m in linears):
             return None  # quantized layers (portachat.quant) run their own weight-only kernels
         device = model.lm_head.weight.device
-        if not packing_available(device.type, model.lm_head.weight.dtype):
+        if not fused_forward_available(device.type, model.lm_head.weight.dtype):
             return None  # before fusing anything: the modules stay as they are
         layers = []
         for block in model.model.layers:
