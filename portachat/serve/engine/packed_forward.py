@@ -7,8 +7,13 @@ surround the products. This path removes most of them without changing the mathe
 - q, k and v come out of one product, gate and up out of another. The fused weight is the only
   copy: the modules' own weights become views of it, so fusing costs no memory (the packed
   kernels' blocked layout is the one extra copy of each weight, see device.cpu_linear).
-- RMSNorm is one reduction: its per-row scale and weight multiply the product's input in fp32,
-  so rotary, attention and the MLP's gate run in fp32 with no casts in between.
+- RMSNorm is one reduction: its weight is folded into the packed product that follows it
+  (W diag(w), device.cpu_linear) and its per-row scale 1/rms(x) multiplies the product's output:
+  W(s x) = s (W x). The scaled output is fp32, so rotary, attention and the MLP's gate run in fp32
+  with no casts in between. (Where nothing packs, bf16 without oneDNN's kernels, the weight
+  multiplies the product's input instead: a folded copy would be a second weight.)
+- The output head is not folded (the final norm's weight multiplies its few input rows): folding
+  the largest matrix would need a transient copy of it while packing.
 - Rotary turns q and k together (rotate_half as a roll with a sign folded into the sine table).
 - Keys and values live in the cache in the dtype attention computes in (the device layer's
   choice), so reading them costs no conversion.
