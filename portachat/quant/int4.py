@@ -70,6 +70,19 @@ class Int4Linear(nn.Module):
         codes, scale, zero = quantize_int4(linear.weight, group_size)
         return cls(codes, scale, zero, group_size, activation_dtype, linear.bias)
 
+    @classmethod
+    def from_kernel_layout(cls, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int,
+                           activation_dtype: torch.dtype, in_features: int) -> Int4Linear:  # fmt: skip
+        """A bias-free module over weights already in the kernel's layout (fused q/k/v, gate/up)."""
+        module = cls.__new__(cls)
+        nn.Module.__init__(module)
+        module.out_features, module.in_features = packed.size(0), in_features
+        module.group_size, module.activation_dtype = group_size, activation_dtype
+        module.register_buffer("packed", packed)
+        module.register_buffer("scales_and_zeros", scales_and_zeros.to(activation_dtype))
+        module.register_buffer("bias", None)
+        return module
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(self.activation_dtype)
         sz = self.scales_and_zeros

@@ -33,8 +33,11 @@ from portachat.device import paged_attention as pa
 from portachat.device.cpu_linear import fused_forward_available, pack_linear
 from portachat.model.gpt import GPT
 from portachat.model.lora_batch import AdapterSet
+from portachat.quant import Int4Linear, Int8Linear, model_device, model_dtype
+from portachat.quant.fuse import fuse_rows
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
+QUANTIZED = (Int8Linear, Int4Linear)  # portachat.quant's weight-only products
 
 
 @dataclass
@@ -67,6 +70,21 @@ def _fuse(linears: list[torch.nn.Linear]) -> torch.Tensor:
     return fused
 
 
+def _product(modules: list[torch.nn.Module], in_scale: torch.Tensor | None = None) -> Linear | None:
+    """x -> the modules' outputs side by side for input x * in_scale, without the biases of a fused
+    group (the forward adds those after the norm's scale); None where they cannot be fused."""
+    if all(type(m) is torch.nn.Linear and type(m.weight) is torch.nn.Parameter for m in modules):
+        if len(modules) == 1:
+            return pack_linear(modules[0].weight, modules[0].bias, in_scale=in_scale)
+        return pack_linear(_fuse(modules), in_scale=in_scale)
+    if len(modules) == 1 and isinstance(modules[0], QUANTIZED) and in_scale is None:
+        return modules[0]
+    fused = fuse_rows(modules)
+    if fused is None:
+        return None
+    return fused if in_scale is None else lambda x: fused(x * in_scale)
+
+
 def _is_identity(module: torch.nn.Module) -> bool:
     return isinstance(module, torch.nn.Identity)
 
@@ -76,19 +94,17 @@ def _eps(norm: torch.nn.Module, device: torch.device) -> torch.Tensor:
 
 
 class PackedModel:
-    """Packed weights of a frozen GPT and the forward that uses them; `build` returns None where
-    the device layer has no packed kernels or the layers are not plain Linear (quantized)."""
+    """Fused (and, where the device packs, packed) products of a frozen GPT and the forward that uses
+    them; `build` returns None where the device layer runs no fused forward or a layer's products
+    cannot be fused (tensor-parallel shards, layers quantized only in part)."""
 
     def __init__(self, model: GPT, layers: list[PackedLayer], head: Linear, eps_final: torch.Tensor) -> None:
         self.model, self.layers, self.head, self.eps_final = model, layers, head, eps_final
 
     @classmethod
     def build(cls, model: GPT) -> PackedModel | None:
-        linears = [m for name, m in model.named_modules() if name.endswith(("_proj", "lm_head"))]
-        if not all(isinstance(m, torch.nn.Linear) for m in linears):
-            return None  # quantized layers (portachat.quant) run their own weight-only kernels
-        device = model.lm_head.weight.device
-        if not fused_forward_available(device.type, model.lm_head.weight.dtype):
+        device, dtype = model_device(model), model_dtype(model)
+        if not fused_forward_available(device.type, dtype):
             return None  # before fusing anything: the modules stay as they are
         layers = []
         for block in model.model.layers:
@@ -98,13 +114,13 @@ class PackedModel:
             if attn.q_proj.bias is not None:
                 qkv_b = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]).float()
             parts = (
-                pack_linear(_fuse([attn.q_proj, attn.k_proj, attn.v_proj]), in_scale=w_in),
-                pack_linear(attn.o_proj.weight, attn.o_proj.bias),
-                pack_linear(_fuse([mlp.gate_proj, mlp.up_proj]), in_scale=w_post),
-                pack_linear(mlp.down_proj.weight, mlp.down_proj.bias),
+                _product([attn.q_proj, attn.k_proj, attn.v_proj], in_scale=w_in),
+                _product([attn.o_proj]),
+                _product([mlp.gate_proj, mlp.up_proj], in_scale=w_post),
+                _product([mlp.down_proj]),
             )
             if any(p is None for p in parts):
-                return None
+                return None  # e.g. tensor-parallel shards, or layers quantized only in part
             q_norm = None if _is_identity(attn.q_norm) else attn.q_norm
             k_norm = None if _is_identity(attn.k_norm) else attn.k_norm
             qkv, o, gate_up, down = parts
@@ -113,7 +129,7 @@ class PackedModel:
         final = model.model.norm
         # Unfolded: a folded head would need a transient copy of the largest matrix while packing (the
         # final norm's weight is applied to the logits rows' input instead, once per step).
-        head = pack_linear(model.lm_head.weight)
+        head = _product([model.lm_head])
         if head is None:
             return None
         return cls(model, layers, head, _eps(final, device))

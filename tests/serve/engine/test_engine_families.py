@@ -109,3 +109,28 @@ def test_smollm2_concurrent_greedy_equals_plain_forward():
         assert c.token_ids == plain_greedy(loaded.model, prompt, 8, stop_ids=tok.stop_ids)
         assert c.text and "\ufffd" not in c.text
     assert "Paris" in completions[0].text
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_quantized_models_run_the_fused_forward(chat_tokenizer, mode):
+    """int8/int4 weights: q/k/v and gate/up fused (portachat.quant.fuse), the norm weight applied to
+    the products' input. With fp32 activations (same kernels, no bf16 rounding in between) greedy
+    tokens and logprobs equal the modules' forward."""
+    from portachat.device import get_device
+    from portachat.quant import Int4Linear, Int8Linear, quantize_model
+
+    model = tiny_model(chat_tokenizer.vocab_size, seed=6, **FAMILIES["qwen2-bias"]).requires_grad_(False)
+    quantize_model(model, mode, get_device("cpu"))
+    for m in model.modules():
+        if isinstance(m, (Int8Linear, Int4Linear)):
+            m.activation_dtype = torch.float32
+    fused = make_engine(chat_tokenizer, model=model, dtype="model")
+    if fused.runner.packed is None:
+        pytest.skip(f"no fused CPU forward for {mode} here")
+    modules = make_engine(chat_tokenizer, model=model, dtype="model")
+    modules.runner.packed = None
+    prompts = prompts_of([13, 22], chat_tokenizer.vocab_size, seed=9)
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=True)
+    for a, b in zip(fused.generate(prompts, params), modules.generate(prompts, params), strict=True):
+        assert a.token_ids == b.token_ids
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-3)
