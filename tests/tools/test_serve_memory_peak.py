@@ -1,4 +1,5 @@
-"""`estimate memory --serve` on a CPU against the peak memory a real engine reaches (ru_maxrss).
+"""`estimate memory --serve` on a CPU against the peak memory a real engine reaches (the
+process's peak resident size, VmHWM, reset after a warm-up).
 
 Each case serves a portachat model in a fresh process: batch x context tokens of prompts, prefilled
 in steps of `step_tokens`, then a few decode steps. The estimate counts weights, the packed copies the
@@ -18,7 +19,7 @@ from portachat.tools.estimate import ModelShape
 from portachat.tools.serve_memory import estimate_serving
 
 MEASURE = r"""
-import json, resource, sys, torch
+import json, sys, torch
 from portachat.device import get_device
 from portachat.model import GPT, GPTConfig
 from portachat.serve.engine import EngineConfig, LLMEngine, SamplingParams
@@ -26,7 +27,9 @@ from portachat.serve.engine.oneshot import TokenIdsOnly
 
 depth, batch, ctx, step_tokens = map(int, sys.argv[1:5])
 torch.set_num_threads(1)
-peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+def status(field):  # kB in /proc/self/status
+    return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith(field + ":"))
 
 def serve(cfg, batch, ctx, step_tokens):
     model = GPT(cfg).eval().requires_grad_(False)
@@ -38,10 +41,12 @@ def serve(cfg, batch, ctx, step_tokens):
     return engine
 
 small = GPTConfig.from_depth(1, vocab_size=512, max_seq_len=64)
-serve(small, 2, 64, 64)  # loads the kernels' libraries first: they are not the model's memory
-base = peak()
+serve(small, 2, 64, 64)  # loads the kernels' libraries (and any one-off probe) first: not the model's memory
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # resets the peak (VmHWM) to the resident size now, whatever the warm-up touched
+base = status("VmRSS")
 engine = serve(GPTConfig.from_depth(depth, vocab_size=32768, max_seq_len=ctx), batch, ctx, step_tokens)
-print(json.dumps({"peak_bytes": peak() - base, "packed": engine.runner.packed is not None}))
+print(json.dumps({"peak_bytes": status("VmHWM") - base, "packed": engine.runner.packed is not None}))
 """
 
 
