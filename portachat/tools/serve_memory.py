@@ -1,7 +1,8 @@
 """Serving memory per device under tensor parallelism: weights, KV cache per token, what fits.
 
 Counted from the shapes the way portachat shards a model (portachat.model.tensor_parallel): layer
-matrices and q/k/v biases split by head and MLP row, embeddings, norms and the LM head replicated, the
+matrices and q/k/v biases split by head and MLP row, the LM head by vocabulary rows (a tied one is a view
+of the embeddings), embeddings and norms replicated, the
 KV cache split by kv head (replicated where ranks outnumber kv heads). Rank 0 owns the largest share
 when the split is uneven, so its numbers are the per-device figures.
 
@@ -48,7 +49,10 @@ def _per_device(shape: ModelShape, tp: int, dtype: str, device_type: str | None 
     """Weights and KV bytes per token on one device. An int8/fp8 KV cache sits beside bf16 weights
     and stores one fp32 scale per token and kv head."""
     shard = shard_shape(shape, tp)
-    weights = shard.num_params * DTYPE_BYTES.get(dtype, DTYPE_BYTES["bf16"])
+    # The LM head is vocab-parallel (rank 0's slice the largest); a tied one is a view of the table.
+    head_rows = -(-shape.vocab_size // tp) if shape.lm_head_params else 0
+    params = shard.num_params - shard.lm_head_params + head_rows * shape.n_embd
+    weights = params * DTYPE_BYTES.get(dtype, DTYPE_BYTES["bf16"])
     kv = KV_DTYPES[dtype] if dtype not in DTYPE_BYTES else _compute_dtype(dtype, device_type)
     kv_token = bytes_per_token(shard.n_layer, shard.kv_dim // shard.head_dim, shard.head_dim, kv)
     return weights, kv_token

@@ -19,7 +19,12 @@ def _plans(cfg, world):
 def test_even_split_gives_each_rank_whole_kv_groups():
     cfg = tiny_config(n_head=4, n_kv_head=2, intermediate_size=256)
     a, b = _plans(cfg, 2)
-    assert (a.q_heads, a.kv_heads, b.q_heads, b.kv_heads) == (range(0, 2), range(0, 1), range(2, 4), range(1, 2))
+    assert (a.q_heads, a.kv_heads, b.q_heads, b.kv_heads) == (
+        range(0, 2),
+        range(0, 1),
+        range(2, 4),
+        range(1, 2),
+    )
     assert (a.mlp, b.mlp) == (range(0, 128), range(128, 256))
 
 
@@ -41,7 +46,10 @@ def test_more_ranks_than_kv_heads_replicate_them():
 def test_impossible_size_names_the_sizes_that_work():
     cfg = tiny_config(n_head=4, n_kv_head=2)
     assert working_sizes(cfg, up_to=8) == [1, 2, 4]
-    with pytest.raises(ConfigError, match=r"--tensor-parallel-size 3 .*4 query heads over 2 kv heads.*sizes that work: 1, 2, 4"):
+    with pytest.raises(
+        ConfigError,
+        match=r"--tensor-parallel-size 3 .*4 query heads over 2 kv heads.*sizes that work: 1, 2, 4",
+    ):
         plan_shard(cfg, 0, 3)
 
 
@@ -78,7 +86,11 @@ def test_shards_partition_the_weights(overrides, world):
     for rank, s in enumerate(shards):  # the shard's config sizes its KV cache: its own kv heads only
         plan = plan_shard(cfg, rank, world)
         assert (s.config.n_head, s.config.n_kv_head) == (len(plan.q_heads), len(plan.kv_heads))
-        assert s.full_config == cfg and torch.equal(s.lm_head.weight, whole.lm_head.weight)
+        assert s.full_config == cfg and torch.equal(
+            s.lm_head.weight, whole.lm_head.weight[plan.vocab.start : plan.vocab.stop]
+        )
+    # the vocab-parallel head: every rank's rows, in order, are the whole head
+    assert torch.equal(torch.cat([s.lm_head.weight for s in shards]), whole.lm_head.weight)
 
 
 def test_a_model_is_sharded_once():
@@ -86,3 +98,19 @@ def test_a_model_is_sharded_once():
     shard_model(model, 0, 2)
     with pytest.raises(ValueError, match="already sharded"):
         shard_model(model, 0, 2)
+
+
+def test_a_tied_head_slices_the_table_without_a_copy():
+    model = randomized(GPT(tiny_config(tie_embeddings=True)))
+    table = model.model.embed_tokens.weight
+    plan = shard_model(model, 1, 2)
+    head = model.lm_head.weight
+    assert torch.equal(head, table[plan.vocab.start : plan.vocab.stop])
+    assert head.untyped_storage().data_ptr() == table.untyped_storage().data_ptr()  # a view, no new memory
+
+
+def test_vocab_slices_cover_the_vocabulary_in_order():
+    cfg = tiny_config(vocab_size=130)  # not a multiple of the ranks: the last slice is shorter
+    slices = [plan_shard(cfg, r, 4).vocab for r in range(4)]
+    assert [list(v) for v in slices] == [list(range(0, 33)), list(range(33, 66)), list(range(66, 99)),
+                                         list(range(99, 130))]  # fmt: skip
