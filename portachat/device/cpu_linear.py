@@ -92,12 +92,12 @@ def pack_linear(
     # MKL's packed GEMM reads only the shape of its "origin" operand when the rows equal batch_hint:
     # a zero-stride stand-in, so the folded copy is not kept alive.
     shape_only = weight.new_zeros(1).expand(weight.shape)
-    scale = None if in_scale is None else in_scale.detach()
+    unpacked = _plain_linear(weight, bias, in_scale)
 
     def linear_fp32(x: torch.Tensor) -> torch.Tensor:
         if x.size(0) == batch_hint:
             return torch.ops.mkl._mkl_linear(x, packed, shape_only, bias, batch_hint)
-        return torch.nn.functional.linear(x if scale is None else x * scale, weight, bias)
+        return unpacked(x)
 
     return linear_fp32
 

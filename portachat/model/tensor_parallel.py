@@ -136,13 +136,14 @@ class VocabParallelHead(nn.Module):
 
 
 def _slice_linear(linear: nn.Linear, rows: slice | None = None, cols: slice | None = None,
-                  keep_bias: bool = True) -> nn.Linear:  # fmt: skip
+                  keep_bias: bool = True, copy: bool = True) -> nn.Linear:  # fmt: skip
+    """The slice as a new module; `copy=False` keeps it a view of the whole weight."""
     w = linear.weight.detach()
     w = w[rows] if rows is not None else w
     w = w[:, cols] if cols is not None else w
     bias = linear.bias is not None and keep_bias
     out = nn.Linear(w.size(1), w.size(0), bias=bias, device="meta", dtype=w.dtype)
-    out.weight = nn.Parameter(w.clone(), requires_grad=False)
+    out.weight = nn.Parameter(w.clone() if copy else w, requires_grad=False)
     if bias:
         b = linear.bias.detach()
         out.bias = nn.Parameter((b[rows] if rows is not None else b).clone(), requires_grad=False)
@@ -180,11 +181,8 @@ def shard_model(model: GPT, rank: int, world_size: int, group=None) -> ShardPlan
         ff.down_proj = RowParallelLinear(_slice_linear(ff.down_proj, cols=mlp, keep_bias=rank == 0), group)
     head = model.lm_head
     rows = slice(plan.vocab.start, plan.vocab.stop)
-    if head.weight is model.model.embed_tokens.weight:  # tied: a view of the table every rank keeps
-        sliced = nn.Linear(cfg.n_embd, len(plan.vocab), bias=False, device="meta", dtype=head.weight.dtype)
-        sliced.weight = nn.Parameter(head.weight.detach()[rows], requires_grad=False)
-    else:
-        sliced = _slice_linear(head, rows=rows)
+    tied = head.weight is model.model.embed_tokens.weight  # then a view of the table every rank keeps
+    sliced = _slice_linear(head, rows=rows, copy=not tied)
     model.lm_head = VocabParallelHead(sliced, cfg.vocab_size, -(-cfg.vocab_size // world_size), group)
     model.config = dataclasses.replace(
         cfg, n_head=len(plan.q_heads), n_kv_head=len(plan.kv_heads), intermediate_size=len(plan.mlp)

@@ -1,4 +1,4 @@
-"""One quantized product for several that read the same input (q/k/v, gate/up): rows stacked.
+"""One product for several that read the same input (q/k/v, gate/up): rows stacked.
 
 At batch 1 each product is a kernel call plus its dispatch; the engine's fused CPU forward
 (serve/engine/packed_forward.py) runs q/k/v as one product and gate/up as another. For int8 and
@@ -16,26 +16,33 @@ from portachat.quant.int4 import Int4Linear
 from portachat.quant.int8 import Int8Linear
 
 
-def _stack_rows(modules: list[nn.Module], name: str) -> torch.Tensor:
-    """Buffer `name` of every module stacked along rows; each module's buffer becomes a view of it."""
-    stacked = torch.cat([getattr(m, name) for m in modules])
+def stack_rows(modules: list[nn.Module], name: str) -> torch.Tensor:
+    """Tensor `name` (a weight or a buffer) of every module stacked along rows; each module's own
+    becomes a view of the stack, so the stack is not a second copy. Each old tensor is released as
+    soon as it is copied, which keeps the transient to one part."""
+    parts = [getattr(m, name) for m in modules]
+    stacked = parts[0].new_empty(sum(t.size(0) for t in parts), *parts[0].shape[1:])
+    del parts
     start = 0
     for m in modules:
-        rows = getattr(m, name).size(0)
-        setattr(m, name, stacked[start : start + rows])
+        old = getattr(m, name)
+        rows = old.size(0)
+        stacked[start : start + rows].copy_(old.detach())
+        view = stacked[start : start + rows]
+        setattr(m, name, nn.Parameter(view, requires_grad=False) if isinstance(old, nn.Parameter) else view)
         start += rows
     return stacked
 
 
 def _fuse_int8(modules: list[Int8Linear]) -> Int8Linear:
     scale = torch.cat([m.scale for m in modules])  # [out]: a few KB, kept per module too
-    return Int8Linear(_stack_rows(modules, "qweight"), scale, modules[0].activation_dtype)
+    return Int8Linear(stack_rows(modules, "qweight"), scale, modules[0].activation_dtype)
 
 
 def _fuse_int4(modules: list[Int4Linear]) -> Int4Linear | None:
     if len({m.group_size for m in modules}) != 1:
         return None
-    packed = _stack_rows(modules, "packed")
+    packed = stack_rows(modules, "packed")
     sz = torch.cat([m.scales_and_zeros for m in modules], dim=1)  # [in/group, out, 2]: small
     return Int4Linear.from_kernel_layout(packed, sz, modules[0].group_size, modules[0].activation_dtype,
                                          modules[0].in_features)  # fmt: skip

@@ -73,7 +73,7 @@ def step_activation_bytes(shape: ModelShape, tp: int, dtype: str, step_tokens: i
     one layer's activations at a time (residual, normalised input, q/k/v and their rotated copies, the
     MLP's gate/up, activation and output) plus a prefill chunk's attention scores and probabilities."""
     s = shard_shape(shape, tp)
-    size = torch.empty((), dtype=_compute_dtype(dtype, device_type)).element_size()
+    size = _compute_dtype(dtype, device_type).itemsize
     per_token = 3 * s.n_embd + 5 * s.intermediate_size + 2 * (s.q_dim + 2 * s.kv_dim)
     chunk = min(step_tokens, context)
     return int(size * (step_tokens * per_token + 2 * s.n_head * chunk * context))

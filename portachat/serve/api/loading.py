@@ -38,9 +38,7 @@ class LoadOptions:
     quantize: str | None = None  # "int8" / "int4" weight-only, as the device layer plans it; None = off
     chat_template: str | None = None  # Jinja text replacing the model's own chat template
     data_parallel_size: int = 1  # engine replicas, one per device, behind one front
-    pooling: str | None = (
-        None  # embeddings: mean/last/cls/... (None: the model's sentence-transformers config, else mean)
-    )
+    pooling: str | None = None  # embeddings: mean/last/cls/... (None: the model's sentence-transformers config, else mean)
     speculative: SpeculativeOptions | None = None  # speculative decoding; None = off
     tensor_parallel_size: int = 1  # ranks the model is split over (worker processes the loader starts)
 
@@ -78,21 +76,12 @@ def load_embedding_served(options: LoadOptions, device) -> ServedModel:
 
     for name in ("lora", "quantize", "chat_template"):
         if getattr(options, name):
-            raise ValueError(
-                f"--{name.replace('_', '-')} does not apply to an embedding model ({options.model})"
-            )
-    embedder = load_embedding_model(
-        resolve_model_source(options.model), device, options.dtype, options.pooling
-    )
+            raise ValueError(f"--{name.replace('_', '-')} does not apply to an embedding model ({options.model})")
+    embedder = load_embedding_model(resolve_model_source(options.model), device, options.dtype, options.pooling)
     if options.max_model_len is not None:
         embedder.max_tokens = min(embedder.max_tokens, options.max_model_len)
-    return ServedModel(
-        engine=None,
-        tokenizer=None,
-        max_model_len=embedder.max_tokens,
-        embedder=embedder,
-        description=f"{embedder.description}; serves /v1/embeddings only",
-    )
+    return ServedModel(engine=None, tokenizer=None, max_model_len=embedder.max_tokens, embedder=embedder,
+                       description=f"{embedder.description}; serves /v1/embeddings only")
 
 
 def _is_embedding_source(model: str) -> bool:
@@ -105,11 +94,8 @@ def _is_embedding_source(model: str) -> bool:
         return False
 
 
-def load_served_model(
-    options: LoadOptions,
-    embedding_models: bool = False,
-    on_worker_failure: Callable[[str], None] | None = None,
-) -> ServedModel:
+def load_served_model(options: LoadOptions, embedding_models: bool = False,
+                      on_worker_failure: Callable[[str], None] | None = None) -> ServedModel:
     """Load the model and build its engine(s) (slow: run it off the event loop).
 
     With --data-parallel-size D the model loads once per replica, replica i on the i-th device.
@@ -123,13 +109,9 @@ def load_served_model(
 
     if _is_embedding_source(options.model):
         if not embedding_models:
-            raise ValueError(
-                f"{options.model} is an embedding model: it makes vectors, not text. Serve it with "
-                f"`portachat serve --model {options.model}` (POST /v1/embeddings)."
-            )
-        return load_embedding_served(
-            options, get_device(kind=options.device, dtype=None, compile=options.compile)
-        )
+            raise ValueError(f"{options.model} is an embedding model: it makes vectors, not text. Serve it with "
+                             f"`portachat serve --model {options.model}` (POST /v1/embeddings).")
+        return load_embedding_served(options, get_device(kind=options.device, dtype=None, compile=options.compile))
     device = get_device(kind=options.device, dtype=None, compile=options.compile)
     _check_fits(options, device)
     workers = None
@@ -161,14 +143,8 @@ def load_served_model(
     embedder = None
     if options.tensor_parallel_size == 1:
         pooling = read_pooling_config(loaded.path) if loaded.path.is_dir() else DEFAULT_POOLING
-        embedder = decoder_embedder(
-            loaded.model,
-            tokenizer,
-            pooling.with_pooling(options.pooling),
-            bos=loaded.source == "portachat",
-            max_tokens=engine.max_model_len,
-            name=loaded.name,
-        )
+        embedder = decoder_embedder(loaded.model, tokenizer, pooling.with_pooling(options.pooling),
+                                    bos=loaded.source == "portachat", max_tokens=engine.max_model_len, name=loaded.name)
     served = ServedModel(
         engine=engine,
         tokenizer=tokenizer,
@@ -230,9 +206,8 @@ def _check_fits(options: LoadOptions, device) -> None:
     dtype = parse_dtype(options.dtype) if options.dtype else inference_dtype(device).value
     name = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}[str(dtype)]
     context = options.max_model_len or int(config.get("max_position_embeddings") or 2048)
-    check_fits(
-        shape, options.tensor_parallel_size, name, context, device.memory().total, str(path), device.type
-    )
+    check_fits(shape, options.tensor_parallel_size, name, context, device.memory().total, str(path),
+               device.type)  # fmt: skip
 
 
 def _load_engine(options: LoadOptions, replica: int | None, group=None):
@@ -255,10 +230,8 @@ def _load_engine(options: LoadOptions, replica: int | None, group=None):
     tokenizer = loaded.tokenizer
     if options.chat_template is not None:
         if not hasattr(tokenizer, "with_chat_template"):
-            raise ValueError(
-                "--chat-template applies to models with a Jinja chat template (Hugging Face directories "
-                "and GGUF files); our own checkpoints use portachat's chat format"
-            )
+            raise ValueError("--chat-template applies to models with a Jinja chat template (Hugging Face directories "
+                             "and GGUF files); our own checkpoints use portachat's chat format")
         tokenizer = tokenizer.with_chat_template(options.chat_template)
         description += "; chat template from --chat-template"
     if options.quantize and options.tensor_parallel_size == 1:  # shards are quantized by load_shard
@@ -282,17 +255,13 @@ def _load_engine(options: LoadOptions, replica: int | None, group=None):
         config.max_num_batched_tokens = options.max_num_batched_tokens
     if options.speculative is not None:
         config.speculative = speculative_config(options.speculative, loaded, device)
-        description += (
-            f"; speculative decoding: {options.speculative.model}, "
-            f"{options.speculative.num_speculative_tokens} tokens"
-        )
+        description += f"; speculative decoding: {options.speculative.model}, " \
+                       f"{options.speculative.num_speculative_tokens} tokens"
     engine = LLMEngine(loaded.model, tokenizer, config, device=device)
     description += f"; KV cache {str(engine.kv_dtype).removeprefix('torch.')} ({engine.kv_dtype_reason})"
     try:
         engine.prepare_structured()  # response_format / tool_choice masks ready before the first request
-    except (
-        EngineError
-    ) as exc:  # no llguidance: everything else serves; constrained requests say why they fail
+    except EngineError as exc:  # no llguidance: everything else serves; constrained requests say why they fail
         description += f"; structured output off ({exc})"
     description += f"; decode graphs {'on' if engine.uses_decode_graphs else 'off'} ({engine.graphs_reason})"
     return engine, tokenizer, loaded, description

@@ -34,7 +34,7 @@ from portachat.device.cpu_linear import fused_forward_available, pack_linear
 from portachat.model.gpt import GPT
 from portachat.model.lora_batch import AdapterSet
 from portachat.quant import Int4Linear, Int8Linear, model_device, model_dtype
-from portachat.quant.fuse import fuse_rows
+from portachat.quant.fuse import fuse_rows, stack_rows
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
 QUANTIZED = (Int8Linear, Int4Linear)  # portachat.quant's weight-only products
@@ -53,30 +53,13 @@ class PackedLayer:
     k_norm: torch.nn.Module | None
 
 
-def _fuse(linears: list[torch.nn.Linear]) -> torch.Tensor:
-    """One weight for several products, rows stacked; the modules' weights become views of it, so the
-    fused weight is not a second copy (the module path, embeddings and LoRA read the same memory).
-    Each module's old weight is released as soon as it is copied, which keeps the transient small."""
-    first = linears[0].weight
-    fused = torch.empty(
-        sum(m.weight.size(0) for m in linears), first.size(1), dtype=first.dtype, device=first.device
-    )
-    start = 0
-    for m in linears:
-        rows = m.weight.size(0)
-        fused[start : start + rows].copy_(m.weight.detach())
-        m.weight = torch.nn.Parameter(fused[start : start + rows], requires_grad=False)
-        start += rows
-    return fused
-
-
 def _product(modules: list[torch.nn.Module], in_scale: torch.Tensor | None = None) -> Linear | None:
     """x -> the modules' outputs side by side for input x * in_scale, without the biases of a fused
     group (the forward adds those after the norm's scale); None where they cannot be fused."""
     if all(type(m) is torch.nn.Linear and type(m.weight) is torch.nn.Parameter for m in modules):
         if len(modules) == 1:
             return pack_linear(modules[0].weight, modules[0].bias, in_scale=in_scale)
-        return pack_linear(_fuse(modules), in_scale=in_scale)
+        return pack_linear(stack_rows(modules, "weight"), in_scale=in_scale)
     if len(modules) == 1 and isinstance(modules[0], QUANTIZED) and in_scale is None:
         return modules[0]
     fused = fuse_rows(modules)
