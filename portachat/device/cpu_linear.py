@@ -10,6 +10,11 @@ so it works for every batch shape. Off the CPU, `pack_linear` returns None and c
 Where a CPU has no packed bf16 kernel (no AVX512-BF16/AMX: oneDNN has none), `pack_linear` still
 returns the product, unpacked: the engine's fused forward (one product for q/k/v, one for gate/up,
 fewer small operations around them) decodes faster than the modules there too, at no memory cost.
+
+Where portachat's own kernels build (device.cpu_kernels: a bandwidth-bound small-batch product that
+reads the weight in place), they take the row counts they win: measured on a 2-core AVX2 EPYC over
+SmolLM2's layer shapes, batch 1 to 32, against MKL's packed fp32, ATen's bf16 and int8 kernels.
+fp32 then needs no packed copy at all (MKL's unpacked product takes the large batches).
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+
+from portachat.device import cpu_kernels
 
 
 def _mkldnn_bf16() -> bool:
@@ -40,9 +47,64 @@ def packing_available(device_type: str, dtype: torch.dtype) -> bool:
     return False
 
 
+def kernels_available(device_type: str) -> bool:
+    """Whether portachat's own small-batch CPU kernels are built and on for this device."""
+    return device_type == "cpu" and cpu_kernels.library() is not None
+
+
 def fused_forward_available(device_type: str, dtype: torch.dtype) -> bool:
     """Whether `pack_linear` returns products for this device and dtype (packed or not)."""
-    return packing_available(device_type, dtype) or (device_type == "cpu" and dtype == torch.bfloat16)
+    if device_type != "cpu":
+        return False
+    return packing_available(device_type, dtype) or dtype == torch.bfloat16 or (
+        dtype == torch.float32 and kernels_available(device_type)
+    )
+
+
+# Rows of x up to which the own kernel runs (measured as above; at 32 rows fp32 is even with MKL and
+# ATen's int4 kernel wins from 2 rows on). bf16 without oneDNN's kernels: every row count, in
+# chunks (ATen's fallback bf16 GEMM runs 5x slower at 32 rows here). With oneDNN's packed bf16
+# (AVX512-BF16/AMX, not measured here) only the bandwidth-bound few rows.
+KERNEL_ROWS = {"fp32": 16, "bf16": cpu_kernels.MAX_ROWS, "int8": cpu_kernels.MAX_ROWS, "int4": 1}
+BF16_ROWS_BESIDE_ONEDNN = 4
+
+
+class RoutedLinear:
+    """x -> the product: the own kernel for up to `rows` rows of x, `fallback` for more. `kernel` (a
+    cpu_kernels.SmallBatchLinear) is public so a caller may fuse around it (the engine's decode step)."""
+
+    def __init__(self, kernel: cpu_kernels.SmallBatchLinear, rows: int, fallback: Callable) -> None:
+        self.kernel, self.rows, self.fallback = kernel, rows, fallback
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.kernel(x) if x.size(0) <= self.rows else self.fallback(x)
+
+
+def _in_chunks(kernel: cpu_kernels.SmallBatchLinear) -> Callable[[torch.Tensor], torch.Tensor]:
+    def linear(x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([kernel(part) for part in x.split(cpu_kernels.MAX_ROWS)])
+
+    return linear
+
+
+def small_batch_product(fallback: Callable, kind: str, weight: torch.Tensor, n: int, k: int,
+                        scale: torch.Tensor | None = None, zero: torch.Tensor | None = None, group: int = 0,
+                        in_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> Callable:  # fmt: skip
+    """`fallback` with the small batches it loses on routed to the own kernel (cpu_kernels'
+    SmallBatchLinear over `weight` in layout `kind`), or `fallback` itself where the kernels are off
+    or this device is not a CPU. `fallback` must compute the same product (x * in_scale, + bias).
+
+    The two are compared once on a random row: int4 is read in PyTorch's own packed layout, which a
+    new PyTorch may change; where they disagree the fallback is all that runs."""
+    lib = cpu_kernels.library() if weight.device.type == "cpu" else None
+    if lib is None:
+        return fallback
+    small = cpu_kernels.SmallBatchLinear(lib, kind, weight, n, k, scale, zero, group, in_scale, bias)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(0))
+    want, got = fallback(x).float(), small(x).float()
+    if not torch.allclose(got, want, rtol=0.02, atol=0.02 * float(want.abs().max())):
+        return fallback
+    return RoutedLinear(small, KERNEL_ROWS[kind], fallback)
 
 
 # Packed copies' size per byte of weight. MKL's packed sgemm layout pads its panels: measured (RSS)
@@ -54,9 +116,16 @@ PACKED_SIZE = {torch.float32: 1.34, torch.bfloat16: 1.0}
 def packed_weight_bytes(device_type: str, dtype: torch.dtype, weight_bytes: int) -> int:
     """Memory the packed copies of `weight_bytes` of linear weights take beside the model's own
     weights (memory planning); 0 where this device and dtype pack nothing."""
+    return int(weight_bytes * PACKED_SIZE[dtype]) if holds_packed_copy(device_type, dtype) else 0
+
+
+def holds_packed_copy(device_type: str, dtype: torch.dtype) -> bool:
+    """Whether `pack_linear` keeps a packed copy of each weight: not where nothing packs, nor for
+    fp32 beside the own kernels (they read the weight in place; MKL's unpacked product takes the
+    large batches)."""
     if not packing_available(device_type, dtype):
-        return 0
-    return int(weight_bytes * PACKED_SIZE[dtype])
+        return False
+    return not (dtype == torch.float32 and kernels_available(device_type))
 
 
 def pack_linear(
@@ -75,6 +144,14 @@ def pack_linear(
     if not fused_forward_available(weight.device.type, weight.dtype):
         return None
     weight = weight.detach()
+    lib = cpu_kernels.library()
+    if lib is not None and not holds_packed_copy("cpu", weight.dtype):
+        kind = "bf16" if weight.dtype == torch.bfloat16 else "fp32"
+        n, k = weight.shape
+        small = cpu_kernels.SmallBatchLinear(lib, kind, weight, n, k, in_scale=in_scale, bias=bias)
+        if kind == "bf16":
+            return RoutedLinear(small, KERNEL_ROWS[kind], _in_chunks(small))
+        return RoutedLinear(small, KERNEL_ROWS[kind], _plain_linear(weight, bias, in_scale))
     if not packing_available(weight.device.type, weight.dtype):
         return _plain_linear(weight, bias, in_scale)
     bias = None if bias is None else bias.detach().contiguous()
@@ -87,7 +164,11 @@ def pack_linear(
         def linear_bf16(x: torch.Tensor) -> torch.Tensor:
             return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
-        return linear_bf16
+        if lib is None:
+            return linear_bf16
+        n, k = weight.shape
+        small = cpu_kernels.SmallBatchLinear(lib, "bf16", weight, n, k, in_scale=in_scale, bias=bias)
+        return RoutedLinear(small, BF16_ROWS_BESIDE_ONEDNN, linear_bf16)
     packed = torch.ops.mkl._mkl_reorder_linear_weight(folded.contiguous(), batch_hint)
     # MKL's packed GEMM reads only the shape of its "origin" operand when the rows equal batch_hint:
     # a zero-stride stand-in, so the folded copy is not kept alive.

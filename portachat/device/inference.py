@@ -64,7 +64,10 @@ def measure_cpu_matvec(dtype: torch.dtype, rows: int = 4096, cols: int = 2048, r
 
 def cpu_inference_dtype() -> Choice:
     """bf16 if a measured memory-bound matvec runs faster in bf16 than in fp32, else fp32."""
-    name = torch.__version__ + "|" + str(torch.backends.cpu.get_cpu_capability()) + "|packed-1t"
+    from portachat.device.cpu_linear import kernels_available
+
+    kernels = "|own-kernels" if kernels_available("cpu") else ""
+    name = torch.__version__ + "|" + str(torch.backends.cpu.get_cpu_capability()) + "|packed-1t" + kernels
     if name in _memo:
         return Choice(_DTYPES[_memo[name]], "measured earlier in this process")
     try:

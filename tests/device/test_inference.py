@@ -11,7 +11,13 @@ from device_sim import ascend, h100, hip, mps, v100
 
 from portachat.device import Device, MemoryStats, get_device
 from portachat.device import inference as inf
-from portachat.device.cpu_linear import pack_linear, packed_weight_bytes, packing_available
+from portachat.device.cpu_linear import (
+    RoutedLinear,
+    holds_packed_copy,
+    pack_linear,
+    packed_weight_bytes,
+    packing_available,
+)
 from portachat.device.paged_attention import decode_attention, prefill_attention
 
 
@@ -131,8 +137,12 @@ def test_packed_linear_folds_the_norm_weight_and_keeps_no_folded_copy(dtype):
         x = torch.randn(rows, 40, generator=g).to(dtype)
         want = torch.nn.functional.linear(x.float() * scale.float(), w.float())
         assert torch.allclose(f(x).float(), want, atol=3e-2 if dtype == torch.bfloat16 else 1e-4, rtol=1e-2)
-    held = [c.cell_contents for c in f.__closure__ if isinstance(c.cell_contents, torch.Tensor)]
+    functions = [f] if not isinstance(f, RoutedLinear) else [f.fallback]
+    held = [c.cell_contents for fn in functions for c in fn.__closure__ if isinstance(c.cell_contents, torch.Tensor)]
+    if isinstance(f, RoutedLinear):
+        held.append(f.kernel.weight)  # the own kernel reads the weight in place
     dense = [t for t in held if not t.is_mkldnn and t.numel() == w.numel() and t.stride() != (0, 0)]
+    assert dense
     # only the caller's own weight, never a folded copy
     assert all(t.data_ptr() == w.data_ptr() for t in dense)
 
@@ -140,7 +150,7 @@ def test_packed_linear_folds_the_norm_weight_and_keeps_no_folded_copy(dtype):
 def test_packed_weight_bytes_follow_the_packing_decision():
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         held = packed_weight_bytes("cpu", dtype, 1000)
-        assert (held > 0) == packing_available("cpu", dtype)
+        assert (held > 0) == holds_packed_copy("cpu", dtype)
         assert held == 0 or held >= 1000
     assert packed_weight_bytes("cuda", torch.float32, 1000) == 0  # accelerators pack nothing
 

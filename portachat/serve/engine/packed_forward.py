@@ -17,6 +17,10 @@ surround the products. This path removes most of them without changing the mathe
 - Rotary turns q and k together (rotate_half as a roll with a sign folded into the sine table).
 - Keys and values live in the cache in the dtype attention computes in (the device layer's
   choice), so reading them costs no conversion.
+- Where every product runs on the device's own small-batch kernels (device.cpu_linear's
+  RoutedLinear) and the step is decode rows only, a layer is five calls (`forward_decode`): the
+  norms, SwiGLU and residual adds fused into the products, and rotary, the cache writes and
+  attention in one (device.cpu_kernels.decode_attention).
 
 Results equal the module path within floating-point rounding (tests compare both).
 """
@@ -29,8 +33,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from portachat.device import cpu_kernels
 from portachat.device import paged_attention as pa
-from portachat.device.cpu_linear import fused_forward_available, pack_linear
+from portachat.device.cpu_linear import (
+    RoutedLinear,
+    fused_forward_available,
+    pack_linear,
+    small_batch_product,
+)
 from portachat.model.gpt import GPT
 from portachat.model.lora_batch import AdapterSet
 from portachat.quant import Int4Linear, Int8Linear, model_device, model_dtype
@@ -61,11 +71,24 @@ def _product(modules: list[torch.nn.Module], in_scale: torch.Tensor | None = Non
             return pack_linear(modules[0].weight, modules[0].bias, in_scale=in_scale)
         return pack_linear(stack_rows(modules, "weight"), in_scale=in_scale)
     if len(modules) == 1 and isinstance(modules[0], QUANTIZED) and in_scale is None:
-        return modules[0]
+        return _quantized(modules[0], None)
     fused = fuse_rows(modules)
     if fused is None:
         return None
-    return fused if in_scale is None else lambda x: fused(x * in_scale)
+    return _quantized(fused, in_scale)
+
+
+def _quantized(module: torch.nn.Module, in_scale: torch.Tensor | None) -> Linear:
+    """A quantized product of x * in_scale, the device's own kernel taking the batches it wins."""
+    fallback = module if in_scale is None else lambda x: module(x * in_scale)
+    n, k = module.out_features, module.in_features
+    if isinstance(module, Int8Linear):
+        return small_batch_product(fallback, "int8", module.qweight, n, k, scale=module.scale,
+                                   in_scale=in_scale, bias=module.bias)  # fmt: skip
+    sz = module.scales_and_zeros.float()  # [K/group, N, (scale, value of code 8)]
+    scale, zero = sz[..., 0], sz[..., 1] - 8 * sz[..., 0]  # the kernel's zero is code 0's value
+    return small_batch_product(fallback, "int4", module.packed, n, k, scale=scale, zero=zero,
+                               group=module.group_size, in_scale=in_scale, bias=module.bias)  # fmt: skip
 
 
 def _is_identity(module: torch.nn.Module) -> bool:
@@ -83,6 +106,14 @@ class PackedModel:
 
     def __init__(self, model: GPT, layers: list[PackedLayer], head: Linear, eps_final: torch.Tensor) -> None:
         self.model, self.layers, self.head, self.eps_final = model, layers, head, eps_final
+        products = [p for layer in layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [head]
+        kernels_everywhere = all(isinstance(p, RoutedLinear) for p in products)
+        # Rows up to which a decode step can run on the kernels alone (0: never).
+        self.decode_rows = min(p.rows for p in products) if kernels_everywhere else 0
+        if any(layer.q_norm is not None for layer in layers):
+            self.decode_rows = 0  # QK-norm (Qwen3) sits between the product and rotary
+        self.final_norm = model.model.norm.weight.detach().float().contiguous()
+        self.norm_eps = [(float(layer.eps_in), float(layer.eps_post)) for layer in layers] + [float(eps_final)]
 
     @classmethod
     def build(cls, model: GPT) -> PackedModel | None:
@@ -123,6 +154,8 @@ class PackedModel:
         fp32 rotary tables [max_len, D], the sine's first half negated (rotate_half as a roll).
         `lora` holds the adapters `inp.lora_groups` refer to; their updates read the normalised
         input, which only their rows compute (the packed product folds the norm in)."""
+        if self._decode_on_kernels(inp, k_cache):
+            return self.forward_decode(inp, k_cache, v_cache, cos, sin_signed)
         model = self.model
         cfg = model.config
         H, H_kv, D = cfg.n_head, cfg.n_kv_head, cfg.head_dim
@@ -169,6 +202,36 @@ class PackedModel:
             x = x + down
         x = x.index_select(0, inp.logits_rows)
         return self.head(x * model.model.norm.weight) * rms_scale(x, self.eps_final, inv_c)
+
+
+    def _decode_on_kernels(self, inp, k_cache) -> bool:
+        n = inp.input_ids.size(0)
+        return (0 < n <= self.decode_rows and inp.num_decode == n and not inp.prefills and not inp.lora_groups
+                and type(k_cache) is torch.Tensor and k_cache.dtype == torch.float32
+                and k_cache.is_contiguous())  # fmt: skip
+
+    def forward_decode(self, inp, k_cache: torch.Tensor, v_cache: torch.Tensor, cos: torch.Tensor,
+                       sin_signed: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """`forward` for a step of decode rows only, every product on the device's own kernels."""
+        lib = cpu_kernels.library()
+        cfg = self.model.config
+        x = self.model.model.embed_tokens(inp.input_ids)  # [N, C]
+        positions, slot_mapping = inp.positions.contiguous(), inp.slot_mapping.contiguous()
+        slots = inp.decode_slots.contiguous()
+        cos, sin_signed = cos.contiguous(), sin_signed.contiguous()
+        for i, layer in enumerate(self.layers):
+            eps_in, eps_post = self.norm_eps[i]
+            qkv = layer.qkv.kernel(x, torch.float32, norm_eps=eps_in)
+            if layer.qkv_bias is not None:
+                qkv += layer.qkv_bias
+            y = cpu_kernels.decode_attention(lib, qkv, positions, cos, sin_signed, k_cache[i], v_cache[i],
+                                             slot_mapping, slots, inp.decode_mask, cfg.n_head, cfg.n_kv_head,
+                                             cfg.head_dim)  # fmt: skip
+            x = layer.o.kernel(y, x.dtype, residual=x)
+            gate_up = layer.gate_up.kernel(x, torch.float32, norm_eps=eps_post)
+            x = layer.down.kernel(gate_up, x.dtype, swiglu=True, residual=x)
+        x = x.index_select(0, inp.logits_rows)
+        return self.head.kernel(x, torch.float32, norm_eps=self.norm_eps[-1], in_scale=self.final_norm)
 
 
 def rms_scale(x: torch.Tensor, eps: torch.Tensor, inv_c: float) -> torch.Tensor:

@@ -134,3 +134,42 @@ def test_quantized_models_run_the_fused_forward(chat_tokenizer, mode):
     for a, b in zip(fused.generate(prompts, params), modules.generate(prompts, params), strict=True):
         assert a.token_ids == b.token_ids
         assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-3)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2-bias", "llama-rope-scaling"])
+@pytest.mark.parametrize("mode", ["fp32", "int8", "int4"])
+def test_decode_steps_on_the_own_cpu_kernels_equal_the_fused_forward(chat_tokenizer, monkeypatch, family, mode):
+    """Decode-only steps run as five kernel calls a layer (norms, SwiGLU, residuals, rotary, cache
+    writes and attention fused: PackedModel.forward_decode); with fp32 activations their greedy tokens
+    and logprobs equal the fused PyTorch forward's, batch 1 and a padded batch of 3."""
+    from portachat.device import get_device
+    from portachat.device.cpu_kernels import library
+    from portachat.quant import Int4Linear, Int8Linear, quantize_model
+    from portachat.serve.engine.packed_forward import PackedModel
+
+    if library() is None:
+        pytest.skip("no C compiler: the own CPU kernels are not built here")
+    model = tiny_model(chat_tokenizer.vocab_size, seed=4, **FAMILIES[family]).requires_grad_(False)
+    if mode != "fp32":
+        quantize_model(model, mode, get_device("cpu"))
+        for m in model.modules():
+            if isinstance(m, (Int8Linear, Int4Linear)):
+                m.activation_dtype = torch.float32
+    on_kernels = make_engine(chat_tokenizer, model=model, dtype="model")
+    assert on_kernels.runner.packed.decode_rows >= 1
+    calls = []
+    original = PackedModel.forward_decode
+    monkeypatch.setattr(PackedModel, "forward_decode", lambda self, *a: calls.append(1) or original(self, *a))
+    reference = make_engine(chat_tokenizer, model=model, dtype="model")
+    reference.runner.packed.decode_rows = 0  # the fused PyTorch forward for every step
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=True)
+    batches = [prompts_of([11], chat_tokenizer.vocab_size, seed=2)]
+    if mode != "int4":  # int4 runs its own kernel at batch 1 only
+        batches.append(prompts_of([13, 4, 22], chat_tokenizer.vocab_size, seed=12))
+    for prompts in batches:
+        calls.clear()
+        got = on_kernels.generate(prompts, params)
+        assert calls, "no step ran on the kernels"
+        for a, b in zip(got, reference.generate(prompts, params), strict=True):
+            assert a.token_ids == b.token_ids
+            assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-3)

@@ -1,0 +1,196 @@
+"""portachat's own CPU kernels (kernels/*.c): small-batch products bound by memory bandwidth
+(gemv.c) and a layer's decode attention in one call (attention.c).
+
+The C sources are compiled for the CPU it runs on (-march=native) by the C compiler the machine has,
+once: `scripts/setup.sh` builds it at install time, and a first use builds it if setup did not
+(a compiler appeared later, a new CPU). The library lands in a cache directory keyed by the
+source, the flags and the CPU's feature flags, written atomically, so concurrent processes and
+machines sharing a home directory never load a half-written or foreign build. Where no compiler
+works, `library()` is None and callers keep PyTorch's kernels (the tested fallback).
+
+PORTACHAT_CPU_KERNELS=0 turns the kernels off (the PyTorch path is then what runs).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+SOURCES = tuple(sorted((Path(__file__).parent / "kernels").glob("*.c")))
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+WEIGHT_KINDS = {"fp32": 0, "bf16": 1, "int8": 2, "int4": 3}
+MAX_ROWS = 64  # rows of x per call (the kernel's per-thread output tile); more rows go to PyTorch
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("PORTACHAT_KERNEL_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "portachat", "kernels"
+    )
+    return Path(root)
+
+
+def _cpu_signature() -> str:
+    """The CPU's feature flags (what -march=native compiles for): a build is only reused on a CPU
+    that has the same."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def library_path(flags: tuple[str, ...] = FLAGS) -> Path:
+    key = hashlib.sha256()
+    for part in (*(p.read_bytes() for p in SOURCES), " ".join(flags).encode(), _cpu_signature().encode()):
+        key.update(part)
+    return cache_dir() / f"kernels-{key.hexdigest()[:16]}.so"
+
+
+def compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+
+
+def build(flags: tuple[str, ...] = FLAGS, out: Path | None = None) -> Path:
+    """Compile the kernels (if this source/flags/CPU has no build yet); the library's path.
+    Raises RuntimeError with the compiler's message where it fails."""
+    out = out or library_path(flags)
+    if out.exists():
+        return out
+    cc = compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler found (install gcc, or set CC)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=".kernels-", suffix=".so")
+    os.close(fd)
+    try:
+        command = [cc, *flags, "-o", tmp, *map(str, SOURCES), "-lm"]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{cc} failed to build the CPU kernels: {done.stderr.strip()[-2000:]}")
+        os.replace(tmp, out)  # atomic: another process sees the old state or the whole library
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+def load(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    p, i, f32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int64
+    lib.portachat_gemv.restype = i
+    lib.portachat_gemv.argtypes = [i, p, p, p, i, i, i, p, i, i, p, p, p, i, i, f32, i, p]
+    lib.portachat_decode_attention.restype = i
+    lib.portachat_decode_attention.argtypes = [p, p, p, p, p, p, i64, p, p, p, i, i, i, i, i, p, i]
+    return lib
+
+
+@lru_cache(maxsize=1)
+def library() -> ctypes.CDLL | None:
+    """The built kernels, or None where they are turned off or cannot be built here."""
+    if os.environ.get("PORTACHAT_CPU_KERNELS", "1") == "0":
+        return None
+    try:
+        return load(build())
+    except (OSError, RuntimeError) as e:
+        print(f"[portachat] CPU kernels unavailable, using PyTorch's: {e}", file=sys.stderr)
+        return None
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+class SmallBatchLinear:
+    """x [M, K] (fp32 or bf16, M <= MAX_ROWS) -> y [M, N] in x's dtype (or `out_dtype`) =
+    (x * in_scale) @ W.T + bias, W given in one of WEIGHT_KINDS. Holds references to its tensors
+    (the kernel reads them in place: no copy). The caller routes larger batches elsewhere."""
+
+    def __init__(self, lib: ctypes.CDLL, kind: str, weight: torch.Tensor, n: int, k: int,
+                 scale: torch.Tensor | None = None, zero: torch.Tensor | None = None, group: int = 0,
+                 in_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> None:  # fmt: skip
+        fp32 = [None if t is None else t.detach().float().contiguous() for t in (scale, zero, in_scale, bias)]
+        self.scale, self.zero, self.in_scale, self.bias = fp32
+        self.weight = weight.detach().contiguous()
+        self.kind, self.n, self.k, self.group = WEIGHT_KINDS[kind], n, k, group
+        self._fn = lib.portachat_gemv
+        self._fixed = (_ptr(self.scale), _ptr(self.zero), group, n, k)
+
+    def __call__(self, x: torch.Tensor, out_dtype: torch.dtype | None = None, *, norm_eps: float | None = None,
+                 in_scale: torch.Tensor | None = None, swiglu: bool = False,
+                 residual: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        """The product of x's rows; the keywords fuse what surrounds it in a decode layer:
+        norm_eps: an RMS norm of each row first (in_scale, fp32, is then its weight, else the one
+        given at construction); swiglu: x is [gate | up] and the input is silu(gate) * up;
+        residual: added to the output (in the output's dtype, x's unless out_dtype)."""
+        x = x.contiguous()
+        m = x.size(0)
+        out_dtype = out_dtype or x.dtype
+        y = torch.empty(m, self.n, dtype=out_dtype)
+        scale = self.in_scale if in_scale is None else in_scale
+        rc = self._fn(self.kind, self.weight.data_ptr(), *self._fixed, x.data_ptr(), x.dtype == torch.bfloat16,
+                      m, _ptr(scale), _ptr(self.bias), y.data_ptr(), out_dtype == torch.bfloat16,
+                      torch.get_num_threads(), -1.0 if norm_eps is None else norm_eps, swiglu,
+                      _ptr(residual))  # fmt: skip
+        if rc != 0:
+            raise MemoryError("portachat_gemv could not allocate its input buffer")
+        return y
+
+
+def decode_attention(lib: ctypes.CDLL, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+                     sin_signed: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     slot_mapping: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor | None,
+                     heads: int, kv_heads: int, head_dim: int) -> torch.Tensor:  # fmt: skip
+    """One layer's decode attention (kernels/attention.c): rotary on qkv's q and k (in place), the new
+    keys and values into the fp32 cache [H_kv, slots, D] at slot_mapping, and attention over each
+    row's `slots` [B, L] (mask [B, L] bool or None). Returns y [B, H * D] fp32."""
+    b, length = slots.shape
+    y = torch.empty(b, heads * head_dim)
+    mask = None if mask is None else mask.reshape(b, length).contiguous()
+    rc = lib.portachat_decode_attention(
+        qkv.data_ptr(), positions.data_ptr(), cos.data_ptr(), sin_signed.data_ptr(), k_cache.data_ptr(),
+        v_cache.data_ptr(), k_cache.size(1), slot_mapping.data_ptr(), slots.data_ptr(), _ptr(mask), b, length,
+        heads, kv_heads, head_dim, y.data_ptr(), torch.get_num_threads(),
+    )  # fmt: skip
+    if rc != 0:
+        raise RuntimeError(f"portachat_decode_attention failed (head_dim {head_dim} > 512, or out of memory)")
+    return y
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m portachat.device.cpu_kernels",
+        description="Build portachat's CPU kernels for this machine (scripts/setup.sh runs this).",
+    )
+    parser.add_argument("--build", action="store_true", help="compile now (skipped when a build exists)")
+    args = parser.parse_args(argv)
+    if not args.build:
+        parser.print_help()
+        return 0
+    if library_path().exists():
+        return 0  # quiet when up to date, as setup is
+    try:
+        path = build()
+    except RuntimeError as e:
+        print(f"[setup] CPU kernels not built ({e}); portachat will use PyTorch's kernels", file=sys.stderr)
+        return 0  # optional: a machine without a compiler still installs and runs
+    print(f"[setup] built portachat's CPU kernels for this CPU: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

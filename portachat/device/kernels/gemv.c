@@ -1,0 +1,253 @@
+/* Small-batch products y[M, N] = (x * in_scale)[M, K] @ W[N, K]^T + bias for CPU decoding.
+
+At batch 1 a linear layer reads each weight once for one multiply-add: the product is bound by
+memory bandwidth, and what matters is streaming the weight rows at full speed with the conversion
+to fp32 folded into the load. Library GEMMs are built for the opposite case (they re-lay out or
+block for reuse); here each thread takes a contiguous band of output rows, four at a time, and
+reads them straight through while every row of x stays in L1.
+
+Weights: fp32, bf16, int8 (one scale per row) or int4 in the layout of PyTorch's CPU int4 kernel
+(torch._convert_weight_to_int4pack_for_cpu, read in place; callers check it on a random input):
+rows in blocks of 32, for each input k 16 bytes whose low nibbles are rows 0-15 of the block and
+high nibbles rows 16-31; a last block of 16 rows pairs rows 2i, 2i+1 in byte i. Codes 0..15 with
+an fp32 scale and a zero (the value of code 0) per group of `group` inputs, stored [K/group, N].
+Activations x and the output y: fp32 or bf16 (flags). in_scale and bias: fp32 or NULL.
+
+Compiled by portachat.device.cpu_kernels with -O3 -march=native -fopenmp, sharing the OpenMP
+runtime PyTorch has loaded (same soname), so the threads are PyTorch's. Without AVX2 the plain C
+loops below are what the compiler vectorizes for the CPU it builds on (e.g. NEON).
+*/
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+enum { WEIGHT_F32 = 0, WEIGHT_BF16 = 1, WEIGHT_INT8 = 2, WEIGHT_INT4 = 3 };
+
+typedef struct {
+    int kind;
+    const void *w;       /* [N, K] (int4: N * K / 2 bytes, see above) */
+    const float *scale;  /* int8: [N]; int4: [K / group, N] */
+    const float *zero;   /* int4: [K / group, N], the value of code 0 */
+    int group;
+    int N, K;
+} Weight;
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {  /* round to nearest even, as PyTorch does */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 64);  /* NaN stays NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* Weight value (n, k) in fp32: the scalar path and the tails. */
+static inline float weight_at(const Weight *W, int n, int k) {
+    size_t K = (size_t)W->K;
+    switch (W->kind) {
+    case WEIGHT_F32: return ((const float *)W->w)[n * K + k];
+    case WEIGHT_BF16: return bf16_to_f32(((const uint16_t *)W->w)[n * K + k]);
+    case WEIGHT_INT8: return (float)((const int8_t *)W->w)[n * K + k];
+    default: {
+        const uint8_t *w = (const uint8_t *)W->w;
+        size_t n0 = (size_t)n / 32 * 32, j = n - n0, at;
+        int high;
+        if (n0 + 32 <= (size_t)W->N) {
+            at = n0 * K / 2 + k * 16 + j % 16, high = j >= 16;
+        } else {  /* the last block of 16 rows */
+            at = n0 * K / 2 + k * 8 + j / 2, high = j & 1;
+        }
+        int code = high ? w[at] >> 4 : w[at] & 15;
+        size_t g = (size_t)(k / W->group) * W->N + n;
+        return code * W->scale[g] + W->zero[g];
+    }
+    }
+}
+
+/* Dot products of rows n0..n0+rows-1 with every row of x; out[m * stride + j]. Int8's row scale is
+   applied by the caller (it is one multiply per output). */
+static void rows_scalar(const Weight *W, int n0, int rows, const float *x, int M, float *out, int stride) {
+    for (int j = 0; j < rows; j++)
+        for (int m = 0; m < M; m++) {
+            const float *xm = x + (size_t)m * W->K;
+            float acc = 0.f;
+            for (int k = 0; k < W->K; k++) acc += weight_at(W, n0 + j, k) * xm[k];
+            out[m * stride + j] = acc;
+        }
+}
+
+#ifdef __AVX2__
+static inline __attribute__((always_inline)) __m256 load8(const Weight *W, int kind, int n, int k) {
+    size_t off = (size_t)n * W->K + k;
+    switch (kind) {
+    case WEIGHT_F32: return _mm256_loadu_ps((const float *)W->w + off);
+    case WEIGHT_BF16: {
+        __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)W->w + off));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    default: {
+        __m128i b = _mm_loadl_epi64((const __m128i *)((const int8_t *)W->w + off));
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+    }
+    }
+}
+
+static inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {  /* [sum a, sum b, sum c, sum d] */
+    __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+}
+
+/* Four rows (fp32/bf16/int8), two rows of x per pass: 8 accumulators, the 4 weight rows read from
+   memory on the first pass and from L1 after. K % 8 == 0 (the caller checks). Inlined once per kind
+   (a constant), so the load's switch is resolved at compile time. */
+static inline __attribute__((always_inline)) void rows4_simd(const Weight *W, const int kind, int n0,
+                                                             const float *x, int M, float *out) {
+    int K = W->K, m = 0;
+    for (; m + 2 <= M; m += 2) {
+        const float *x0 = x + (size_t)m * K, *x1 = x0 + K;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        for (int k = 0; k < K; k += 8) {
+            __m256 v0 = _mm256_loadu_ps(x0 + k), v1 = _mm256_loadu_ps(x1 + k), w;
+            w = load8(W, kind, n0, k);     a0 = _mm256_fmadd_ps(w, v0, a0); b0 = _mm256_fmadd_ps(w, v1, b0);
+            w = load8(W, kind, n0 + 1, k); a1 = _mm256_fmadd_ps(w, v0, a1); b1 = _mm256_fmadd_ps(w, v1, b1);
+            w = load8(W, kind, n0 + 2, k); a2 = _mm256_fmadd_ps(w, v0, a2); b2 = _mm256_fmadd_ps(w, v1, b2);
+            w = load8(W, kind, n0 + 3, k); a3 = _mm256_fmadd_ps(w, v0, a3); b3 = _mm256_fmadd_ps(w, v1, b3);
+        }
+        _mm_storeu_ps(out + m * 4, hsum4(a0, a1, a2, a3));
+        _mm_storeu_ps(out + (m + 1) * 4, hsum4(b0, b1, b2, b3));
+    }
+    if (m < M) {
+        const float *x0 = x + (size_t)m * K;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int k = 0; k < K; k += 8) {
+            __m256 v0 = _mm256_loadu_ps(x0 + k);
+            a0 = _mm256_fmadd_ps(load8(W, kind, n0, k), v0, a0);
+            a1 = _mm256_fmadd_ps(load8(W, kind, n0 + 1, k), v0, a1);
+            a2 = _mm256_fmadd_ps(load8(W, kind, n0 + 2, k), v0, a2);
+            a3 = _mm256_fmadd_ps(load8(W, kind, n0 + 3, k), v0, a3);
+        }
+        _mm_storeu_ps(out + m * 4, hsum4(a0, a1, a2, a3));
+    }
+}
+
+/* A full block of 32 int4 rows (n0 % 32 == 0) for every row of x: per input, one 16-byte load gives
+   the 32 rows' codes; codes times x add up per group, then scale and zero apply once per group
+   (sum_k w x = scale * sum_k code x + zero * sum_k x). xsum: x's sums per group, [M, K / group]. */
+static void rows32_int4(const Weight *W, int n0, const float *x, int M, const float *xsum, float *out) {
+    int K = W->K, groups = K / W->group;
+    const uint8_t *p = (const uint8_t *)W->w + (size_t)n0 * K / 2;
+    const __m128i low4 = _mm_set1_epi8(15);
+    for (int m = 0; m < M; m++) {
+        const float *xm = x + (size_t)m * K;
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int g = 0; g < groups; g++) {
+            __m256 ga[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+            for (int k = g * W->group; k < (g + 1) * W->group; k++) {
+                __m256 xv = _mm256_broadcast_ss(xm + k);
+                __m128i v = _mm_loadu_si128((const __m128i *)(p + (size_t)k * 16));
+                __m128i lo = _mm_and_si128(v, low4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), low4);
+                ga[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), xv, ga[0]);
+                ga[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), xv, ga[1]);
+                ga[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), xv, ga[2]);
+                ga[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), xv, ga[3]);
+            }
+            const float *s = W->scale + (size_t)g * W->N + n0, *z = W->zero + (size_t)g * W->N + n0;
+            __m256 sx = _mm256_broadcast_ss(xsum + (size_t)m * groups + g);
+            for (int j = 0; j < 4; j++)
+                acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(z + 8 * j), sx,
+                                         _mm256_fmadd_ps(ga[j], _mm256_loadu_ps(s + 8 * j), acc[j]));
+        }
+        for (int j = 0; j < 4; j++) _mm256_storeu_ps(out + m * 32 + 8 * j, acc[j]);
+    }
+}
+#endif
+
+/* Rows n0..n0+rows-1 (a block: 4 rows, int4 32) into out[m * stride + j]. */
+static void block_rows(const Weight *W, int n0, int rows, const float *x, int M, const float *xsum, float *out,
+                       int stride) {
+#ifdef __AVX2__
+    if (W->kind == WEIGHT_INT4) {
+        if (rows == 32 && W->group % 8 == 0) { rows32_int4(W, n0, x, M, xsum, out); return; }
+    } else if (rows == 4 && W->K % 8 == 0) {
+        if (W->kind == WEIGHT_F32) rows4_simd(W, WEIGHT_F32, n0, x, M, out);
+        else if (W->kind == WEIGHT_BF16) rows4_simd(W, WEIGHT_BF16, n0, x, M, out);
+        else rows4_simd(W, WEIGHT_INT8, n0, x, M, out);
+        return;
+    }
+#endif
+    (void)xsum;
+    rows_scalar(W, n0, rows, x, M, out, stride);
+}
+
+/* Reads input row m as fp32 into xf: x's own row, or silu(gate) * up for a SwiGLU input (x's row
+   is [gate | up], 2K wide); then the RMS norm's 1/rms (norm_eps >= 0) and in_scale (the norm's
+   weight) multiply it, the norm as it runs before the product: y = W (x / rms(x) * w). */
+static void read_row(const void *x, int x_bf16, int m, int K, int swiglu, float norm_eps, const float *in_scale,
+                     float *xf) {
+    size_t width = swiglu ? 2 * (size_t)K : (size_t)K, at = (size_t)m * width;
+    for (int k = 0; k < K; k++) {
+        float v = x_bf16 ? bf16_to_f32(((const uint16_t *)x)[at + k]) : ((const float *)x)[at + k];
+        if (swiglu) {
+            float u = x_bf16 ? bf16_to_f32(((const uint16_t *)x)[at + K + k]) : ((const float *)x)[at + K + k];
+            v = v / (1.f + expf(-v)) * u;
+        }
+        xf[k] = v;
+    }
+    float s = 1.f;
+    if (norm_eps >= 0.f) {
+        double sq = 0.0;
+        for (int k = 0; k < K; k++) sq += (double)xf[k] * xf[k];
+        s = 1.f / sqrtf((float)(sq / K) + norm_eps);
+    }
+    for (int k = 0; k < K; k++) xf[k] *= in_scale ? s * in_scale[k] : s;
+}
+
+/* The entry point: y = W read_row(x) + bias (+ residual). x_bf16 / y_bf16: whether x and y are bf16
+   (else fp32); residual (NULL or [M, N]) is in y's dtype. M <= 64. Returns 0, or -1 when out of
+   memory (nothing written). */
+int portachat_gemv(int kind, const void *w, const float *scale, const float *zero, int group, int N, int K,
+                   const void *x, int x_bf16, int M, const float *in_scale, const float *bias, void *y,
+                   int y_bf16, int threads, float norm_eps, int swiglu, const void *residual) {
+    Weight W = {kind, w, scale, zero, group, N, K};
+    int groups = kind == WEIGHT_INT4 ? K / group : 0;
+    float *xf = (float *)malloc(sizeof(float) * ((size_t)M * K + (size_t)M * groups));
+    if (!xf) return -1;
+    float *xsum = xf + (size_t)M * K;
+    for (int m = 0; m < M; m++) read_row(x, x_bf16, m, K, swiglu, norm_eps, in_scale, xf + (size_t)m * K);
+    for (int m = 0; m < M; m++)
+        for (int g = 0; g < groups; g++) {
+            float t = 0.f;
+            for (int k = g * group; k < (g + 1) * group; k++) t += xf[(size_t)m * K + k];
+            xsum[m * groups + g] = t;
+        }
+    int block = kind == WEIGHT_INT4 ? 32 : 4, blocks = (N + block - 1) / block;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int b = 0; b < blocks; b++) {
+        int n0 = b * block, rows = N - n0 < block ? N - n0 : block;
+        float out[32 * 64];
+        block_rows(&W, n0, rows, xf, M, xsum, out, block);
+        for (int m = 0; m < M; m++)
+            for (int j = 0; j < rows; j++) {
+                int n = n0 + j;
+                float v = out[m * block + j];
+                if (kind == WEIGHT_INT8) v *= scale[n];
+                if (bias) v += bias[n];
+                size_t at = (size_t)m * N + n;
+                if (residual) v += y_bf16 ? bf16_to_f32(((const uint16_t *)residual)[at]) : ((const float *)residual)[at];
+                if (y_bf16) ((uint16_t *)y)[at] = f32_to_bf16(v);
+                else ((float *)y)[at] = v;
+            }
+    }
+    free(xf);
+    return 0;
+}

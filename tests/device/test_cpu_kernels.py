@@ -1,0 +1,127 @@
+"""portachat's own CPU kernels: every weight layout against PyTorch, the plain C build as well as the
+native one, the build's cache and failure modes, and the routing that pack_linear does."""
+
+from __future__ import annotations
+
+import platform
+
+import pytest
+import torch
+
+from portachat.device import cpu_kernels as ck
+from portachat.device.cpu_linear import KERNEL_ROWS, pack_linear, small_batch_product
+from portachat.quant.int4 import Int4Linear, dequantize_int4, quantize_int4
+from portachat.quant.int8 import Int8Linear
+
+LIB = ck.library()
+needs_lib = pytest.mark.skipif(LIB is None, reason="no C compiler: the kernels are not built here")
+
+
+def _weights(kind: str, n: int, k: int, g: torch.Generator):
+    """(weight tensor in the kernel's layout, scale, zero, group, dense fp32 reference [n, k])."""
+    w = torch.randn(n, k, generator=g) * 0.1
+    if kind == "fp32":
+        return w, None, None, 0, w
+    if kind == "bf16":
+        return w.bfloat16(), None, None, 0, w.bfloat16().float()
+    if kind == "int8":
+        linear = torch.nn.Linear(k, n, bias=False)
+        linear.weight.data = w
+        m = Int8Linear.from_linear(linear, torch.float32)
+        return m.qweight, m.scale, None, 0, m.dequantized_weight()
+    codes, scale, zero = quantize_int4(w, 32)
+    m = Int4Linear(codes, scale, zero, 32, torch.float32)
+    sz = m.scales_and_zeros.float()
+    return m.packed, sz[..., 0], sz[..., 1] - 8 * sz[..., 0], 32, dequantize_int4(codes, scale, zero, 32)
+
+
+def _check_library(lib, kinds=("fp32", "bf16", "int8", "int4")) -> None:
+    g = torch.Generator().manual_seed(0)
+    # Shapes with tails: rows not a multiple of the block, inputs not a multiple of the vector width;
+    # int4 needs PyTorch's own constraints (rows % 16, a last block of 16 rows, inputs % 32).
+    shapes = {"int4": [(64, 64), (48, 96)], "int8": [(40, 48), (7, 16)]}
+    for kind in kinds:
+        for n, k in shapes.get(kind, [(37, 40), (8, 13)]):
+            weight, scale, zero, group, dense = _weights(kind, n, k, g)
+            bias, in_scale = torch.randn(n, generator=g), torch.rand(k, generator=g) + 0.5
+            f = ck.SmallBatchLinear(lib, kind, weight, n, k, scale, zero, group, in_scale, bias)
+            for rows in (1, 2, 3, 5):
+                x = torch.randn(rows, k, generator=g)
+                want = torch.nn.functional.linear(x * in_scale, dense, bias)
+                got = f(x)
+                assert got.dtype == torch.float32 and got.shape == (rows, n)
+                assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (kind, n, k, rows)
+                got_bf16 = f(x.bfloat16())  # bf16 in, bf16 out (rounded once, at the end)
+                want_bf16 = torch.nn.functional.linear(x.bfloat16().float() * in_scale, dense, bias)
+                assert got_bf16.dtype == torch.bfloat16
+                assert torch.allclose(got_bf16.float(), want_bf16, atol=2e-2, rtol=1e-2), (kind, n, k, rows)
+
+
+@needs_lib
+def test_native_kernels_equal_pytorch_for_every_layout():
+    _check_library(LIB)
+
+
+@needs_lib
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86-64 baseline flags")
+def test_plain_c_build_without_avx2_equals_pytorch(tmp_path):
+    # The path a CPU without AVX2 (or an Arm host) compiles: the scalar loops, vectorized by the compiler.
+    flags = ("-O2", "-march=x86-64", "-fopenmp", "-shared", "-fPIC")
+    _check_library(ck.load(ck.build(flags, out=tmp_path / "plain.so")))
+
+
+def test_build_is_cached_and_atomic(tmp_path, monkeypatch):
+    if ck.compiler() is None:
+        pytest.skip("no C compiler")
+    monkeypatch.setenv("PORTACHAT_KERNEL_CACHE", str(tmp_path))
+    first = ck.build()
+    mtime = first.stat().st_mtime_ns
+    assert ck.build() == first and first.stat().st_mtime_ns == mtime  # reused, not rebuilt
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary left behind
+
+
+def test_a_failing_compiler_leaves_nothing_and_says_why(tmp_path, monkeypatch):
+    monkeypatch.setenv("PORTACHAT_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", "false")
+    with pytest.raises(RuntimeError, match="failed to build"):
+        ck.build()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_kernels_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv("PORTACHAT_CPU_KERNELS", "0")
+    ck.library.cache_clear()
+    try:
+        assert ck.library() is None
+        w = torch.randn(8, 16)
+        f = small_batch_product(lambda x: x @ w.T, "fp32", w, 8, 16)
+        x = torch.randn(1, 16)
+        assert torch.equal(f(x), x @ w.T)  # the fallback itself
+    finally:
+        ck.library.cache_clear()
+
+
+@needs_lib
+def test_pack_linear_routes_rows_and_equals_linear():
+    g = torch.Generator().manual_seed(1)
+    for dtype in (torch.float32, torch.bfloat16):
+        w, b = torch.randn(48, 64, generator=g).to(dtype), torch.randn(48, generator=g).to(dtype)
+        f = pack_linear(w, b)
+        assert f is not None
+        # own kernel (few rows), the library (fp32 beyond its rows), bf16 in chunks of the kernel's rows
+        for rows in (1, 4, KERNEL_ROWS["fp32"] + 1, ck.MAX_ROWS + 3):
+            x = torch.randn(rows, 64, generator=g).to(dtype)
+            want = torch.nn.functional.linear(x.float(), w.float(), b.float())
+            tol = 3e-2 if dtype == torch.bfloat16 else 1e-4
+            assert f(x).dtype == dtype
+            assert torch.allclose(f(x).float(), want, atol=tol, rtol=tol), (dtype, rows)
+
+
+@needs_lib
+def test_a_layout_the_kernel_does_not_read_keeps_the_fallback():
+    w = torch.randn(32, 64)
+    fallback = Int4Linear(*quantize_int4(w, 32), 32, torch.float32)
+    wrong = torch.zeros_like(fallback.packed)  # not the codes the module holds
+    sz = fallback.scales_and_zeros.float()
+    f = small_batch_product(fallback, "int4", wrong, 32, 64, sz[..., 0], sz[..., 1] - 8 * sz[..., 0], 32)
+    assert f is fallback
