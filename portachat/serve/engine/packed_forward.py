@@ -203,21 +203,21 @@ class PackedModel:
         x = x.index_select(0, inp.logits_rows)
         return self.head(x * model.model.norm.weight) * rms_scale(x, self.eps_final, inv_c)
 
-
     def _decode_on_kernels(self, inp, k_cache) -> bool:
         n = inp.input_ids.size(0)
-        return (0 < n <= self.decode_rows and inp.num_decode == n and not inp.prefills and not inp.lora_groups
-                and type(k_cache) is torch.Tensor and k_cache.dtype == torch.float32
-                and k_cache.is_contiguous())  # fmt: skip
+        return (0 < n <= self.decode_rows and not inp.lora_groups and type(k_cache) is torch.Tensor
+                and k_cache.dtype == torch.float32 and k_cache.is_contiguous())  # fmt: skip
 
     def forward_decode(self, inp, k_cache: torch.Tensor, v_cache: torch.Tensor, cos: torch.Tensor,
                        sin_signed: torch.Tensor) -> torch.Tensor:  # fmt: skip
-        """`forward` for a step of decode rows only, every product on the device's own kernels."""
+        """`forward` for a step of few rows, every product on the device's own kernels. Each row
+        attends over its own slots: a decode row over its sequence, a row of a prefill chunk (a
+        speculative verification, a short prompt) over its sequence up to itself."""
+        slots, mask = rows_as_decode(inp)
         lib = cpu_kernels.library()
         cfg = self.model.config
         x = self.model.model.embed_tokens(inp.input_ids)  # [N, C]
         positions, slot_mapping = inp.positions.contiguous(), inp.slot_mapping.contiguous()
-        slots = inp.decode_slots.contiguous()
         cos, sin_signed = cos.contiguous(), sin_signed.contiguous()
         for i, layer in enumerate(self.layers):
             eps_in, eps_post = self.norm_eps[i]
@@ -225,13 +225,45 @@ class PackedModel:
             if layer.qkv_bias is not None:
                 qkv += layer.qkv_bias
             y = cpu_kernels.decode_attention(lib, qkv, positions, cos, sin_signed, k_cache[i], v_cache[i],
-                                             slot_mapping, slots, inp.decode_mask, cfg.n_head, cfg.n_kv_head,
+                                             slot_mapping, slots, mask, cfg.n_head, cfg.n_kv_head,
                                              cfg.head_dim)  # fmt: skip
             x = layer.o.kernel(y, x.dtype, residual=x)
             gate_up = layer.gate_up.kernel(x, torch.float32, norm_eps=eps_post)
             x = layer.down.kernel(gate_up, x.dtype, swiglu=True, residual=x)
         x = x.index_select(0, inp.logits_rows)
         return self.head.kernel(x, torch.float32, norm_eps=self.norm_eps[-1], in_scale=self.final_norm)
+
+
+def rows_as_decode(inp) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Every row of the step as a decode row: (slots [N, L], mask [N, L] bool or None), the slots
+    each row attends over (padded with slot 0, masked out). A prefill chunk's rows share its slots
+    with a causal mask; a chunk that starts its sequence attends over its own new slots."""
+    if not inp.prefills:
+        mask = inp.decode_mask
+        return inp.decode_slots.contiguous(), None if mask is None else mask.reshape(mask.size(0), -1)
+    slots, masks = [], []
+    if inp.num_decode:
+        slots.append(inp.decode_slots)
+        d, length = inp.decode_slots.shape
+        masks.append(inp.decode_mask.reshape(d, length) if inp.decode_mask is not None
+                     else torch.ones(d, length, dtype=torch.bool))  # fmt: skip
+    for c in inp.prefills:
+        if c.slot_index is None:
+            own = inp.slot_mapping[c.start : c.start + c.length]
+            slots.append(own.expand(c.length, -1))
+            masks.append(torch.ones(c.length, c.length, dtype=torch.bool).tril_())
+        else:
+            slots.append(c.slot_index.expand(c.length, -1))
+            masks.append(c.mask)
+    width = max(t.size(1) for t in slots)
+    padded_slots = torch.zeros(len(inp.input_ids), width, dtype=torch.long)
+    padded_mask = torch.zeros(len(inp.input_ids), width, dtype=torch.bool)
+    row = 0
+    for t, m in zip(slots, masks, strict=True):
+        padded_slots[row : row + t.size(0), : t.size(1)] = t
+        padded_mask[row : row + t.size(0), : t.size(1)] = m
+        row += t.size(0)
+    return padded_slots, padded_mask
 
 
 def rms_scale(x: torch.Tensor, eps: torch.Tensor, inv_c: float) -> torch.Tensor:
