@@ -1,5 +1,6 @@
 """portachat's own CPU kernels (kernels/*.c): small-batch products bound by memory bandwidth
-(gemv.c) and a layer's decode attention in one call (attention.c).
+(gemv.c), a layer's decode attention in one call (attention.c), and the layers of a small step in
+one call (decode_step.c).
 
 The C sources are compiled for the CPU it runs on (-march=native) by the C compiler the machine has,
 once: `scripts/setup.sh` builds it at install time, and a first use builds it if setup did not
@@ -25,7 +26,9 @@ from pathlib import Path
 
 import torch
 
-SOURCES = tuple(sorted((Path(__file__).parent / "kernels").glob("*.c")))
+KERNELS = Path(__file__).parent / "kernels"
+SOURCES = tuple(sorted(KERNELS.glob("*.c")))
+HEADERS = tuple(sorted(KERNELS.glob("*.h")))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 WEIGHT_KINDS = {"fp32": 0, "bf16": 1, "int8": 2, "int4": 3}
 MAX_ROWS = 64  # rows of x per call (the kernel's per-thread output tile); more rows go to PyTorch
@@ -54,7 +57,8 @@ def _cpu_signature() -> str:
 
 def library_path(flags: tuple[str, ...] = FLAGS) -> Path:
     key = hashlib.sha256()
-    for part in (*(p.read_bytes() for p in SOURCES), " ".join(flags).encode(), _cpu_signature().encode()):
+    files = (p.read_bytes() for p in (*SOURCES, *HEADERS))
+    for part in (*files, " ".join(flags).encode(), _cpu_signature().encode()):
         key.update(part)
     return cache_dir() / f"kernels-{key.hexdigest()[:16]}.so"
 
@@ -92,8 +96,8 @@ def load(path: Path) -> ctypes.CDLL:
     p, i, f32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int64
     lib.portachat_gemv.restype = i
     lib.portachat_gemv.argtypes = [i, p, p, p, i, i, i, p, i, i, p, p, p, i, i, f32, i, p]
-    lib.portachat_decode_attention.restype = i
-    lib.portachat_decode_attention.argtypes = [p, p, p, p, p, p, i64, p, p, p, i, i, i, i, i, p, i]
+    lib.portachat_decode_layers.restype = i
+    lib.portachat_decode_layers.argtypes = [p, p, i, p, i, i, p, p, p, p, p, i64, i64, p, p, p, i, i, i, i, i]
     return lib
 
 
@@ -149,24 +153,46 @@ class SmallBatchLinear:
         return y
 
 
-def decode_attention(lib: ctypes.CDLL, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
-                     sin_signed: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     slot_mapping: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor | None,
-                     heads: int, kv_heads: int, head_dim: int) -> torch.Tensor:  # fmt: skip
-    """One layer's decode attention (kernels/attention.c): rotary on qkv's q and k (in place), the new
-    keys and values into the fp32 cache [H_kv, slots, D] at slot_mapping, and attention over each
-    row's `slots` [B, L] (mask [B, L] bool or None). Returns y [B, H * D] fp32."""
-    b, length = slots.shape
-    y = torch.empty(b, heads * head_dim)
-    mask = None if mask is None else mask.reshape(b, length).contiguous()
-    rc = lib.portachat_decode_attention(
-        qkv.data_ptr(), positions.data_ptr(), cos.data_ptr(), sin_signed.data_ptr(), k_cache.data_ptr(),
-        v_cache.data_ptr(), k_cache.size(1), slot_mapping.data_ptr(), slots.data_ptr(), _ptr(mask), b, length,
-        heads, kv_heads, head_dim, y.data_ptr(), torch.get_num_threads(),
-    )  # fmt: skip
-    if rc != 0:
-        raise RuntimeError(f"portachat_decode_attention failed (head_dim {head_dim} > 512, or out of memory)")
-    return y
+class _Product(ctypes.Structure):  # decode_step.c's Product (a Weight, then in_scale and bias)
+    _fields_ = [("kind", ctypes.c_int), ("w", ctypes.c_void_p), ("scale", ctypes.c_void_p),
+                ("zero", ctypes.c_void_p), ("group", ctypes.c_int), ("n", ctypes.c_int), ("k", ctypes.c_int),
+                ("in_scale", ctypes.c_void_p), ("bias", ctypes.c_void_p)]  # fmt: skip
+
+
+class DecodeLayers:
+    """The layers of a small step in one call (kernels/decode_step.c): per layer `products` holds
+    (qkv, o, gate_up, down) SmallBatchLinears, qkv and gate_up with their norm's weight as in_scale;
+    `qkv_bias` (fp32, or None) per layer is added after the normalised product; `norm_eps` per layer
+    (input, post-attention). Holds references to every tensor the C side reads."""
+
+    def __init__(self, lib: ctypes.CDLL, products: list[tuple[SmallBatchLinear, ...]],
+                 qkv_bias: list[torch.Tensor | None], norm_eps: list[tuple[float, float]]) -> None:  # fmt: skip
+        self._fn = lib.portachat_decode_layers
+        self._keep = [b.float().contiguous() for b in qkv_bias if b is not None]
+        array = (_Product * (4 * len(products)))()
+        biases = iter(self._keep)
+        for i, (layer, bias) in enumerate(zip(products, qkv_bias, strict=True)):
+            for j, f in enumerate(layer):
+                extra = next(biases) if j == 0 and bias is not None else f.bias
+                array[4 * i + j] = _Product(f.kind, f.weight.data_ptr(), _ptr(f.scale), _ptr(f.zero), f.group,
+                                            f.n, f.k, _ptr(f.in_scale), _ptr(extra))  # fmt: skip
+        self._products, self._layers = products, len(products)
+        self._array = array
+        self._eps = (ctypes.c_float * (2 * len(norm_eps)))(*(e for pair in norm_eps for e in pair))
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
+                 k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor, slots: torch.Tensor,
+                 mask: torch.Tensor | None, heads: int, kv_heads: int, head_dim: int) -> None:  # fmt: skip
+        """Runs every layer over x [M, C] (its residual stream, updated in place). The caches:
+        [layers, H_kv, num_slots, D] fp32, contiguous; slots/mask as decode_attention takes them."""
+        m, length = slots.shape
+        rc = self._fn(ctypes.addressof(self._array), ctypes.addressof(self._eps), self._layers, x.data_ptr(),
+                      x.dtype == torch.bfloat16, m, positions.data_ptr(), cos.data_ptr(), sin_signed.data_ptr(),
+                      k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), k_cache.size(2),
+                      slot_mapping.data_ptr(), slots.data_ptr(), _ptr(mask), length, heads, kv_heads, head_dim,
+                      torch.get_num_threads())  # fmt: skip
+        if rc != 0:
+            raise RuntimeError(f"portachat_decode_layers failed (head_dim {head_dim} > 512, or out of memory)")
 
 
 def main(argv: list[str] | None = None) -> int:

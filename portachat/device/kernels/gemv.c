@@ -25,16 +25,7 @@ loops below are what the compiler vectorizes for the CPU it builds on (e.g. NEON
 #include <immintrin.h>
 #endif
 
-enum { WEIGHT_F32 = 0, WEIGHT_BF16 = 1, WEIGHT_INT8 = 2, WEIGHT_INT4 = 3 };
-
-typedef struct {
-    int kind;
-    const void *w;       /* [N, K] (int4: N * K / 2 bytes, see above) */
-    const float *scale;  /* int8: [N]; int4: [K / group, N] */
-    const float *zero;   /* int4: [K / group, N], the value of code 0 */
-    int group;
-    int N, K;
-} Weight;
+#include "kernels.h"
 
 static inline float bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
@@ -226,13 +217,11 @@ static void read_row(const void *x, int x_bf16, int m, int K, int swiglu, float 
     for (int k = 0; k < K; k++) xf[k] *= in_scale ? s * in_scale[k] : s;
 }
 
-/* The entry point: y = W read_row(x) + bias (+ residual). x_bf16 / y_bf16: whether x and y are bf16
-   (else fp32); residual (NULL or [M, N]) is in y's dtype. M <= 64. Returns 0, or -1 when out of
-   memory (nothing written). */
-int portachat_gemv(int kind, const void *w, const float *scale, const float *zero, int group, int N, int K,
-                   const void *x, int x_bf16, int M, const float *in_scale, const float *bias, void *y,
-                   int y_bf16, int threads, float norm_eps, int swiglu, const void *residual) {
-    Weight W = {kind, w, scale, zero, group, N, K};
+int gemv_run(const Weight *Wp, const void *x, int x_bf16, int M, const float *in_scale, const float *bias,
+             void *y, int y_bf16, int threads, float norm_eps, int swiglu, const void *residual) {
+    Weight W = *Wp;
+    int kind = W.kind, N = W.N, K = W.K, group = W.group;
+    const float *scale = W.scale;
     int groups = kind == WEIGHT_INT4 ? K / group : 0;
     float *xf = (float *)malloc(sizeof(float) * ((size_t)M * K + (size_t)M * groups));
     if (!xf) return -1;
@@ -264,4 +253,12 @@ int portachat_gemv(int kind, const void *w, const float *scale, const float *zer
     }
     free(xf);
     return 0;
+}
+
+/* The entry point from Python (cpu_kernels.SmallBatchLinear): gemv_run over a weight given by parts. */
+int portachat_gemv(int kind, const void *w, const float *scale, const float *zero, int group, int N, int K,
+                   const void *x, int x_bf16, int M, const float *in_scale, const float *bias, void *y,
+                   int y_bf16, int threads, float norm_eps, int swiglu, const void *residual) {
+    Weight W = {kind, w, scale, zero, group, N, K};
+    return gemv_run(&W, x, x_bf16, M, in_scale, bias, y, y_bf16, threads, norm_eps, swiglu, residual);
 }

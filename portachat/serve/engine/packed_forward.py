@@ -18,9 +18,9 @@ surround the products. This path removes most of them without changing the mathe
 - Keys and values live in the cache in the dtype attention computes in (the device layer's
   choice), so reading them costs no conversion.
 - Where every product runs on the device's own small-batch kernels (device.cpu_linear's
-  RoutedLinear) and the step is decode rows only, a layer is five calls (`forward_decode`): the
-  norms, SwiGLU and residual adds fused into the products, and rotary, the cache writes and
-  attention in one (device.cpu_kernels.decode_attention).
+  RoutedLinear) and the step has few rows (decode rows, a speculative verification, a short
+  prompt), all layers are one call (`forward_decode`, device.cpu_kernels.DecodeLayers): the norms,
+  SwiGLU and residual adds fused into the products, rotary, the cache writes and attention in one.
 
 Results equal the module path within floating-point rounding (tests compare both).
 """
@@ -113,7 +113,15 @@ class PackedModel:
         if any(layer.q_norm is not None for layer in layers):
             self.decode_rows = 0  # QK-norm (Qwen3) sits between the product and rotary
         self.final_norm = model.model.norm.weight.detach().float().contiguous()
-        self.norm_eps = [(float(layer.eps_in), float(layer.eps_post)) for layer in layers] + [float(eps_final)]
+        self.final_eps = float(eps_final)
+        self.decode_layers = None
+        if self.decode_rows:
+            self.decode_layers = cpu_kernels.DecodeLayers(
+                cpu_kernels.library(),
+                [(layer.qkv.kernel, layer.o.kernel, layer.gate_up.kernel, layer.down.kernel) for layer in layers],
+                [layer.qkv_bias for layer in layers],
+                [(float(layer.eps_in), float(layer.eps_post)) for layer in layers],
+            )
 
     @classmethod
     def build(cls, model: GPT) -> PackedModel | None:
@@ -206,7 +214,7 @@ class PackedModel:
     def _decode_on_kernels(self, inp, k_cache) -> bool:
         n = inp.input_ids.size(0)
         return (0 < n <= self.decode_rows and not inp.lora_groups and type(k_cache) is torch.Tensor
-                and k_cache.dtype == torch.float32 and k_cache.is_contiguous())  # fmt: skip
+                and k_cache.dtype == torch.float32 and k_cache.dim() == 4 and k_cache.is_contiguous())  # fmt: skip
 
     def forward_decode(self, inp, k_cache: torch.Tensor, v_cache: torch.Tensor, cos: torch.Tensor,
                        sin_signed: torch.Tensor) -> torch.Tensor:  # fmt: skip
@@ -214,24 +222,13 @@ class PackedModel:
         attends over its own slots: a decode row over its sequence, a row of a prefill chunk (a
         speculative verification, a short prompt) over its sequence up to itself."""
         slots, mask = rows_as_decode(inp)
-        lib = cpu_kernels.library()
         cfg = self.model.config
-        x = self.model.model.embed_tokens(inp.input_ids)  # [N, C]
-        positions, slot_mapping = inp.positions.contiguous(), inp.slot_mapping.contiguous()
-        cos, sin_signed = cos.contiguous(), sin_signed.contiguous()
-        for i, layer in enumerate(self.layers):
-            eps_in, eps_post = self.norm_eps[i]
-            qkv = layer.qkv.kernel(x, torch.float32, norm_eps=eps_in)
-            if layer.qkv_bias is not None:
-                qkv += layer.qkv_bias
-            y = cpu_kernels.decode_attention(lib, qkv, positions, cos, sin_signed, k_cache[i], v_cache[i],
-                                             slot_mapping, slots, mask, cfg.n_head, cfg.n_kv_head,
-                                             cfg.head_dim)  # fmt: skip
-            x = layer.o.kernel(y, x.dtype, residual=x)
-            gate_up = layer.gate_up.kernel(x, torch.float32, norm_eps=eps_post)
-            x = layer.down.kernel(gate_up, x.dtype, swiglu=True, residual=x)
+        x = self.model.model.embed_tokens(inp.input_ids).contiguous()  # [N, C], updated in place
+        self.decode_layers(x, inp.positions.contiguous(), cos.contiguous(), sin_signed.contiguous(), k_cache,
+                           v_cache, inp.slot_mapping.contiguous(), slots, mask, cfg.n_head, cfg.n_kv_head,
+                           cfg.head_dim)  # fmt: skip
         x = x.index_select(0, inp.logits_rows)
-        return self.head.kernel(x, torch.float32, norm_eps=self.norm_eps[-1], in_scale=self.final_norm)
+        return self.head.kernel(x, torch.float32, norm_eps=self.final_eps, in_scale=self.final_norm)
 
 
 def rows_as_decode(inp) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -240,7 +237,7 @@ def rows_as_decode(inp) -> tuple[torch.Tensor, torch.Tensor | None]:
     with a causal mask; a chunk that starts its sequence attends over its own new slots."""
     if not inp.prefills:
         mask = inp.decode_mask
-        return inp.decode_slots.contiguous(), None if mask is None else mask.reshape(mask.size(0), -1)
+        return inp.decode_slots.contiguous(), None if mask is None else mask.reshape(mask.size(0), -1).contiguous()
     slots, masks = [], []
     if inp.num_decode:
         slots.append(inp.decode_slots)

@@ -1,0 +1,28 @@
+/* What the kernels' files share (portachat/device/kernels). */
+#ifndef PORTACHAT_KERNELS_H
+#define PORTACHAT_KERNELS_H
+
+#include <stdint.h>
+
+enum { WEIGHT_F32 = 0, WEIGHT_BF16 = 1, WEIGHT_INT8 = 2, WEIGHT_INT4 = 3 };
+
+typedef struct {
+    int kind;
+    const void *w;       /* [N, K] (int4: N * K / 2 bytes in PyTorch's packed layout, see gemv.c) */
+    const float *scale;  /* int8: [N]; int4: [K / group, N] */
+    const float *zero;   /* int4: [K / group, N], the value of code 0 */
+    int group;
+    int N, K;
+} Weight;
+
+/* y [M, N] = W (x's rows read as gemv.c's read_row says) + bias (+ residual, in y's dtype). x_bf16 /
+   y_bf16: whether x and y are bf16 (else fp32). M <= 64. Returns 0, or -1 when out of memory. */
+int gemv_run(const Weight *W, const void *x, int x_bf16, int M, const float *in_scale, const float *bias,
+             void *y, int y_bf16, int threads, float norm_eps, int swiglu, const void *residual);
+
+int portachat_decode_attention(float *qkv, const int64_t *positions, const float *cos, const float *sin_signed,
+                               float *k_cache, float *v_cache, int64_t num_slots, const int64_t *slot_mapping,
+                               const int64_t *slots, const uint8_t *mask, int B, int L, int H, int H_kv, int D,
+                               float *y, int threads);
+
+#endif
