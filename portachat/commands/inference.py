@@ -75,7 +75,7 @@ def add_speculative_flags(p: argparse.ArgumentParser) -> None:
     flag(g, "--ngram-prompt-lookup-max", type=positive_int, default=None,
          help=_("longest suffix looked up earlier in the text (default 4)"))
     flag(g, "--ngram-prompt-lookup-min", type=positive_int, default=None,
-         help=_("shortest suffix worth a guess (default 2)"))
+         help=_("shortest suffix worth a full guess of K tokens (default 2; a shorter one guesses one token)"))
     flag(g, "--speculative-max-batch", type=positive_int, default=None,
          help=_("steps with more sequences than this decode without speculation, where it does not pay (default 4)"))
 

@@ -13,7 +13,8 @@ class SpeculativeConfig:
     method: Literal["ngram", "draft_model"]
     num_speculative_tokens: int = 4  # K: tokens proposed per sequence and step
     prompt_lookup_max: int = 4  # ngram: longest suffix looked up earlier in the sequence
-    prompt_lookup_min: int = 2  # ngram: shortest one worth a guess
+    prompt_lookup_min: int = 2  # ngram: shortest one worth a K-token guess
+    short_match_tokens: int = 1  # ngram: tokens guessed from a shorter match (down to 1 token); 0: none
     max_batch: int = 4  # steps decoding more sequences than this run without speculation
     draft: Any = None  # draft_model: the draft GPT (loaded by the caller, vocabulary checked)
 
@@ -27,6 +28,8 @@ class SpeculativeConfig:
                 "need 1 <= ngram_prompt_lookup_min <= ngram_prompt_lookup_max, got "
                 f"{self.prompt_lookup_min} and {self.prompt_lookup_max}"
             )
+        if self.short_match_tokens < 0:
+            raise ValueError(f"short_match_tokens must be at least 0, got {self.short_match_tokens}")
         if self.max_batch < 1:
             raise ValueError(f"speculative max batch must be at least 1, got {self.max_batch}")
         if self.method == "draft_model" and self.draft is None:

@@ -67,8 +67,8 @@ class Speculator:
             return
         c = self.config
         if self.draft is None:
-            proposals = [(propose_ngram(s.seq.token_ids, k, c.prompt_lookup_min, c.prompt_lookup_max), None)
-                         for s, k in chosen]  # fmt: skip
+            proposals = [(propose_ngram(s.seq.token_ids, k, c.prompt_lookup_min, c.prompt_lookup_max,
+                                        c.short_match_tokens), None) for s, k in chosen]  # fmt: skip
         else:
             proposals = self.draft.propose([s.seq for s, _ in chosen], [k for _, k in chosen])
         for (s, _), (draft, probs) in zip(chosen, proposals, strict=True):

@@ -16,3 +16,12 @@ def test_longer_matches_win_and_min_bounds_the_search():
     assert propose_ngram([5, 6, 5], 2, 1, 2) == [6, 5]  # unigram lookup
     assert propose_ngram([5, 6, 5], 2, 2, 2) == []
     assert propose_ngram([5], 2, 1, 2) == []
+
+
+def test_a_shorter_match_guesses_fewer_tokens():
+    tokens = [5, 6, 7, 8, 9, 5]  # only the unigram [5] recurs
+    assert propose_ngram(tokens, 3, 2, 3) == []
+    assert propose_ngram(tokens, 3, 2, 3, short_tokens=1) == [6]
+    assert propose_ngram(tokens, 3, 2, 3, short_tokens=2) == [6, 7]
+    assert propose_ngram([1, 2, 3, 1, 2], 3, 2, 3, short_tokens=1) == [3, 1, 2]  # a full match: K tokens
+    assert propose_ngram([1, 2, 3, 4], 3, 2, 3, short_tokens=1) == []  # nothing recurs at all
