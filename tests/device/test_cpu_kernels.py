@@ -125,3 +125,18 @@ def test_a_layout_the_kernel_does_not_read_keeps_the_fallback():
     sz = fallback.scales_and_zeros.float()
     f = small_batch_product(fallback, "int4", wrong, 32, 64, sz[..., 0], sz[..., 1] - 8 * sz[..., 0], 32)
     assert f is fallback
+
+
+@needs_lib
+def test_many_bf16_rows_run_fp32_gemms_over_widened_slices(monkeypatch):
+    from portachat.device import cpu_linear
+
+    monkeypatch.setattr(cpu_linear, "WIDENED_SLICE", 10 * 64)  # 10 rows of the weight at a time: 5 slices
+    g = torch.Generator().manual_seed(2)
+    w, b = torch.randn(48, 64, generator=g).bfloat16(), torch.randn(48, generator=g).bfloat16()
+    scale = torch.rand(64, generator=g) + 0.5
+    f = pack_linear(w, b, in_scale=scale)
+    x = torch.randn(KERNEL_ROWS["bf16"] + 7, 64, generator=g).bfloat16()
+    want = torch.nn.functional.linear(x.float() * scale, w.float(), b.float())
+    assert f(x).dtype == torch.bfloat16
+    assert torch.allclose(f(x).float(), want, atol=3e-2, rtol=1e-2)
