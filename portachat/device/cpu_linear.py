@@ -73,10 +73,14 @@ BF16_ROWS_BESIDE_ONEDNN = 4
 
 class RoutedLinear:
     """x -> the product: the own kernel for up to `rows` rows of x, `fallback` for more. `kernel` (a
-    cpu_kernels.SmallBatchLinear) is public so a caller may fuse around it (the engine's decode step)."""
+    cpu_kernels.SmallBatchLinear) is public so a caller may fuse around it (the engine's decode step),
+    up to `step_rows` rows: there it saves every operation around the products, which outweighs a
+    kernel somewhat slower than `fallback` alone."""
 
-    def __init__(self, kernel: cpu_kernels.SmallBatchLinear, rows: int, fallback: Callable) -> None:
+    def __init__(self, kernel: cpu_kernels.SmallBatchLinear, rows: int, fallback: Callable,
+                 step_rows: int | None = None) -> None:  # fmt: skip
         self.kernel, self.rows, self.fallback = kernel, rows, fallback
+        self.step_rows = rows if step_rows is None else step_rows
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.kernel(x) if x.size(0) <= self.rows else self.fallback(x)
@@ -134,6 +138,17 @@ def packed_weight_bytes(device_type: str, dtype: torch.dtype, weight_bytes: int)
     return int(weight_bytes * PACKED_SIZE[dtype]) if holds_packed_copy(device_type, dtype) else 0
 
 
+# The fused CPU forward's step transient against the tensors counted per layer (serve_memory's
+# step_activation_bytes): the peak resident size measured ~2x (fp32, depth 4-12, 256-1024-token
+# steps: freed blocks stay with the allocator for the next layer, and MKL's GEMMs keep workspaces).
+CPU_STEP_TRANSIENT_FACTOR = 2.0
+
+
+def step_transient_factor(device_type: str | None) -> float:
+    """Multiplier on a forward step's counted activations for memory planning on this device."""
+    return CPU_STEP_TRANSIENT_FACTOR if device_type == "cpu" else 1.0
+
+
 def holds_packed_copy(device_type: str, dtype: torch.dtype) -> bool:
     """Whether `pack_linear` keeps a packed copy of each weight: not where nothing packs, nor for
     fp32 beside the own kernels (they read the weight in place; MKL's unpacked product takes the
@@ -165,7 +180,10 @@ def pack_linear(
         n, k = weight.shape
         small = cpu_kernels.SmallBatchLinear(lib, kind, weight, n, k, in_scale=in_scale, bias=bias)
         if kind == "bf16":
-            return RoutedLinear(small, KERNEL_ROWS[kind], _widened_linear(weight, bias, in_scale))
+            # In a whole step the kernel also takes 33-64 rows (products ~1.2x MKL's there, and the step
+            # keeps fp32 activations between bf16 weights: closer to the fp32 forward).
+            return RoutedLinear(small, KERNEL_ROWS[kind], _widened_linear(weight, bias, in_scale),
+                                step_rows=cpu_kernels.MAX_ROWS)  # fmt: skip
         return RoutedLinear(small, KERNEL_ROWS[kind], _plain_linear(weight, bias, in_scale))
     if not packing_available(weight.device.type, weight.dtype):
         return _plain_linear(weight, bias, in_scale)

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from portachat.device import paged_attention as pa
-from portachat.device.cpu_linear import packed_weight_bytes
+from portachat.device.cpu_linear import packed_weight_bytes, step_transient_factor
 from portachat.device.kv_quant import bytes_per_token
 from portachat.model.config import GPTConfig
 from portachat.model.tensor_parallel import plan_shard, working_sizes
@@ -71,12 +71,14 @@ def step_activation_bytes(shape: ModelShape, tp: int, dtype: str, step_tokens: i
                           device_type: str | None = None) -> int:  # fmt: skip
     """The transient of one forward step of `step_tokens` tokens (the engine's max_num_batched_tokens):
     one layer's activations at a time (residual, normalised input, q/k/v and their rotated copies, the
-    MLP's gate/up, activation and output) plus a prefill chunk's attention scores and probabilities."""
+    MLP's gate/up, activation and output) plus a prefill chunk's attention scores and probabilities,
+    times what the device's allocator holds beyond them (device.cpu_linear.step_transient_factor)."""
     s = shard_shape(shape, tp)
     size = _compute_dtype(dtype, device_type).itemsize
     per_token = 3 * s.n_embd + 5 * s.intermediate_size + 2 * (s.q_dim + 2 * s.kv_dim)
     chunk = min(step_tokens, context)
-    return int(size * (step_tokens * per_token + 2 * s.n_head * chunk * context))
+    counted = size * (step_tokens * per_token + 2 * s.n_head * chunk * context)
+    return int(counted * step_transient_factor(device_type))
 
 
 def estimate_serving(shape: ModelShape, tp: int = 1, dtype: str = "bf16", batch_size: int = 8, context: int = 2048,

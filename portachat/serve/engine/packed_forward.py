@@ -109,7 +109,7 @@ class PackedModel:
         products = [p for layer in layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [head]
         kernels_everywhere = all(isinstance(p, RoutedLinear) for p in products)
         # Rows up to which a decode step can run on the kernels alone (0: never).
-        self.decode_rows = min(p.rows for p in products) if kernels_everywhere else 0
+        self.decode_rows = min(p.step_rows for p in products) if kernels_everywhere else 0
         if any(layer.q_norm is not None for layer in layers):
             self.decode_rows = 0  # QK-norm (Qwen3) sits between the product and rotary
         self.final_norm = model.model.norm.weight.detach().float().contiguous()
