@@ -176,8 +176,8 @@ class DecodeLayers:
                 extra = next(biases) if j == 0 and bias is not None else f.bias
                 array[4 * i + j] = _Product(f.kind, f.weight.data_ptr(), _ptr(f.scale), _ptr(f.zero), f.group,
                                             f.n, f.k, _ptr(f.in_scale), _ptr(extra))  # fmt: skip
-        self._products, self._layers = products, len(products)
-        self._array = array
+        self._products = products  # the C side reads their tensors: they live as long as this
+        self._layers, self._array = len(products), array
         self._eps = (ctypes.c_float * (2 * len(norm_eps)))(*(e for pair in norm_eps for e in pair))
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,

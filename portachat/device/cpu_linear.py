@@ -175,10 +175,10 @@ def pack_linear(
         return None
     weight = weight.detach()
     lib = cpu_kernels.library()
-    if lib is not None and not holds_packed_copy("cpu", weight.dtype):
-        kind = "bf16" if weight.dtype == torch.bfloat16 else "fp32"
-        n, k = weight.shape
-        small = cpu_kernels.SmallBatchLinear(lib, kind, weight, n, k, in_scale=in_scale, bias=bias)
+    kind = "bf16" if weight.dtype == torch.bfloat16 else "fp32"  # fused_forward_available allows no other
+    small = None if lib is None else cpu_kernels.SmallBatchLinear(lib, kind, weight, *weight.shape,
+                                                                  in_scale=in_scale, bias=bias)  # fmt: skip
+    if small is not None and not holds_packed_copy("cpu", weight.dtype):
         if kind == "bf16":
             # In a whole step the kernel also takes 33-64 rows (products ~1.2x MKL's there, and the step
             # keeps fp32 activations between bf16 weights: closer to the fp32 forward).
@@ -197,11 +197,7 @@ def pack_linear(
         def linear_bf16(x: torch.Tensor) -> torch.Tensor:
             return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
-        if lib is None:
-            return linear_bf16
-        n, k = weight.shape
-        small = cpu_kernels.SmallBatchLinear(lib, "bf16", weight, n, k, in_scale=in_scale, bias=bias)
-        return RoutedLinear(small, BF16_ROWS_BESIDE_ONEDNN, linear_bf16)
+        return linear_bf16 if small is None else RoutedLinear(small, BF16_ROWS_BESIDE_ONEDNN, linear_bf16)
     packed = torch.ops.mkl._mkl_reorder_linear_weight(folded.contiguous(), batch_hint)
     # MKL's packed GEMM reads only the shape of its "origin" operand when the rows equal batch_hint:
     # a zero-stride stand-in, so the folded copy is not kept alive.

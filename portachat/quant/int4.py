@@ -83,6 +83,12 @@ class Int4Linear(nn.Module):
         module.register_buffer("bias", None)
         return module
 
+    def group_scale_and_code0(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp32 (scale, value of code 0), each [in/group, out]: w = code * scale + code0 (the form
+        the device's own CPU kernel reads beside `packed`)."""
+        sz = self.scales_and_zeros.float()  # [in/group, out, (scale, value of code 8)]
+        return sz[..., 0], sz[..., 1] - 8 * sz[..., 0]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(self.activation_dtype)
         sz = self.scales_and_zeros

@@ -31,8 +31,7 @@ def _weights(kind: str, n: int, k: int, g: torch.Generator):
         return m.qweight, m.scale, None, 0, m.dequantized_weight()
     codes, scale, zero = quantize_int4(w, 32)
     m = Int4Linear(codes, scale, zero, 32, torch.float32)
-    sz = m.scales_and_zeros.float()
-    return m.packed, sz[..., 0], sz[..., 1] - 8 * sz[..., 0], 32, dequantize_int4(codes, scale, zero, 32)
+    return m.packed, *m.group_scale_and_code0(), 32, dequantize_int4(codes, scale, zero, 32)
 
 
 def _check_library(lib, kinds=("fp32", "bf16", "int8", "int4")) -> None:
@@ -122,8 +121,7 @@ def test_a_layout_the_kernel_does_not_read_keeps_the_fallback():
     w = torch.randn(32, 64)
     fallback = Int4Linear(*quantize_int4(w, 32), 32, torch.float32)
     wrong = torch.zeros_like(fallback.packed)  # not the codes the module holds
-    sz = fallback.scales_and_zeros.float()
-    f = small_batch_product(fallback, "int4", wrong, 32, 64, sz[..., 0], sz[..., 1] - 8 * sz[..., 0], 32)
+    f = small_batch_product(fallback, "int4", wrong, 32, 64, *fallback.group_scale_and_code0(), 32)
     assert f is fallback
 
 

@@ -85,8 +85,7 @@ def _quantized(module: torch.nn.Module, in_scale: torch.Tensor | None) -> Linear
     if isinstance(module, Int8Linear):
         return small_batch_product(fallback, "int8", module.qweight, n, k, scale=module.scale,
                                    in_scale=in_scale, bias=module.bias)  # fmt: skip
-    sz = module.scales_and_zeros.float()  # [K/group, N, (scale, value of code 8)]
-    scale, zero = sz[..., 0], sz[..., 1] - 8 * sz[..., 0]  # the kernel's zero is code 0's value
+    scale, zero = module.group_scale_and_code0()
     return small_batch_product(fallback, "int4", module.packed, n, k, scale=scale, zero=zero,
                                group=module.group_size, in_scale=in_scale, bias=module.bias)  # fmt: skip
 
