@@ -61,12 +61,22 @@ def fused_forward_available(device_type: str, dtype: torch.dtype) -> bool:
     )
 
 
-# Rows of x up to which the own kernel runs (measured as above; at 32 rows fp32 is even with MKL and
-# ATen's int4 kernel wins from 2 rows on). bf16 without oneDNN's kernels: up to 32 rows; more go to
-# MKL's fp32 GEMM over the weight widened a slice at a time (1.2x faster at 64 rows, 1.9x at 512;
-# ATen's own bf16 GEMM runs 5x slower than the kernel at 32 rows here). With oneDNN's packed bf16
-# (AVX512-BF16/AMX, not measured here) only the bandwidth-bound few rows.
+# Rows of x up to which the own kernel runs (measured as above; at 32 rows fp32 is even with MKL).
+# bf16 without oneDNN's kernels: up to 32 rows; more go to MKL's fp32 GEMM over the weight widened a
+# slice at a time (1.2x faster at 64 rows, 1.9x at 512; ATen's own bf16 GEMM runs 5x slower than the
+# kernel at 32 rows here). With oneDNN's packed bf16 (AVX512-BF16/AMX, not measured here) only the
+# bandwidth-bound few rows. int8/int4 where the kernels multiply integers (cpu_kernels.
+# integer_products): every row count, 64 rows a call (1.8-2.9x ATen's int8/int4 kernels from 1 to
+# 256 rows); where they widen codes to fp32, ATen's int4 kernel wins from 2 rows on.
 KERNEL_ROWS = {"fp32": 16, "bf16": 32, "int8": cpu_kernels.MAX_ROWS, "int4": 1}
+ALL_ROWS = 1 << 62
+
+
+def kernel_rows(kind: str, lib: object) -> int:
+    """Rows of x up to which the own kernel (in library `lib`) runs the product for weights `kind`."""
+    if kind in ("int8", "int4") and cpu_kernels.integer_products(lib):
+        return ALL_ROWS
+    return KERNEL_ROWS[kind]
 WIDENED_SLICE = 1 << 22  # weight elements widened to fp32 at a time (16 MB): bounds the transient
 BF16_ROWS_BESIDE_ONEDNN = 4
 
@@ -74,13 +84,13 @@ BF16_ROWS_BESIDE_ONEDNN = 4
 class RoutedLinear:
     """x -> the product: the own kernel for up to `rows` rows of x, `fallback` for more. `kernel` (a
     cpu_kernels.SmallBatchLinear) is public so a caller may fuse around it (the engine's decode step),
-    up to `step_rows` rows: there it saves every operation around the products, which outweighs a
+    up to `step_rows` rows (at most MAX_ROWS, one call): there it saves every operation around the products, which outweighs a
     kernel somewhat slower than `fallback` alone."""
 
     def __init__(self, kernel: cpu_kernels.SmallBatchLinear, rows: int, fallback: Callable,
                  step_rows: int | None = None) -> None:  # fmt: skip
         self.kernel, self.rows, self.fallback = kernel, rows, fallback
-        self.step_rows = rows if step_rows is None else step_rows
+        self.step_rows = min(rows if step_rows is None else step_rows, cpu_kernels.MAX_ROWS)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.kernel(x) if x.size(0) <= self.rows else self.fallback(x)
@@ -123,7 +133,7 @@ def small_batch_product(fallback: Callable, kind: str, weight: torch.Tensor, n: 
     want, got = fallback(x).float(), small(x).float()
     if not torch.allclose(got, want, rtol=0.02, atol=0.02 * float(want.abs().max())):
         return fallback
-    return RoutedLinear(small, KERNEL_ROWS[kind], fallback)
+    return RoutedLinear(small, kernel_rows(kind, lib), fallback)
 
 
 # Packed copies' size per byte of weight. MKL's packed sgemm layout pads its panels: measured (RSS)

@@ -209,11 +209,20 @@ static void rows32_int4(const Weight *W, int n0, const float *x, int M, const fl
 }
 #endif
 
+/* x quantized for int_dot.c's integer products: q [M, K] int8, d [M, K / 32]; q NULL where they do
+   not apply (no AVX2, or a shape int_dot_fits refuses). */
+typedef struct {
+    const int8_t *q;
+    const float *d;
+} QuantizedX;
+
 /* Rows n0..n0+rows-1 (a block: 4 rows, int4 32) into out[m * stride + j]. scratch: NULL or [4, K]
    floats (rows4_simd's keep). */
-static void block_rows(const Weight *W, int n0, int rows, const float *x, int M, const float *xsum, float *out,
-                       int stride, float *scratch) {
+static void block_rows(const Weight *W, int n0, int rows, const float *x, const QuantizedX *xq, int M,
+                       const float *xsum, float *out, int stride, float *scratch) {
 #ifdef __AVX2__
+    if (xq->q && W->kind == WEIGHT_INT8 && rows == 4) { int8_rows4(W, n0, xq->q, xq->d, M, out); return; }
+    if (xq->q && W->kind == WEIGHT_INT4 && rows == 32) { int4_rows32(W, n0, xq->q, xq->d, xsum, M, out); return; }
     if (W->kind == WEIGHT_INT4) {
         if (rows == 32 && W->group % 8 == 0) { rows32_int4(W, n0, x, M, xsum, out); return; }
     } else if (rows == 4 && W->K % 8 == 0) {
@@ -224,6 +233,7 @@ static void block_rows(const Weight *W, int n0, int rows, const float *x, int M,
     }
 #endif
     (void)xsum;
+    (void)xq;
     (void)scratch;
     rows_scalar(W, n0, rows, x, M, out, stride);
 }
@@ -257,11 +267,34 @@ int gemv_run(const Weight *Wp, const void *x, int x_bf16, int M, const float *in
     int kind = W.kind, N = W.N, K = W.K, group = W.group;
     const float *scale = W.scale;
     int groups = kind == WEIGHT_INT4 ? K / group : 0;
-    float *xf = (float *)malloc(sizeof(float) * ((size_t)M * K + (size_t)M * groups));
+    int integer = int_dot_fits(&W);
+    size_t floats = (size_t)M * K + (size_t)M * groups + (integer ? (size_t)M * K / 32 + (size_t)M * K / 4 : 0);
+    float *xf = (float *)malloc(sizeof(float) * floats);
     if (!xf) return -1;
     float *xsum = xf + (size_t)M * K;
     for (int m = 0; m < M; m++) read_row(x, x_bf16, m, K, swiglu, norm_eps, in_scale, xf + (size_t)m * K);
-    for (int m = 0; m < M; m++)
+    QuantizedX xq = {NULL, NULL};
+#ifdef __AVX2__
+    if (integer) {
+        float *d = xsum + (size_t)M * groups;
+        int8_t *q = (int8_t *)(d + (size_t)M * K / 32);
+        quantize_rows(xf, M, K, q, d);
+        xq.q = q, xq.d = d;
+        /* int4's zero term takes the sums of the rounded x, so the product is exactly W times it: the
+           error is then W (x - x_rounded), not (W - zero)(x - x_rounded), larger for wide groups */
+        for (int m = 0; m < M; m++)
+            for (int g = 0; g < groups; g++) {
+                float t = 0.f;
+                for (int b = g * group / 32; b < (g + 1) * group / 32; b++) {
+                    int s = 0;
+                    for (int k = 32 * b; k < 32 * b + 32; k++) s += q[(size_t)m * K + k];
+                    t += d[(size_t)m * K / 32 + b] * (float)s;
+                }
+                xsum[m * groups + g] = t;
+            }
+    }
+#endif
+    for (int m = 0; m < M && !xq.q; m++)
         for (int g = 0; g < groups; g++) {
             float t = 0.f;
             for (int k = g * group; k < (g + 1) * group; k++) t += xf[(size_t)m * K + k];
@@ -276,7 +309,7 @@ int gemv_run(const Weight *Wp, const void *x, int x_bf16, int M, const float *in
     for (int b = 0; b < blocks; b++) {
         int n0 = b * block, rows = N - n0 < block ? N - n0 : block;
         float out[32 * 64];
-        block_rows(&W, n0, rows, xf, M, xsum, out, block, scratch);
+        block_rows(&W, n0, rows, xf, &xq, M, xsum, out, block, scratch);
         for (int m = 0; m < M; m++)
             for (int j = 0; j < rows; j++) {
                 int n = n0 + j;

@@ -20,6 +20,12 @@ typedef struct {
 int gemv_run(const Weight *W, const void *x, int x_bf16, int M, const float *in_scale, const float *bias,
              void *y, int y_bf16, int threads, float norm_eps, int swiglu, const void *residual);
 
+/* int_dot.c: int8/int4 weights times x quantized to int8 in blocks of 32 (AVX2 only). */
+int int_dot_fits(const Weight *W);
+void quantize_rows(const float *x, int M, int K, int8_t *q, float *d);
+void int8_rows4(const Weight *W, int n0, const int8_t *q, const float *d, int M, float *out);
+void int4_rows32(const Weight *W, int n0, const int8_t *q, const float *d, const float *xsum, int M, float *out);
+
 int portachat_decode_attention(float *qkv, const int64_t *positions, const float *cos, const float *sin_signed,
                                float *k_cache, float *v_cache, int64_t num_slots, const int64_t *slot_mapping,
                                const int64_t *slots, const uint8_t *mask, int B, int L, int H, int H_kv, int D,

@@ -115,8 +115,22 @@ def test_smollm2_concurrent_greedy_equals_plain_forward():
     assert "Paris" in completions[0].text
 
 
+@pytest.fixture
+def fp32_products():
+    """The own kernels multiply int8/int4 weights in fp32 (not as integers over x rounded to int8), so
+    a fused or whole-step forward can be held to the modules' to 1e-3: these tests check the fusing,
+    tests/device/test_cpu_kernels.py the integer products."""
+    from portachat.device import cpu_kernels
+
+    lib = cpu_kernels.library()
+    was = lib is not None and cpu_kernels.set_integer_products(lib, False)
+    yield
+    if lib is not None:
+        cpu_kernels.set_integer_products(lib, was)
+
+
 @pytest.mark.parametrize("mode", ["int8", "int4"])
-def test_quantized_models_run_the_fused_forward(chat_tokenizer, mode):
+def test_quantized_models_run_the_fused_forward(chat_tokenizer, fp32_products, mode):
     """int8/int4 weights: q/k/v and gate/up fused (portachat.quant.fuse), the norm weight applied to
     the products' input. With fp32 activations (same kernels, no bf16 rounding in between) greedy
     tokens and logprobs equal the modules' forward."""
@@ -142,7 +156,8 @@ def test_quantized_models_run_the_fused_forward(chat_tokenizer, mode):
 
 @pytest.mark.parametrize("family", ["llama", "qwen2-bias", "llama-rope-scaling"])
 @pytest.mark.parametrize("mode", ["fp32", "int8", "int4"])
-def test_decode_steps_on_the_own_cpu_kernels_equal_the_fused_forward(chat_tokenizer, monkeypatch, family, mode):
+def test_decode_steps_on_the_own_cpu_kernels_equal_the_fused_forward(chat_tokenizer, monkeypatch, fp32_products,
+                                                                     family, mode):  # fmt: skip
     """Decode-only steps run as five kernel calls a layer (norms, SwiGLU, residuals, rotary, cache
     writes and attention fused: PackedModel.forward_decode); with fp32 activations their greedy tokens
     and logprobs equal the fused PyTorch forward's, batch 1 and a padded batch of 3."""

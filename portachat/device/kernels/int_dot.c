@@ -1,0 +1,184 @@
+/* Integer products for int8 and int4 weights: what makes quantized decoding compute-light.
+
+Converting every weight code to fp32 for an FMA costs more than streaming the weights at a few rows
+of x (measured: int8 and int4 were compute-bound at batch 1, and at 32 rows all widths were). So,
+as llama.cpp does, x is quantized too: each row in blocks of 32 inputs to int8 with one fp32 scale
+per block (q8_0's layout; |error| <= scale / 2 per input), and the codes are multiplied as
+integers with AVX2's maddubs, 32 products an instruction against an FMA's 8. One block's integer
+sum is scaled once: y = sum_b d_b * sum_{k in b} code_k q_k (int8: then the row's scale; int4:
+per group, scale * that + zero * the rounded x's sum). So y = W x_rounded exactly, up to fp32 sums:
+|error| <= |W| times x's rounding. The result depends on each row of x alone, so a row gives
+the same output whatever else is in the batch (speculative verification equals plain decoding).
+
+Only with AVX2 (gemv.c keeps the fp32 path otherwise), for K % 32 == 0 and int4 groups that are
+multiples of 32 up to 256 (int_dot_fits).
+*/
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+#include "kernels.h"
+
+static int int_dot_on = 1;  /* portachat_set_int_dot: off, int8/int4 take the fp32 path (exact in x) */
+
+void portachat_set_int_dot(int on) { int_dot_on = on; }
+
+int int_dot_fits(const Weight *W) {
+#ifdef __AVX2__
+    if (!int_dot_on || W->K % 32) return 0;
+    if (W->kind == WEIGHT_INT8) return 1;
+    return W->kind == WEIGHT_INT4 && W->group % 32 == 0 && W->group <= 256;
+#else
+    (void)W;
+    return 0;
+#endif
+}
+
+#ifdef __AVX2__
+/* x [M, K] fp32 -> q [M, K] int8 and d [M, K / 32]: x ~= d * q, per block round to nearest. */
+void quantize_rows(const float *x, int M, int K, int8_t *q, float *d) {
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (size_t b = 0; b < (size_t)M * K / 32; b++) {
+        const float *xb = x + 32 * b;
+        __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8), v2 = _mm256_loadu_ps(xb + 16),
+               v3 = _mm256_loadu_ps(xb + 24);
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v0, abs_mask), _mm256_and_ps(v1, abs_mask)),
+                                 _mm256_max_ps(_mm256_and_ps(v2, abs_mask), _mm256_and_ps(v3, abs_mask)));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        float amax = _mm_cvtss_f32(h);
+        d[b] = amax / 127.f;
+        __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+        __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, inv)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, inv)),
+                i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, inv)), i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, inv));
+        /* packs interleave the 128-bit lanes: the permute puts the 32 values back in order */
+        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+        _mm256_storeu_si256((__m256i *)(q + 32 * b), _mm256_permutevar8x32_epi32(p, order));
+    }
+}
+
+/* Sums of 4 adjacent products |w| * (x with w's sign) in 8 int32 lanes: maddubs wants one operand
+   unsigned, and a pair of products fits its int16 (2 * 128 * 127). */
+static inline __m256i dot_i8(__m256i w_abs, __m256i w, __m256i x) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1));
+}
+
+/* Four rows' int32 lane sums -> [rows 0-3 over lanes 0-3 | rows 0-3 over lanes 4-7], scaled by d
+   into acc. */
+static inline __m256 add_scaled(__m256i s0, __m256i s1, __m256i s2, __m256i s3, float d, __m256 acc) {
+    __m256i s = _mm256_hadd_epi32(_mm256_hadd_epi32(s0, s1), _mm256_hadd_epi32(s2, s3));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc);
+}
+
+static inline void store4(float *out, __m256 acc) {
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1)));
+}
+
+/* Int8 rows n0..n0+3 (codes, without their row scale) times every quantized row of x, two rows of x
+   a pass (they share the weight loads); out[m * 4 + j]. */
+void int8_rows4(const Weight *W, int n0, const int8_t *q, const float *d, int M, float *out) {
+    size_t K = (size_t)W->K;
+    int blocks = W->K / 32;
+    const int8_t *w = (const int8_t *)W->w + (size_t)n0 * K;
+    int prefetch = n0 + 20 <= W->N;  /* 16 rows ahead into L2 on the first pass, as gemv.c does */
+    for (int m = 0; m < M; m += 2) {
+        int two = m + 1 < M;
+        const int8_t *x0 = q + (size_t)m * K, *x1 = two ? x0 + K : x0;
+        const float *d0 = d + (size_t)m * blocks, *d1 = two ? d0 + blocks : d0;
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+        for (int b = 0; b < blocks; b++) {
+            size_t k = 32 * (size_t)b;
+            if (m == 0 && prefetch)
+                for (size_t j = 0; j < 4; j++) _mm_prefetch((const char *)(w + (16 + j) * K + k), _MM_HINT_T1);
+            __m256i v0 = _mm256_loadu_si256((const __m256i *)(x0 + k)), v1 = _mm256_loadu_si256((const __m256i *)(x1 + k));
+            __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + k)), a0 = _mm256_sign_epi8(w0, w0);
+            __m256i w1 = _mm256_loadu_si256((const __m256i *)(w + K + k)), a1 = _mm256_sign_epi8(w1, w1);
+            __m256i w2 = _mm256_loadu_si256((const __m256i *)(w + 2 * K + k)), a2 = _mm256_sign_epi8(w2, w2);
+            __m256i w3 = _mm256_loadu_si256((const __m256i *)(w + 3 * K + k)), a3 = _mm256_sign_epi8(w3, w3);
+            acc0 = add_scaled(dot_i8(a0, w0, v0), dot_i8(a1, w1, v0), dot_i8(a2, w2, v0), dot_i8(a3, w3, v0), d0[b],
+                              acc0);
+            if (two)
+                acc1 = add_scaled(dot_i8(a0, w0, v1), dot_i8(a1, w1, v1), dot_i8(a2, w2, v1), dot_i8(a3, w3, v1),
+                                  d1[b], acc1);
+        }
+        store4(out + 4 * m, acc0);
+        if (two) store4(out + 4 * (m + 1), acc1);
+    }
+}
+
+/* A full block of 32 int4 rows (n0 % 32 == 0, gemv.c's layout: per input 16 bytes, low nibbles rows
+   0-15, high nibbles rows 16-31) times every quantized row of x; out[m * 32 + j], scales and zeros
+   applied (xsum: the rounded x's sums per group, [M, groups]). One group at a time, its codes are first laid out for maddubs, which sums adjacent pairs:
+   per two inputs (k, k+1), 32 bytes [row r at k, row r at k+1] for rows 0-15, then 32 for rows 16-31.
+   A pair sum is <= 2 * 15 * 127, so 8 of them still fit int16. */
+void int4_rows32(const Weight *W, int n0, const int8_t *q, const float *d, const float *xsum, int M, float *out) {
+    int K = W->K, G = W->group, groups = K / G, blocks = K / 32;
+    const uint8_t *p = (const uint8_t *)W->w + (size_t)n0 * K / 2;
+    const __m128i low4 = _mm_set1_epi8(15);
+    int prefetch = M == 1 && n0 + 64 <= W->N;
+    uint8_t pairs[256 * 32] __attribute__((aligned(32)));
+    memset(out, 0, sizeof(float) * 32 * (size_t)M);
+    for (int g = 0; g < groups; g++) {
+        for (int i = 0, k = g * G; i < G / 2; i++, k += 2) {
+            if (prefetch) _mm_prefetch((const char *)p + (size_t)K * 16 + (size_t)k * 16, _MM_HINT_T1);
+            __m128i v0 = _mm_loadu_si128((const __m128i *)(p + (size_t)k * 16));
+            __m128i v1 = _mm_loadu_si128((const __m128i *)(p + (size_t)k * 16 + 16));
+            __m128i lo0 = _mm_and_si128(v0, low4), lo1 = _mm_and_si128(v1, low4);
+            __m128i hi0 = _mm_and_si128(_mm_srli_epi16(v0, 4), low4), hi1 = _mm_and_si128(_mm_srli_epi16(v1, 4), low4);
+            __m128i *at = (__m128i *)(pairs + 64 * (size_t)i);
+            _mm_store_si128(at, _mm_unpacklo_epi8(lo0, lo1));
+            _mm_store_si128(at + 1, _mm_unpackhi_epi8(lo0, lo1));
+            _mm_store_si128(at + 2, _mm_unpacklo_epi8(hi0, hi1));
+            _mm_store_si128(at + 3, _mm_unpackhi_epi8(hi0, hi1));
+        }
+        const float *scale = W->scale + (size_t)g * W->N + n0, *zero = W->zero + (size_t)g * W->N + n0;
+        for (int m = 0; m < M; m++) {
+            const int8_t *xq = q + (size_t)m * K + (size_t)g * G;
+            const float *xd = d + (size_t)m * blocks + g * G / 32;
+            __m256 f[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+            for (int b = 0; b < G / 32; b++) {
+                __m256i i32[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                                  _mm256_setzero_si256()};
+                for (int half = 0; half < 2; half++) {
+                    __m256i s0 = _mm256_setzero_si256(), s1 = s0;
+                    for (int t = 0; t < 8; t++) {
+                        int kk = 32 * b + 16 * half + 2 * t;
+                        int16_t xp;
+                        memcpy(&xp, xq + kk, 2);
+                        __m256i x = _mm256_set1_epi16(xp);
+                        const __m256i *w = (const __m256i *)(pairs + 32 * (size_t)kk);
+                        s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(_mm256_load_si256(w), x));
+                        s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(_mm256_load_si256(w + 1), x));
+                    }
+                    i32[0] = _mm256_add_epi32(i32[0], _mm256_cvtepi16_epi32(_mm256_castsi256_si128(s0)));
+                    i32[1] = _mm256_add_epi32(i32[1], _mm256_cvtepi16_epi32(_mm256_extracti128_si256(s0, 1)));
+                    i32[2] = _mm256_add_epi32(i32[2], _mm256_cvtepi16_epi32(_mm256_castsi256_si128(s1)));
+                    i32[3] = _mm256_add_epi32(i32[3], _mm256_cvtepi16_epi32(_mm256_extracti128_si256(s1, 1)));
+                }
+                __m256 db = _mm256_set1_ps(xd[b]);
+                for (int j = 0; j < 4; j++) f[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32[j]), db, f[j]);
+            }
+            __m256 sx = _mm256_set1_ps(xsum[(size_t)m * groups + g]);
+            for (int j = 0; j < 4; j++) {
+                float *o = out + (size_t)m * 32 + 8 * j;
+                __m256 v = _mm256_fmadd_ps(f[j], _mm256_loadu_ps(scale + 8 * j), _mm256_loadu_ps(o));
+                _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_loadu_ps(zero + 8 * j), sx, v));
+            }
+        }
+    }
+}
+#endif
+
+/* Whether int8/int4 weights are multiplied as integers (portachat.device.cpu_kernels asks). */
+int portachat_int_dot(void) {
+#ifdef __AVX2__
+    return int_dot_on;
+#else
+    return 0;
+#endif
+}
