@@ -110,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     from smollm2 import find_smollm2_gguf
 
     args = parse_args(argv)
+    unknown = sorted(set(args.tasks) - set(TASKS))
+    if unknown or not args.tasks:
+        raise SystemExit(f"unknown tasks {unknown}: choose from {', '.join(TASKS)}")
     if args.threads:
         torch.set_num_threads(args.threads)
     path = find_smollm2_gguf()
@@ -134,9 +137,6 @@ def main(argv: list[str] | None = None) -> int:
         "ngram": SpeculativeConfig(method="ngram", num_speculative_tokens=k),
         "draft": SpeculativeConfig(method="draft_model", num_speculative_tokens=k, draft=draft),
     }
-    unknown = sorted(set(args.tasks) - set(TASKS))
-    if unknown or not args.tasks:
-        raise SystemExit(f"unknown tasks {unknown}: choose from {', '.join(TASKS)}")
     prompts = {t: tok.render_prompt([{"role": "user", "content": TASKS[t]}]) for t in args.tasks}
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
     max_len = max(len(p) for p in prompts.values()) + args.max_tokens + k + 8

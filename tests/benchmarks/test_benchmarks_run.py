@@ -152,3 +152,23 @@ def test_serve_benchmark_compares_parallel_servers_with_one(tp, dp):
     assert record["greedy_identical"] == 4  # fp32: the split model answers as the whole one
     assert record["left_running"] == {"tp1 dp1": 0, label: 0}
     assert f"checks that {label} serves correctly" in proc.stdout
+
+
+def test_speculative_benchmark_reports_each_task():
+    smollm2_gguf_path()  # skips (fails under CI) without the model
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "speculative.py"), "--rounds", "1", "--max-tokens", "12",
+         "--tasks", "edit", "--dtype", "fp32", "--threads", "1", "--json"],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "differ from plain decoding" not in proc.stdout  # fp32: identical greedy replies
+    results = json.loads(proc.stdout.strip().splitlines()[-1])["results"]
+    assert set(results) == {"edit", "all"}
+    edit = results["edit"]
+    assert edit["plain"]["ratio"] == 1.0 and edit["ngram"]["tok_s"] > 0 and edit["draft"]["tok_s"] > 0
+    # correcting a paragraph copies it: most prompt-lookup drafts are accepted
+    assert edit["ngram"]["acceptance"] > 0.5 and edit["ngram"]["tokens_per_step"] > 2
+    unknown = subprocess.run([sys.executable, str(REPO / "benchmarks" / "speculative.py"), "--tasks", "poem"],
+                             capture_output=True, text=True, timeout=300, cwd=REPO)  # fmt: skip
+    assert unknown.returncode != 0 and "unknown tasks ['poem']" in unknown.stderr
