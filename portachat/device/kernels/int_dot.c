@@ -93,7 +93,7 @@ void int8_rows4(const Weight *W, int n0, const int8_t *q, const float *d, int M,
         __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
         for (int b = 0; b < blocks; b++) {
             size_t k = 32 * (size_t)b;
-            if (m == 0 && prefetch)
+            if (m == 0 && prefetch && b % 2 == 0)  /* once per 64-byte line */
                 for (size_t j = 0; j < 4; j++) _mm_prefetch((const char *)(w + (16 + j) * K + k), _MM_HINT_T1);
             __m256i v0 = _mm256_loadu_si256((const __m256i *)(x0 + k)), v1 = _mm256_loadu_si256((const __m256i *)(x1 + k));
             __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + k)), a0 = _mm256_sign_epi8(w0, w0);
@@ -125,7 +125,7 @@ void int4_rows32(const Weight *W, int n0, const int8_t *q, const float *d, const
     memset(out, 0, sizeof(float) * 32 * (size_t)M);
     for (int g = 0; g < groups; g++) {
         for (int i = 0, k = g * G; i < G / 2; i++, k += 2) {
-            if (prefetch) _mm_prefetch((const char *)p + (size_t)K * 16 + (size_t)k * 16, _MM_HINT_T1);
+            if (prefetch && k % 4 == 0) _mm_prefetch((const char *)p + (size_t)K * 16 + (size_t)k * 16, _MM_HINT_T1);
             __m128i v0 = _mm_loadu_si128((const __m128i *)(p + (size_t)k * 16));
             __m128i v1 = _mm_loadu_si128((const __m128i *)(p + (size_t)k * 16 + 16));
             __m128i lo0 = _mm_and_si128(v0, low4), lo1 = _mm_and_si128(v1, low4);
