@@ -79,6 +79,36 @@ static inline void store4(float *out, __m256 acc) {
     _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1)));
 }
 
+/* One row of x: each weight row read straight through memory, as gemv.c's rows4_one_x. */
+static void int8_rows4_one_x(const Weight *W, int n0, const int8_t *q, const float *d, float *out) {
+    size_t K = (size_t)W->K;
+    int blocks = W->K / 32, prefetch = n0 + 20 <= W->N;
+    for (int j = 0; j < 4; j++) {
+        const int8_t *w = (const int8_t *)W->w + (size_t)(n0 + j) * K;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+        int b = 0;
+        for (; b + 2 <= blocks; b += 2) {
+            size_t k = 32 * (size_t)b;
+            if (prefetch) _mm_prefetch((const char *)(w + 16 * K + k), _MM_HINT_T1);
+            __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + k)), w1 = _mm256_loadu_si256((const __m256i *)(w + k + 32));
+            __m256i s0 = dot_i8(_mm256_sign_epi8(w0, w0), w0, _mm256_loadu_si256((const __m256i *)(q + k)));
+            __m256i s1 = dot_i8(_mm256_sign_epi8(w1, w1), w1, _mm256_loadu_si256((const __m256i *)(q + k + 32)));
+            a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_set1_ps(d[b]), a0);
+            a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_set1_ps(d[b + 1]), a1);
+        }
+        if (b < blocks) {
+            size_t k = 32 * (size_t)b;
+            __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + k));
+            __m256i s0 = dot_i8(_mm256_sign_epi8(w0, w0), w0, _mm256_loadu_si256((const __m256i *)(q + k)));
+            a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_set1_ps(d[b]), a0);
+        }
+        __m256 a = _mm256_add_ps(a0, a1);
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+        h = _mm_hadd_ps(h, h);
+        out[j] = _mm_cvtss_f32(_mm_hadd_ps(h, h));
+    }
+}
+
 /* Int8 rows n0..n0+3 (codes, without their row scale) times every quantized row of x, two rows of x
    a pass (they share the weight loads); out[m * 4 + j]. */
 void int8_rows4(const Weight *W, int n0, const int8_t *q, const float *d, int M, float *out) {
@@ -86,6 +116,7 @@ void int8_rows4(const Weight *W, int n0, const int8_t *q, const float *d, int M,
     int blocks = W->K / 32;
     const int8_t *w = (const int8_t *)W->w + (size_t)n0 * K;
     int prefetch = n0 + 20 <= W->N;  /* 16 rows ahead into L2 on the first pass, as gemv.c does */
+    if (M == 1) { int8_rows4_one_x(W, n0, q, d, out); return; }
     for (int m = 0; m < M; m += 2) {
         int two = m + 1 < M;
         const int8_t *x0 = q + (size_t)m * K, *x1 = two ? x0 + K : x0;
