@@ -98,10 +98,9 @@ static inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {  /* [sum a,
     return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
 }
 
-/* Rows n0 + 16 .. n0 + 19 at input k into L2: one row of x reads the weights once, bound by how many
-   cache misses a core has in flight, and prefetching 16 rows ahead keeps more of them going (+15%
-   measured at batch 1). Once per 64-byte line: a prefetch takes a load slot, and one per 8 inputs
-   held bf16 at 9 GB/s a core (1.3x that once per line). */
+/* Rows n0 + 16 .. n0 + 19 at input k into L2, once per 64-byte line: one row of x reads the weights
+   once, bound by how many cache misses a core has in flight, and prefetching 16 rows ahead keeps more
+   of them going (+15% measured at batch 1). */
 static inline __attribute__((always_inline)) void prefetch_ahead(const Weight *W, int kind, int n0, int k) {
     size_t bytes = kind == WEIGHT_F32 ? 4 : kind == WEIGHT_BF16 ? 2 : 1, row_bytes = bytes * W->K;
     if (n0 + 20 > W->N || (k * bytes) % 64) return;
@@ -112,39 +111,85 @@ static inline __attribute__((always_inline)) void prefetch_ahead(const Weight *W
     _mm_prefetch(at + 3 * row_bytes, _MM_HINT_T1);
 }
 
-/* Four rows (fp32/bf16/int8), two rows of x per pass: 8 accumulators, the 4 weight rows read from
-   memory on the first pass. With more than two rows of x and `keep` ([4, K] floats), the first pass
-   also stores the weights it converted there and later passes multiply those from L1: converting
-   again would cost more than the products. K % 8 == 0 (the caller checks). Inlined once per kind
-   (a constant), so the load's switch is resolved at compile time. */
-static void rows4_f32(const Weight *W, int n0, const float *x, int M, float *out);
-
-/* One row of x: the four weight rows read one after another, each straight through memory (four
-   accumulators over k for the FMA latency). */
-static inline __attribute__((always_inline)) void rows4_one_x(const Weight *W, const int kind, int n0,
-                                                              const float *x, float *out) {
+/* Four rows (fp32/bf16/int8) times one or two rows of x (x1 NULL: one): each weight row read straight
+   through memory, which streams bf16 at 1.35x a core the four rows in lockstep below; four
+   accumulators over k per row of x (the FMA latency), prefetching ahead when `first` (the pass that
+   reads from memory). `keep` (or NULL): [4, K] floats that receive the converted weights. Every row of
+   x gets this same sum, alone or paired, so up to SAME_SUM_ROWS rows a row's output does not depend
+   on the batch around it (speculative verification equals plain decoding). Inlined per kind and
+   `two` (constants): no switch in the loop. K % 8 == 0 (the caller checks). */
+static inline __attribute__((always_inline)) void rows4_pass(const Weight *W, const int kind, int n0, const int two,
+                                                             const float *x0, const float *x1, float *out0,
+                                                             float *out1, float *keep, int first) {
+    size_t bytes = kind == WEIGHT_F32 ? 4 : kind == WEIGHT_BF16 ? 2 : 1;
     int K = W->K;
-    __m256 r[4];
+    __m256 r[4], s[4];
     for (int j = 0; j < 4; j++) {
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        int k = 0;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        __m256 w0, w1, w2, w3;
+        float *kj = keep ? keep + (size_t)j * K : NULL;
+        const char *ahead = (const char *)W->w + (size_t)(n0 + j + 16) * K * bytes;
+        int prefetch = first && n0 + j + 16 < W->N, k = 0;
         for (; k + 32 <= K; k += 32) {
-            prefetch_ahead(W, kind, n0 + j, k);
-            a0 = _mm256_fmadd_ps(load8(W, kind, n0 + j, k), _mm256_loadu_ps(x + k), a0);
-            a1 = _mm256_fmadd_ps(load8(W, kind, n0 + j, k + 8), _mm256_loadu_ps(x + k + 8), a1);
-            a2 = _mm256_fmadd_ps(load8(W, kind, n0 + j, k + 16), _mm256_loadu_ps(x + k + 16), a2);
-            a3 = _mm256_fmadd_ps(load8(W, kind, n0 + j, k + 24), _mm256_loadu_ps(x + k + 24), a3);
+            if (prefetch) {
+                _mm_prefetch(ahead + k * bytes, _MM_HINT_T1);
+                if (bytes == 4) _mm_prefetch(ahead + k * bytes + 64, _MM_HINT_T1);
+            }
+            w0 = load8(W, kind, n0 + j, k), w1 = load8(W, kind, n0 + j, k + 8);
+            w2 = load8(W, kind, n0 + j, k + 16), w3 = load8(W, kind, n0 + j, k + 24);
+            if (kj) {
+                _mm256_storeu_ps(kj + k, w0), _mm256_storeu_ps(kj + k + 8, w1);
+                _mm256_storeu_ps(kj + k + 16, w2), _mm256_storeu_ps(kj + k + 24, w3);
+            }
+            a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x0 + k), a0);
+            a1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x0 + k + 8), a1);
+            a2 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(x0 + k + 16), a2);
+            a3 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(x0 + k + 24), a3);
+            if (two) {
+                b0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x1 + k), b0);
+                b1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x1 + k + 8), b1);
+                b2 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(x1 + k + 16), b2);
+                b3 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(x1 + k + 24), b3);
+            }
         }
-        for (; k < K; k += 8) a0 = _mm256_fmadd_ps(load8(W, kind, n0 + j, k), _mm256_loadu_ps(x + k), a0);
+        for (; k < K; k += 8) {
+            w0 = load8(W, kind, n0 + j, k);
+            if (kj) _mm256_storeu_ps(kj + k, w0);
+            a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x0 + k), a0);
+            if (two) b0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x1 + k), b0);
+        }
         r[j] = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+        if (two) s[j] = _mm256_add_ps(_mm256_add_ps(b0, b1), _mm256_add_ps(b2, b3));
     }
-    _mm_storeu_ps(out, hsum4(r[0], r[1], r[2], r[3]));
+    _mm_storeu_ps(out0, hsum4(r[0], r[1], r[2], r[3]));
+    if (two) _mm_storeu_ps(out1, hsum4(s[0], s[1], s[2], s[3]));
 }
+
+/* Up to SAME_SUM_ROWS rows of x: rows4_pass, two rows of x a pass; with more than two and `keep`, the
+   first pass stores the converted weights and later passes multiply those from L1. */
+static inline __attribute__((always_inline)) void rows4_straight(const Weight *W, const int kind, int n0,
+                                                                 const float *x, int M, float *out, float *keep) {
+    size_t K = (size_t)W->K;
+    Weight kept = {WEIGHT_F32, keep, NULL, NULL, 0, 4, W->K};
+    if (M <= 2) keep = NULL;
+    int m = 0;
+    for (; m + 2 <= M; m += 2) {
+        const float *x0 = x + m * K;
+        if (m > 0 && keep) rows4_pass(&kept, WEIGHT_F32, 0, 1, x0, x0 + K, out + 4 * m, out + 4 * m + 4, NULL, 0);
+        else rows4_pass(W, kind, n0, 1, x0, x0 + K, out + 4 * m, out + 4 * m + 4, keep, m == 0);
+    }
+    if (m < M) {
+        if (m > 0 && keep) rows4_pass(&kept, WEIGHT_F32, 0, 0, x + m * K, NULL, out + 4 * m, NULL, NULL, 0);
+        else rows4_pass(W, kind, n0, 0, x + m * K, NULL, out + 4 * m, NULL, NULL, m == 0);
+    }
+}
+
+static void rows4_f32(const Weight *W, int n0, const float *x, int M, float *out);
 
 static inline __attribute__((always_inline)) void rows4_simd(const Weight *W, const int kind, int n0,
                                                              const float *x, int M, float *out, float *keep) {
     int K = W->K, m = 0;
-    if (M == 1) { rows4_one_x(W, kind, n0, x, out); return; }
+    if (M <= SAME_SUM_ROWS) { rows4_straight(W, kind, n0, x, M, out, keep); return; }
     if (M > 2 && keep) {
         const float *x0 = x, *x1 = x0 + K;
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
