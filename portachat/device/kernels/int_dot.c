@@ -68,41 +68,110 @@ static inline __m256i dot_i8(__m256i w_abs, __m256i w, __m256i x) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1));
 }
 
-/* Int8 rows n0..n0+3 (codes, without their row scale) times every quantized row of x; out[m * 4 + j].
-   Each weight row is read straight through memory (as gemv.c's rows4_one_x; 1.25x the four rows in
-   lockstep at one row of x), every row of x on its own, the same sum whatever the batch. */
-void int8_rows4(const Weight *W, int n0, const int8_t *q, const float *d, int M, float *out) {
+/* The scaled sum of one int8 weight row with a quantized row of x: two accumulators, even and odd
+   blocks. */
+static inline __attribute__((always_inline)) float int8_finish(__m256 a0, __m256 a1) {
+    __m256 a = _mm256_add_ps(a0, a1);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    h = _mm_hadd_ps(h, h);
+    return _mm_cvtss_f32(_mm_hadd_ps(h, h));
+}
+
+/* Int8 rows n0..n0+3 times one or two quantized rows of x (`two`, a constant once inlined), sharing
+   the weight loads and |w|; out0[j], out1[j]. Each weight row is read straight through memory (as
+   gemv.c's rows4_pass; 1.25x the four rows in lockstep at one row of x). Each row of x gets the same
+   sum, in the same order, alone or paired: its output does not depend on the batch. */
+static inline __attribute__((always_inline)) void int8_pass(const Weight *W, int n0, const int two, const int8_t *x0,
+                                                            const float *d0, const int8_t *x1, const float *d1,
+                                                            float *out0, float *out1, int first) {
     size_t K = (size_t)W->K;
-    int blocks = W->K / 32, prefetch = n0 + 20 <= W->N;  /* 16 rows ahead into L2, as gemv.c does */
-    for (int m = 0; m < M; m++) {
-        const int8_t *xq = q + (size_t)m * K;
-        const float *xd = d + (size_t)m * blocks;
-        for (int j = 0; j < 4; j++) {
-            const int8_t *w = (const int8_t *)W->w + (size_t)(n0 + j) * K;
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0;
-            int b = 0;
-            for (; b + 2 <= blocks; b += 2) {
-                size_t k = 32 * (size_t)b;
-                if (m == 0 && prefetch) _mm_prefetch((const char *)(w + 16 * K + k), _MM_HINT_T1);
-                __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + k));
-                __m256i w1 = _mm256_loadu_si256((const __m256i *)(w + k + 32));
-                __m256i s0 = dot_i8(_mm256_sign_epi8(w0, w0), w0, _mm256_loadu_si256((const __m256i *)(xq + k)));
-                __m256i s1 = dot_i8(_mm256_sign_epi8(w1, w1), w1, _mm256_loadu_si256((const __m256i *)(xq + k + 32)));
-                a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_set1_ps(xd[b]), a0);
-                a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_set1_ps(xd[b + 1]), a1);
+    int blocks = W->K / 32, prefetch = first && n0 + 20 <= W->N;  /* 16 rows ahead into L2, as gemv.c */
+    for (int j = 0; j < 4; j++) {
+        const int8_t *w = (const int8_t *)W->w + (size_t)(n0 + j) * K;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
+        int b = 0;
+        for (; b + 2 <= blocks; b += 2) {
+            size_t k = 32 * (size_t)b;
+            if (prefetch) _mm_prefetch((const char *)(w + 16 * K + k), _MM_HINT_T1);
+            __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + k)), u0 = _mm256_sign_epi8(w0, w0);
+            __m256i w1 = _mm256_loadu_si256((const __m256i *)(w + k + 32)), u1 = _mm256_sign_epi8(w1, w1);
+            __m256i s0 = dot_i8(u0, w0, _mm256_loadu_si256((const __m256i *)(x0 + k)));
+            __m256i s1 = dot_i8(u1, w1, _mm256_loadu_si256((const __m256i *)(x0 + k + 32)));
+            a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_set1_ps(d0[b]), a0);
+            a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_set1_ps(d0[b + 1]), a1);
+            if (two) {
+                s0 = dot_i8(u0, w0, _mm256_loadu_si256((const __m256i *)(x1 + k)));
+                s1 = dot_i8(u1, w1, _mm256_loadu_si256((const __m256i *)(x1 + k + 32)));
+                b0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_set1_ps(d1[b]), b0);
+                b1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_set1_ps(d1[b + 1]), b1);
             }
-            if (b < blocks) {
-                size_t k = 32 * (size_t)b;
-                __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + k));
-                __m256i s0 = dot_i8(_mm256_sign_epi8(w0, w0), w0, _mm256_loadu_si256((const __m256i *)(xq + k)));
-                a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_set1_ps(xd[b]), a0);
-            }
-            __m256 a = _mm256_add_ps(a0, a1);
-            __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-            h = _mm_hadd_ps(h, h);
-            out[4 * m + j] = _mm_cvtss_f32(_mm_hadd_ps(h, h));
         }
+        if (b < blocks) {
+            size_t k = 32 * (size_t)b;
+            __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + k)), u0 = _mm256_sign_epi8(w0, w0);
+            __m256i s0 = dot_i8(u0, w0, _mm256_loadu_si256((const __m256i *)(x0 + k)));
+            a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_set1_ps(d0[b]), a0);
+            if (two) {
+                s0 = dot_i8(u0, w0, _mm256_loadu_si256((const __m256i *)(x1 + k)));
+                b0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_set1_ps(d1[b]), b0);
+            }
+        }
+        out0[j] = int8_finish(a0, a1);
+        if (two) out1[j] = int8_finish(b0, b1);
     }
+}
+
+/* Four rows' int32 lane sums -> [rows 0-3 over lanes 0-3 | rows 0-3 over lanes 4-7], scaled by d into
+   acc. */
+static inline __m256 add_scaled(__m256i s0, __m256i s1, __m256i s2, __m256i s3, float d, __m256 acc) {
+    __m256i s = _mm256_hadd_epi32(_mm256_hadd_epi32(s0, s1), _mm256_hadd_epi32(s2, s3));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc);
+}
+
+static inline void store4(float *out, __m256 acc) {
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1)));
+}
+
+/* More rows of x than SAME_SUM_ROWS (bound by arithmetic, the weights in L1): the four rows in
+   lockstep, two rows of x a pass, one block's four sums reduced together (1.35x int8_pass at 64
+   rows). The rows then sum in another order than a lone row does. */
+static void int8_lockstep(const Weight *W, int n0, const int8_t *q, const float *d, int M, float *out) {
+    size_t K = (size_t)W->K;
+    int blocks = W->K / 32;
+    const int8_t *w = (const int8_t *)W->w + (size_t)n0 * K;
+    for (int m = 0; m < M; m += 2) {
+        int two = m + 1 < M;
+        const int8_t *x0 = q + (size_t)m * K, *x1 = two ? x0 + K : x0;
+        const float *d0 = d + (size_t)m * blocks, *d1 = two ? d0 + blocks : d0;
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+        for (int b = 0; b < blocks; b++) {
+            size_t k = 32 * (size_t)b;
+            __m256i v0 = _mm256_loadu_si256((const __m256i *)(x0 + k)), v1 = _mm256_loadu_si256((const __m256i *)(x1 + k));
+            __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + k)), a0 = _mm256_sign_epi8(w0, w0);
+            __m256i w1 = _mm256_loadu_si256((const __m256i *)(w + K + k)), a1 = _mm256_sign_epi8(w1, w1);
+            __m256i w2 = _mm256_loadu_si256((const __m256i *)(w + 2 * K + k)), a2 = _mm256_sign_epi8(w2, w2);
+            __m256i w3 = _mm256_loadu_si256((const __m256i *)(w + 3 * K + k)), a3 = _mm256_sign_epi8(w3, w3);
+            acc0 = add_scaled(dot_i8(a0, w0, v0), dot_i8(a1, w1, v0), dot_i8(a2, w2, v0), dot_i8(a3, w3, v0), d0[b],
+                              acc0);
+            if (two)
+                acc1 = add_scaled(dot_i8(a0, w0, v1), dot_i8(a1, w1, v1), dot_i8(a2, w2, v1), dot_i8(a3, w3, v1),
+                                  d1[b], acc1);
+        }
+        store4(out + 4 * m, acc0);
+        if (two) store4(out + 4 * (m + 1), acc1);
+    }
+}
+
+/* Int8 rows n0..n0+3 (codes, without their row scale) times every quantized row of x, two rows of x a
+   pass; out[m * 4 + j]. */
+void int8_rows4(const Weight *W, int n0, const int8_t *q, const float *d, int M, float *out) {
+    size_t K = (size_t)W->K, blocks = K / 32;
+    int m = 0;
+    if (M > SAME_SUM_ROWS) { int8_lockstep(W, n0, q, d, M, out); return; }
+    for (; m + 2 <= M; m += 2)
+        int8_pass(W, n0, 1, q + m * K, d + m * blocks, q + (m + 1) * K, d + (m + 1) * blocks, out + 4 * m,
+                  out + 4 * m + 4, m == 0);
+    if (m < M) int8_pass(W, n0, 0, q + m * K, d + m * blocks, NULL, NULL, out + 4 * m, NULL, m == 0);
 }
 
 /* A full block of 32 int4 rows (n0 % 32 == 0, gemv.c's layout: per input 16 bytes, low nibbles rows
