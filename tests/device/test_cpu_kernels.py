@@ -17,7 +17,7 @@ LIB = ck.library()
 needs_lib = pytest.mark.skipif(LIB is None, reason="no C compiler: the kernels are not built here")
 
 
-def _weights(kind: str, n: int, k: int, g: torch.Generator):
+def _weights(kind: str, n: int, k: int, g: torch.Generator, group: int = 32):
     """(weight tensor in the kernel's layout, scale, zero, group, dense fp32 reference [n, k])."""
     w = torch.randn(n, k, generator=g) * 0.1
     if kind == "fp32":
@@ -29,9 +29,9 @@ def _weights(kind: str, n: int, k: int, g: torch.Generator):
         linear.weight.data = w
         m = Int8Linear.from_linear(linear, torch.float32)
         return m.qweight, m.scale, None, 0, m.dequantized_weight()
-    codes, scale, zero = quantize_int4(w, 32)
-    m = Int4Linear(codes, scale, zero, 32, torch.float32)
-    return m.packed, *m.group_scale_and_code0(), 32, dequantize_int4(codes, scale, zero, 32)
+    codes, scale, zero = quantize_int4(w, group)
+    m = Int4Linear(codes, scale, zero, group, torch.float32)
+    return m.packed, *m.group_scale_and_code0(), group, dequantize_int4(codes, scale, zero, group)
 
 
 def _quantization_bound(lib, kind: str, x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
@@ -88,20 +88,25 @@ def test_integer_products_round_x_within_the_bound():
 
 
 @needs_lib
-@pytest.mark.parametrize("kind", ["fp32", "bf16", "int8", "int4"])
+@pytest.mark.parametrize("kind", ["fp32", "bf16", "int8", "int4", "int4-g128"])
 def test_a_rows_output_does_not_depend_on_the_batch(kind):
-    """The same bits for a row of x alone or among others (1, 2, 3 or 8 rows: every path the kernels
-    take), so a K+1-row speculative verification scores each position as plain decoding does."""
+    """The same bits for a row of x alone or among others (1, 2, 3, 37 or 40 rows: every path the
+    kernels take), so a K+1-row speculative verification scores each position as plain decoding does,
+    and a prompt resumed from the prefix cache as the whole prompt did."""
     g = torch.Generator().manual_seed(2)
-    weight, scale, zero, group, _ = _weights(kind, 64, 256, g)
+    kind, _, group = kind.partition("-g")
+    weight, scale, zero, group, dense = _weights(kind, 64, 256, g, int(group or 32))
     f = ck.SmallBatchLinear(LIB, kind, weight, 64, 256, scale, zero, group, torch.rand(256, generator=g) + 0.5)
-    x = torch.randn(8, 256, generator=g)
+    x = torch.randn(40, 256, generator=g)
+    bound = _quantization_bound(LIB, kind, x * f.in_scale, dense)
+    assert ((f(x) - (x * f.in_scale) @ dense.t()).abs() <= bound + 1e-4).all()
     for dtype in (torch.float32, torch.bfloat16):
         got = f(x.to(dtype))
-        for i in (0, 5, 7):
-            assert torch.equal(f(x[i : i + 1].to(dtype)), got[i : i + 1]), (kind, dtype)
+        for i in (0, 5, 7, 39):
+            assert torch.equal(f(x[i : i + 1].to(dtype)), got[i : i + 1]), (kind, dtype, i)
         assert torch.equal(f(x[5:7].to(dtype)), got[5:7]), (kind, dtype)
         assert torch.equal(f(x[4:7].to(dtype))[1], got[5]), (kind, dtype)
+        assert torch.equal(f(x[3:].to(dtype)), got[3:]), (kind, dtype)
 
 
 @needs_lib

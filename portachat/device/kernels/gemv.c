@@ -115,8 +115,8 @@ static inline __attribute__((always_inline)) void prefetch_ahead(const Weight *W
    through memory, which streams bf16 at 1.35x a core the four rows in lockstep below; four
    accumulators over k per row of x (the FMA latency), prefetching ahead when `first` (the pass that
    reads from memory). `keep` (or NULL): [4, K] floats that receive the converted weights. Every row of
-   x gets this same sum, alone or paired, so up to SAME_SUM_ROWS rows a row's output does not depend
-   on the batch around it (speculative verification equals plain decoding). Inlined per kind and
+   x gets this same sum (rows4_lockstep too), so a row's output does not depend on the batch around it
+   (speculative verification equals plain decoding). Inlined per kind and
    `two` (constants): no switch in the loop. K % 8 == 0 (the caller checks). */
 static inline __attribute__((always_inline)) void rows4_pass(const Weight *W, const int kind, int n0, const int two,
                                                              const float *x0, const float *x1, float *out0,
@@ -165,83 +165,72 @@ static inline __attribute__((always_inline)) void rows4_pass(const Weight *W, co
     if (two) _mm_storeu_ps(out1, hsum4(s[0], s[1], s[2], s[3]));
 }
 
-/* Up to SAME_SUM_ROWS rows of x: rows4_pass, two rows of x a pass; with more than two and `keep`, the
-   first pass stores the converted weights and later passes multiply those from L1. */
-static inline __attribute__((always_inline)) void rows4_straight(const Weight *W, const int kind, int n0,
-                                                                 const float *x, int M, float *out, float *keep) {
+/* The inner step of rows4_lockstep: input chunk k of the four rows times two rows of x. */
+static inline __attribute__((always_inline)) void lockstep_chunk(const Weight *W, const int kind, int n0, int k,
+                                                                 const float *x0, const float *x1, float *keep,
+                                                                 int first, __m256 a[4], __m256 b[4]) {
+    int K = W->K;
+    if (first) prefetch_ahead(W, kind, n0, k);
+    __m256 v0 = _mm256_loadu_ps(x0 + k), v1 = _mm256_loadu_ps(x1 + k);
+    for (int j = 0; j < 4; j++) {
+        __m256 w = load8(W, kind, n0 + j, k);
+        if (keep) _mm256_storeu_ps(keep + (size_t)j * K + k, w);
+        a[j] = _mm256_fmadd_ps(w, v0, a[j]);
+        b[j] = _mm256_fmadd_ps(w, v1, b[j]);
+    }
+}
+
+/* Four rows times two rows of x in lockstep: 6 loads per 8 FMAs, what many rows need where the
+   products are bound by arithmetic (rows4_pass needs 12, and runs 1.3x slower at 64 rows). It sums in
+   rows4_pass's order, so every row of x gets the same bits alone or in any batch: the chunks of 8
+   inputs fall in four classes (k / 8 mod 4; the tail after the last 32 in class 0), each summed on its
+   own in k order, then (0 + 1) + (2 + 3). One pass over k per class: the rows stay in L1 after the
+   first. With `keep`, the converted weights are stored there (each chunk once, in its class). */
+static inline __attribute__((always_inline)) void rows4_lockstep(const Weight *W, const int kind, int n0,
+                                                                 const float *x0, const float *x1, float *out0,
+                                                                 float *out1, float *keep, int first) {
+    int K = W->K, full = K / 32 * 32;
+    __m256 pa[4][4], pb[4][4];
+    for (int c = 0; c < 4; c++) {
+        __m256 *a = pa[c], *b = pb[c];
+        for (int j = 0; j < 4; j++) a[j] = b[j] = _mm256_setzero_ps();
+        for (int k = 8 * c; k < full; k += 32) lockstep_chunk(W, kind, n0, k, x0, x1, keep, first, a, b);
+        if (c == 0)
+            for (int k = full; k < K; k += 8) lockstep_chunk(W, kind, n0, k, x0, x1, keep, first, a, b);
+    }
+    __m256 ra[4], rb[4];
+    for (int j = 0; j < 4; j++) {
+        ra[j] = _mm256_add_ps(_mm256_add_ps(pa[0][j], pa[1][j]), _mm256_add_ps(pa[2][j], pa[3][j]));
+        rb[j] = _mm256_add_ps(_mm256_add_ps(pb[0][j], pb[1][j]), _mm256_add_ps(pb[2][j], pb[3][j]));
+    }
+    _mm_storeu_ps(out0, hsum4(ra[0], ra[1], ra[2], ra[3]));
+    _mm_storeu_ps(out1, hsum4(rb[0], rb[1], rb[2], rb[3]));
+}
+
+/* Four rows times every row of x, out[m * 4 + j]: the first one or two rows of x read the weight rows
+   straight through (rows4_pass, bound by memory); later pairs run in lockstep from L1 (bound by
+   arithmetic), a last odd row on its own.
+   With more than two rows of x and `keep` ([4, K] floats), the first pass also stores the converted
+   weights there and later passes multiply those from L1 (converting bf16 again would cost more than
+   the products). Every path sums in the same order: a row's output is the same bits whatever the
+   batch (speculative verification equals plain decoding; a prompt resumed from the prefix cache
+   equals the whole prompt). */
+static inline __attribute__((always_inline)) void rows4_simd(const Weight *W, const int kind, int n0,
+                                                             const float *x, int M, float *out, float *keep) {
     size_t K = (size_t)W->K;
     Weight kept = {WEIGHT_F32, keep, NULL, NULL, 0, 4, W->K};
     if (M <= 2) keep = NULL;
     int m = 0;
     for (; m + 2 <= M; m += 2) {
         const float *x0 = x + m * K;
-        if (m > 0 && keep) rows4_pass(&kept, WEIGHT_F32, 0, 1, x0, x0 + K, out + 4 * m, out + 4 * m + 4, NULL, 0);
-        else rows4_pass(W, kind, n0, 1, x0, x0 + K, out + 4 * m, out + 4 * m + 4, keep, m == 0);
+        if (m == 0) rows4_pass(W, kind, n0, 1, x0, x0 + K, out, out + 4, keep, 1);  /* from memory: straight */
+        else if (keep) rows4_lockstep(&kept, WEIGHT_F32, 0, x0, x0 + K, out + 4 * m, out + 4 * m + 4, NULL, 0);
+        else rows4_lockstep(W, kind, n0, x0, x0 + K, out + 4 * m, out + 4 * m + 4, NULL, 0);
     }
     if (m < M) {
         if (m > 0 && keep) rows4_pass(&kept, WEIGHT_F32, 0, 0, x + m * K, NULL, out + 4 * m, NULL, NULL, 0);
         else rows4_pass(W, kind, n0, 0, x + m * K, NULL, out + 4 * m, NULL, NULL, m == 0);
     }
-}
-
-static void rows4_f32(const Weight *W, int n0, const float *x, int M, float *out);
-
-static inline __attribute__((always_inline)) void rows4_simd(const Weight *W, const int kind, int n0,
-                                                             const float *x, int M, float *out, float *keep) {
-    int K = W->K, m = 0;
-    if (M <= SAME_SUM_ROWS) { rows4_straight(W, kind, n0, x, M, out, keep); return; }
-    if (M > 2 && keep) {
-        const float *x0 = x, *x1 = x0 + K;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-        for (int k = 0; k < K; k += 8) {
-            __m256 v0 = _mm256_loadu_ps(x0 + k), v1 = _mm256_loadu_ps(x1 + k), w;
-            prefetch_ahead(W, kind, n0, k);
-            w = load8(W, kind, n0, k);     _mm256_storeu_ps(keep + k, w);
-            a0 = _mm256_fmadd_ps(w, v0, a0); b0 = _mm256_fmadd_ps(w, v1, b0);
-            w = load8(W, kind, n0 + 1, k); _mm256_storeu_ps(keep + K + k, w);
-            a1 = _mm256_fmadd_ps(w, v0, a1); b1 = _mm256_fmadd_ps(w, v1, b1);
-            w = load8(W, kind, n0 + 2, k); _mm256_storeu_ps(keep + 2 * K + k, w);
-            a2 = _mm256_fmadd_ps(w, v0, a2); b2 = _mm256_fmadd_ps(w, v1, b2);
-            w = load8(W, kind, n0 + 3, k); _mm256_storeu_ps(keep + 3 * K + k, w);
-            a3 = _mm256_fmadd_ps(w, v0, a3); b3 = _mm256_fmadd_ps(w, v1, b3);
-        }
-        _mm_storeu_ps(out, hsum4(a0, a1, a2, a3));
-        _mm_storeu_ps(out + 4, hsum4(b0, b1, b2, b3));
-        Weight kept = {WEIGHT_F32, keep, NULL, NULL, 0, 4, K};
-        rows4_f32(&kept, 0, x + 2 * (size_t)K, M - 2, out + 8);
-        return;
-    }
-    for (; m + 2 <= M; m += 2) {
-        const float *x0 = x + (size_t)m * K, *x1 = x0 + K;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-        for (int k = 0; k < K; k += 8) {
-            __m256 v0 = _mm256_loadu_ps(x0 + k), v1 = _mm256_loadu_ps(x1 + k), w;
-            if (m == 0) prefetch_ahead(W, kind, n0, k);
-            w = load8(W, kind, n0, k);     a0 = _mm256_fmadd_ps(w, v0, a0); b0 = _mm256_fmadd_ps(w, v1, b0);
-            w = load8(W, kind, n0 + 1, k); a1 = _mm256_fmadd_ps(w, v0, a1); b1 = _mm256_fmadd_ps(w, v1, b1);
-            w = load8(W, kind, n0 + 2, k); a2 = _mm256_fmadd_ps(w, v0, a2); b2 = _mm256_fmadd_ps(w, v1, b2);
-            w = load8(W, kind, n0 + 3, k); a3 = _mm256_fmadd_ps(w, v0, a3); b3 = _mm256_fmadd_ps(w, v1, b3);
-        }
-        _mm_storeu_ps(out + m * 4, hsum4(a0, a1, a2, a3));
-        _mm_storeu_ps(out + (m + 1) * 4, hsum4(b0, b1, b2, b3));
-    }
-    if (m < M) {
-        const float *x0 = x + (size_t)m * K;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int k = 0; k < K; k += 8) {
-            __m256 v0 = _mm256_loadu_ps(x0 + k);
-            if (m == 0) prefetch_ahead(W, kind, n0, k);
-            a0 = _mm256_fmadd_ps(load8(W, kind, n0, k), v0, a0);
-            a1 = _mm256_fmadd_ps(load8(W, kind, n0 + 1, k), v0, a1);
-            a2 = _mm256_fmadd_ps(load8(W, kind, n0 + 2, k), v0, a2);
-            a3 = _mm256_fmadd_ps(load8(W, kind, n0 + 3, k), v0, a3);
-        }
-        _mm_storeu_ps(out + m * 4, hsum4(a0, a1, a2, a3));
-    }
-}
-
-static void rows4_f32(const Weight *W, int n0, const float *x, int M, float *out) {
-    rows4_simd(W, WEIGHT_F32, n0, x, M, out, NULL);
 }
 
 /* A full block of 32 int4 rows (n0 % 32 == 0) for every row of x: per input, one 16-byte load gives

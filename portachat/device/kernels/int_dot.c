@@ -121,111 +121,98 @@ static inline __attribute__((always_inline)) void int8_pass(const Weight *W, int
     }
 }
 
-/* Four rows' int32 lane sums -> [rows 0-3 over lanes 0-3 | rows 0-3 over lanes 4-7], scaled by d into
-   acc. */
-static inline __m256 add_scaled(__m256i s0, __m256i s1, __m256i s2, __m256i s3, float d, __m256 acc) {
-    __m256i s = _mm256_hadd_epi32(_mm256_hadd_epi32(s0, s1), _mm256_hadd_epi32(s2, s3));
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc);
-}
-
-static inline void store4(float *out, __m256 acc) {
-    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1)));
-}
-
-/* More rows of x than SAME_SUM_ROWS (bound by arithmetic, the weights in L1): the four rows in
-   lockstep, two rows of x a pass, one block's four sums reduced together (1.35x int8_pass at 64
-   rows). The rows then sum in another order than a lone row does. */
-static void int8_lockstep(const Weight *W, int n0, const int8_t *q, const float *d, int M, float *out) {
-    size_t K = (size_t)W->K;
-    int blocks = W->K / 32;
-    const int8_t *w = (const int8_t *)W->w + (size_t)n0 * K;
-    for (int m = 0; m < M; m += 2) {
-        int two = m + 1 < M;
-        const int8_t *x0 = q + (size_t)m * K, *x1 = two ? x0 + K : x0;
-        const float *d0 = d + (size_t)m * blocks, *d1 = two ? d0 + blocks : d0;
-        __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
-        for (int b = 0; b < blocks; b++) {
-            size_t k = 32 * (size_t)b;
-            __m256i v0 = _mm256_loadu_si256((const __m256i *)(x0 + k)), v1 = _mm256_loadu_si256((const __m256i *)(x1 + k));
-            __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + k)), a0 = _mm256_sign_epi8(w0, w0);
-            __m256i w1 = _mm256_loadu_si256((const __m256i *)(w + K + k)), a1 = _mm256_sign_epi8(w1, w1);
-            __m256i w2 = _mm256_loadu_si256((const __m256i *)(w + 2 * K + k)), a2 = _mm256_sign_epi8(w2, w2);
-            __m256i w3 = _mm256_loadu_si256((const __m256i *)(w + 3 * K + k)), a3 = _mm256_sign_epi8(w3, w3);
-            acc0 = add_scaled(dot_i8(a0, w0, v0), dot_i8(a1, w1, v0), dot_i8(a2, w2, v0), dot_i8(a3, w3, v0), d0[b],
-                              acc0);
-            if (two)
-                acc1 = add_scaled(dot_i8(a0, w0, v1), dot_i8(a1, w1, v1), dot_i8(a2, w2, v1), dot_i8(a3, w3, v1),
-                                  d1[b], acc1);
-        }
-        store4(out + 4 * m, acc0);
-        if (two) store4(out + 4 * (m + 1), acc1);
-    }
-}
-
 /* Int8 rows n0..n0+3 (codes, without their row scale) times every quantized row of x, two rows of x a
    pass; out[m * 4 + j]. */
 void int8_rows4(const Weight *W, int n0, const int8_t *q, const float *d, int M, float *out) {
     size_t K = (size_t)W->K, blocks = K / 32;
     int m = 0;
-    if (M > SAME_SUM_ROWS) { int8_lockstep(W, n0, q, d, M, out); return; }
     for (; m + 2 <= M; m += 2)
         int8_pass(W, n0, 1, q + m * K, d + m * blocks, q + (m + 1) * K, d + (m + 1) * blocks, out + 4 * m,
                   out + 4 * m + 4, m == 0);
     if (m < M) int8_pass(W, n0, 0, q + m * K, d + m * blocks, NULL, NULL, out + 4 * m, NULL, m == 0);
 }
 
-/* A full block of 32 int4 rows (n0 % 32 == 0, gemv.c's layout: per input 16 bytes, low nibbles rows
-   0-15, high nibbles rows 16-31) times every quantized row of x; out[m * 32 + j], scales and zeros
-   applied (xsum: the rounded x's sums per group, [M, groups]). One group at a time, its codes are first laid out for maddubs, which sums adjacent pairs:
-   per two inputs (k, k+1), 32 bytes [row r at k, row r at k+1] for rows 0-15, then 32 for rows 16-31.
+/* The codes of inputs k and k + 1 for the 32 rows of an int4 block (gemv.c's layout: per input 16
+   bytes, low nibbles rows 0-15, high nibbles rows 16-31), laid out for maddubs, which sums adjacent
+   byte pairs: [row r at k, row r at k + 1] for rows 0-15 (rows) and 16-31 (rows_high). One 32-byte
+   load; the permute puts each row's two bytes in one 128-bit lane, the shuffle interleaves them. */
+static inline __attribute__((always_inline)) void int4_pair(const uint8_t *p, int k, __m256i *rows,
+                                                           __m256i *rows_high) {
+    const __m256i low4 = _mm256_set1_epi8(15);
+    const __m256i interleave = _mm256_setr_epi8(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15,
+                                                0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+    __m256i v = _mm256_loadu_si256((const __m256i *)(p + (size_t)k * 16));
+    __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+    *rows = _mm256_shuffle_epi8(_mm256_permute4x64_epi64(lo, 0xD8), interleave);
+    *rows_high = _mm256_shuffle_epi8(_mm256_permute4x64_epi64(hi, 0xD8), interleave);
+}
+
+/* One group's sums for the 32 rows of a block and one quantized row of x (xq, xd: the group's inputs
+   and block scales): f[j] = rows 8j..8j+7, sum_b d_b * sum_k code q. The codes come from `pairs`
+   (int4_pair's layout, laid out once for many rows of x) or, with `direct`, straight from the packed
+   weight p at input k0 (one row of x: laying them out first would cost more than the products).
+   Either way the same integers and the same float sums: a row's output does not depend on the batch.
    A pair sum is <= 2 * 15 * 127, so 8 of them still fit int16. */
+static inline __attribute__((always_inline)) void int4_group(const uint8_t *pairs, const int direct,
+                                                            const uint8_t *p, int k0, int G, const int8_t *xq,
+                                                            const float *xd, __m256 f[4]) {
+    for (int j = 0; j < 4; j++) f[j] = _mm256_setzero_ps();
+    for (int b = 0; b < G / 32; b++) {
+        __m256i i32[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                          _mm256_setzero_si256()};
+        for (int half = 0; half < 2; half++) {
+            __m256i s0 = _mm256_setzero_si256(), s1 = s0, w0, w1;
+            for (int t = 0; t < 8; t++) {
+                int kk = 32 * b + 16 * half + 2 * t;
+                int16_t xp;
+                memcpy(&xp, xq + kk, 2);
+                __m256i x = _mm256_set1_epi16(xp);
+                if (direct) {
+                    int4_pair(p, k0 + kk, &w0, &w1);
+                } else {
+                    w0 = _mm256_load_si256((const __m256i *)(pairs + 32 * (size_t)kk));
+                    w1 = _mm256_load_si256((const __m256i *)(pairs + 32 * (size_t)kk + 32));
+                }
+                s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(w0, x));
+                s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(w1, x));
+            }
+            i32[0] = _mm256_add_epi32(i32[0], _mm256_cvtepi16_epi32(_mm256_castsi256_si128(s0)));
+            i32[1] = _mm256_add_epi32(i32[1], _mm256_cvtepi16_epi32(_mm256_extracti128_si256(s0, 1)));
+            i32[2] = _mm256_add_epi32(i32[2], _mm256_cvtepi16_epi32(_mm256_castsi256_si128(s1)));
+            i32[3] = _mm256_add_epi32(i32[3], _mm256_cvtepi16_epi32(_mm256_extracti128_si256(s1, 1)));
+        }
+        __m256 db = _mm256_set1_ps(xd[b]);
+        for (int j = 0; j < 4; j++) f[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32[j]), db, f[j]);
+    }
+}
+
+/* A full block of 32 int4 rows (n0 % 32 == 0) times every quantized row of x; out[m * 32 + j], scales
+   and zeros applied (xsum: the rounded x's sums per group, [M, groups]). One group at a time; with
+   several rows of x its codes are laid out once (int4_pair) into `pairs`, 64 bytes per two inputs. */
 void int4_rows32(const Weight *W, int n0, const int8_t *q, const float *d, const float *xsum, int M, float *out) {
     int K = W->K, G = W->group, groups = K / G, blocks = K / 32;
     const uint8_t *p = (const uint8_t *)W->w + (size_t)n0 * K / 2;
-    const __m128i low4 = _mm_set1_epi8(15);
     int prefetch = M == 1 && n0 + 64 <= W->N;
     uint8_t pairs[256 * 32] __attribute__((aligned(32)));
     memset(out, 0, sizeof(float) * 32 * (size_t)M);
     for (int g = 0; g < groups; g++) {
-        for (int i = 0, k = g * G; i < G / 2; i++, k += 2) {
-            if (prefetch && k % 4 == 0) _mm_prefetch((const char *)p + (size_t)K * 16 + (size_t)k * 16, _MM_HINT_T1);
-            __m128i v0 = _mm_loadu_si128((const __m128i *)(p + (size_t)k * 16));
-            __m128i v1 = _mm_loadu_si128((const __m128i *)(p + (size_t)k * 16 + 16));
-            __m128i lo0 = _mm_and_si128(v0, low4), lo1 = _mm_and_si128(v1, low4);
-            __m128i hi0 = _mm_and_si128(_mm_srli_epi16(v0, 4), low4), hi1 = _mm_and_si128(_mm_srli_epi16(v1, 4), low4);
-            __m128i *at = (__m128i *)(pairs + 64 * (size_t)i);
-            _mm_store_si128(at, _mm_unpacklo_epi8(lo0, lo1));
-            _mm_store_si128(at + 1, _mm_unpackhi_epi8(lo0, lo1));
-            _mm_store_si128(at + 2, _mm_unpacklo_epi8(hi0, hi1));
-            _mm_store_si128(at + 3, _mm_unpackhi_epi8(hi0, hi1));
-        }
+        if (prefetch)  /* the next block, one 64-byte line per 4 inputs */
+            for (int k = g * G; k < (g + 1) * G; k += 4)
+                _mm_prefetch((const char *)p + (size_t)K * 16 + (size_t)k * 16, _MM_HINT_T1);
+        if (M > 1)
+            for (int i = 0; i < G / 2; i++) {
+                __m256i w0, w1;
+                int4_pair(p, g * G + 2 * i, &w0, &w1);
+                _mm256_store_si256((__m256i *)(pairs + 64 * (size_t)i), w0);
+                _mm256_store_si256((__m256i *)(pairs + 64 * (size_t)i + 32), w1);
+            }
         const float *scale = W->scale + (size_t)g * W->N + n0, *zero = W->zero + (size_t)g * W->N + n0;
         for (int m = 0; m < M; m++) {
             const int8_t *xq = q + (size_t)m * K + (size_t)g * G;
             const float *xd = d + (size_t)m * blocks + g * G / 32;
-            __m256 f[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-            for (int b = 0; b < G / 32; b++) {
-                __m256i i32[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
-                                  _mm256_setzero_si256()};
-                for (int half = 0; half < 2; half++) {
-                    __m256i s0 = _mm256_setzero_si256(), s1 = s0;
-                    for (int t = 0; t < 8; t++) {
-                        int kk = 32 * b + 16 * half + 2 * t;
-                        int16_t xp;
-                        memcpy(&xp, xq + kk, 2);
-                        __m256i x = _mm256_set1_epi16(xp);
-                        const __m256i *w = (const __m256i *)(pairs + 32 * (size_t)kk);
-                        s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(_mm256_load_si256(w), x));
-                        s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(_mm256_load_si256(w + 1), x));
-                    }
-                    i32[0] = _mm256_add_epi32(i32[0], _mm256_cvtepi16_epi32(_mm256_castsi256_si128(s0)));
-                    i32[1] = _mm256_add_epi32(i32[1], _mm256_cvtepi16_epi32(_mm256_extracti128_si256(s0, 1)));
-                    i32[2] = _mm256_add_epi32(i32[2], _mm256_cvtepi16_epi32(_mm256_castsi256_si128(s1)));
-                    i32[3] = _mm256_add_epi32(i32[3], _mm256_cvtepi16_epi32(_mm256_extracti128_si256(s1, 1)));
-                }
-                __m256 db = _mm256_set1_ps(xd[b]);
-                for (int j = 0; j < 4; j++) f[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32[j]), db, f[j]);
-            }
+            __m256 f[4];
+            if (M == 1) int4_group(NULL, 1, p, g * G, G, xq, xd, f);
+            else int4_group(pairs, 0, p, g * G, G, xq, xd, f);
             __m256 sx = _mm256_set1_ps(xsum[(size_t)m * groups + g]);
             for (int j = 0; j < 4; j++) {
                 float *o = out + (size_t)m * 32 + 8 * j;

@@ -6,11 +6,6 @@
 
 enum { WEIGHT_F32 = 0, WEIGHT_BF16 = 1, WEIGHT_INT8 = 2, WEIGHT_INT4 = 3 };
 
-/* Up to this many rows of x, each row's output is the same bits whatever the other rows are (its sum
-   runs in one fixed order): a speculative verification of K + 1 <= 8 rows scores each position as
-   a one-row decode step does. More rows trade that for arithmetic throughput (gemv.c). */
-#define SAME_SUM_ROWS 8
-
 typedef struct {
     int kind;
     const void *w;       /* [N, K] (int4: N * K / 2 bytes in PyTorch's packed layout, see gemv.c) */
