@@ -96,7 +96,7 @@ def load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     p, i, f32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int64
     lib.portachat_gemv.restype = i
-    lib.portachat_gemv.argtypes = [i, p, p, p, i, i, i, p, i, i, p, p, p, i, i, f32, i, p]
+    lib.portachat_gemv.argtypes = [i, p, p, p, i, i, i, i, p, i, i, p, p, p, i, i, f32, i, p]
     lib.portachat_decode_layers.restype = i
     lib.portachat_int_dot.restype = i
     lib.portachat_set_int_dot.argtypes = [i]
@@ -132,14 +132,39 @@ def set_integer_products(lib: ctypes.CDLL, on: bool) -> bool:
     return was
 
 
+def _int4_packed(codes: torch.Tensor, block: int) -> torch.Tensor:
+    """codes [N, K] (0..15) in the int4 layout gemv.c describes for packing blocks of `block` rows."""
+    n, k = codes.shape
+    full, half = n // block * block, block // 2
+    c = codes[:full].view(-1, block, k)
+    parts = [(c[:, :half] | c[:, half:] << 4).transpose(1, 2).reshape(-1)]  # per block: [K, block / 2]
+    tail = codes[full:]
+    parts.append((tail[0::2] | tail[1::2] << 4).t().reshape(-1))  # the partial block: two rows a byte
+    return torch.cat(parts).to(torch.uint8)
+
+
+@lru_cache(maxsize=1)
+def int4_packing_block() -> int | None:
+    """Rows per block of PyTorch's CPU int4 layout here (torch._convert_weight_to_int4pack_for_cpu):
+    it follows the CPU's vector width (32 for AVX2, 64 for AVX-512), and the kernels read both; None
+    for a layout they do not know (int4 products then stay PyTorch's)."""
+    codes = torch.randint(0, 16, (112, 64), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
+    packed = torch._convert_weight_to_int4pack_for_cpu(codes, 1).view(torch.uint8).flatten()
+    for block in (32, 64):  # 112 rows: full blocks and a partial one in either layout
+        if torch.equal(packed, _int4_packed(codes, block)):
+            return block
+    return None
+
+
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
 class SmallBatchLinear:
     """x [M, K] (fp32 or bf16) -> y [M, N] in x's dtype (or `out_dtype`) = (x * in_scale) @ W.T + bias,
-    W given in one of WEIGHT_KINDS. Holds references to its tensors (the kernel reads them in place:
-    no copy). More than MAX_ROWS rows run MAX_ROWS at a time (each call reads the weight again)."""
+    W given in one of WEIGHT_KINDS (int4 in PyTorch's packed layout, which int4_packing_block must
+    know: else ValueError). Holds references to its tensors (the kernel reads them in place: no
+    copy). More than MAX_ROWS rows run MAX_ROWS at a time (each call reads the weight again)."""
 
     def __init__(self, lib: ctypes.CDLL, kind: str, weight: torch.Tensor, n: int, k: int,
                  scale: torch.Tensor | None = None, zero: torch.Tensor | None = None, group: int = 0,
@@ -148,8 +173,11 @@ class SmallBatchLinear:
         self.scale, self.zero, self.in_scale, self.bias = fp32
         self.weight = weight.detach().contiguous()
         self.kind, self.n, self.k, self.group = WEIGHT_KINDS[kind], n, k, group
+        self.block = int4_packing_block() if kind == "int4" else 0
+        if self.block is None:
+            raise ValueError("PyTorch's int4 packing on this CPU is in a layout the kernels do not read")
         self._fn = lib.portachat_gemv
-        self._fixed = (_ptr(self.scale), _ptr(self.zero), group, n, k)
+        self._fixed = (_ptr(self.scale), _ptr(self.zero), group, n, k, self.block)
 
     def __call__(self, x: torch.Tensor, out_dtype: torch.dtype | None = None, *, norm_eps: float | None = None,
                  in_scale: torch.Tensor | None = None, swiglu: bool = False,
@@ -179,7 +207,7 @@ class SmallBatchLinear:
 class _Product(ctypes.Structure):  # decode_step.c's Product (a Weight, then in_scale and bias)
     _fields_ = [("kind", ctypes.c_int), ("w", ctypes.c_void_p), ("scale", ctypes.c_void_p),
                 ("zero", ctypes.c_void_p), ("group", ctypes.c_int), ("n", ctypes.c_int), ("k", ctypes.c_int),
-                ("in_scale", ctypes.c_void_p), ("bias", ctypes.c_void_p)]  # fmt: skip
+                ("block", ctypes.c_int), ("in_scale", ctypes.c_void_p), ("bias", ctypes.c_void_p)]  # fmt: skip
 
 
 class DecodeLayers:
@@ -198,7 +226,7 @@ class DecodeLayers:
             for j, f in enumerate(layer):
                 extra = next(biases) if j == 0 and bias is not None else f.bias
                 array[4 * i + j] = _Product(f.kind, f.weight.data_ptr(), _ptr(f.scale), _ptr(f.zero), f.group,
-                                            f.n, f.k, _ptr(f.in_scale), _ptr(extra))  # fmt: skip
+                                            f.n, f.k, f.block, _ptr(f.in_scale), _ptr(extra))  # fmt: skip
         self._products = products  # the C side reads their tensors: they live as long as this
         self._layers, self._array = len(products), array
         self._eps = (ctypes.c_float * (2 * len(norm_eps)))(*(e for pair in norm_eps for e in pair))

@@ -123,10 +123,10 @@ def small_batch_product(fallback: Callable, kind: str, weight: torch.Tensor, n: 
     SmallBatchLinear over `weight` in layout `kind`), or `fallback` itself where the kernels are off
     or this device is not a CPU. `fallback` must compute the same product (x * in_scale, + bias).
 
-    The two are compared once on a random row: int4 is read in PyTorch's own packed layout, which a
-    new PyTorch may change; where they disagree the fallback is all that runs."""
+    The two are compared once on a random row: int4 is read in PyTorch's own packed layout, which
+    differs by CPU and a new PyTorch may change; where they disagree the fallback is all that runs."""
     lib = cpu_kernels.library() if weight.device.type == "cpu" else None
-    if lib is None:
+    if lib is None or (kind == "int4" and cpu_kernels.int4_packing_block() is None):
         return fallback
     small = cpu_kernels.SmallBatchLinear(lib, kind, weight, n, k, scale, zero, group, in_scale, bias)
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(0))

@@ -110,6 +110,32 @@ def test_a_rows_output_does_not_depend_on_the_batch(kind):
 
 
 @needs_lib
+@pytest.mark.parametrize("block", [32, 64])
+@pytest.mark.parametrize("integer", [True, False])
+def test_int4_is_read_in_either_packing_layout_pytorch_writes(monkeypatch, block, integer):
+    """PyTorch packs int4 rows in blocks of 32 (its AVX2 build) or 64 (AVX-512): the kernels read both,
+    whichever this machine's PyTorch writes. 112 rows: full blocks and a partial last one in either
+    layout (3 x 32 + 16, 64 + 48); each row the same bits alone or among 40."""
+    assert ck.int4_packing_block() in (32, 64)  # what this machine's PyTorch writes is one of them
+    monkeypatch.setattr(ck, "int4_packing_block", lambda: block)
+    g = torch.Generator().manual_seed(3)
+    n, k, group = 112, 128, 32
+    codes, scale, zero = quantize_int4(torch.randn(n, k, generator=g) * 0.1, group)
+    module, dense = Int4Linear(codes, scale, zero, group, torch.float32), dequantize_int4(codes, scale, zero, group)
+    packed = ck._int4_packed(codes, block).view(n, k // 2)
+    was = ck.set_integer_products(LIB, integer)
+    try:
+        f = ck.SmallBatchLinear(LIB, "int4", packed, n, k, *module.group_scale_and_code0(), group)
+        x = torch.randn(40, k, generator=g)
+        got, want = f(x), x @ dense.t()
+        assert ((got - want).abs() <= _quantization_bound(LIB, "int4", x, dense) + 1e-4 + 1e-4 * want.abs()).all()
+        for i in (0, 17, 39):
+            assert torch.equal(f(x[i : i + 1]), got[i : i + 1]), i
+    finally:
+        ck.set_integer_products(LIB, was)
+
+
+@needs_lib
 def test_native_kernels_equal_pytorch_for_every_layout():
     _check_library(LIB)
 
@@ -183,6 +209,7 @@ def test_many_bf16_rows_run_fp32_gemms_over_widened_slices(monkeypatch):
     from portachat.device import cpu_linear
 
     monkeypatch.setattr(cpu_linear, "WIDENED_SLICE", 10 * 64)  # 10 rows of the weight at a time: 5 slices
+    monkeypatch.setattr(cpu_linear, "_mkldnn_bf16", lambda: False)  # the route of CPUs without oneDNN's bf16
     g = torch.Generator().manual_seed(2)
     w, b = torch.randn(48, 64, generator=g).bfloat16(), torch.randn(48, generator=g).bfloat16()
     scale = torch.rand(64, generator=g) + 0.5

@@ -7,10 +7,13 @@ block for reuse); here each thread takes a contiguous band of output rows, four 
 reads them straight through while every row of x stays in L1.
 
 Weights: fp32, bf16, int8 (one scale per row) or int4 in the layout of PyTorch's CPU int4 kernel
-(torch._convert_weight_to_int4pack_for_cpu, read in place; callers check it on a random input):
-rows in blocks of 32, for each input k 16 bytes whose low nibbles are rows 0-15 of the block and
-high nibbles rows 16-31; a last block of 16 rows pairs rows 2i, 2i+1 in byte i. Codes 0..15 with
-an fp32 scale and a zero (the value of code 0) per group of `group` inputs, stored [K/group, N].
+(torch._convert_weight_to_int4pack_for_cpu, read in place; cpu_kernels finds which of its two layouts
+this PyTorch writes, and callers check the product on a random input): rows in blocks of B = 32
+(PyTorch's AVX2 build) or 64 (its AVX-512 build), for each input k B/2 bytes whose low nibbles are rows
+0..B/2-1 of the block and high nibbles rows B/2..B-1; a last, partial block of r rows pairs rows 2i,
+2i+1 in byte i (r/2 bytes per input). The kernels work on 32 rows at a time (int4_tile): with B = 64
+each half of a block's bytes is such a tile. Codes 0..15 with an fp32 scale and a zero (the value of
+code 0) per group of `group` inputs, stored [K/group, N].
 Activations x and the output y: fp32 or bf16 (flags). in_scale and bias: fp32 or NULL.
 
 Compiled by portachat.device.cpu_kernels with -O3 -march=native -fopenmp, sharing the OpenMP
@@ -51,12 +54,12 @@ static inline float weight_at(const Weight *W, int n, int k) {
     case WEIGHT_INT8: return (float)((const int8_t *)W->w)[n * K + k];
     default: {
         const uint8_t *w = (const uint8_t *)W->w;
-        size_t n0 = (size_t)n / 32 * 32, j = n - n0, at;
+        size_t B = (size_t)W->block, n0 = (size_t)n / B * B, j = n - n0, at;
         int high;
-        if (n0 + 32 <= (size_t)W->N) {
-            at = n0 * K / 2 + k * 16 + j % 16, high = j >= 16;
-        } else {  /* the last block of 16 rows */
-            at = n0 * K / 2 + k * 8 + j / 2, high = j & 1;
+        if (n0 + B <= (size_t)W->N) {
+            at = n0 * K / 2 + k * (B / 2) + j % (B / 2), high = j >= B / 2;
+        } else {  /* the last, partial block: two rows a byte */
+            at = n0 * K / 2 + k * ((W->N - n0) / 2) + j / 2, high = j & 1;
         }
         int code = high ? w[at] >> 4 : w[at] & 15;
         size_t g = (size_t)(k / W->group) * W->N + n;
@@ -65,14 +68,33 @@ static inline float weight_at(const Weight *W, int n, int k) {
     }
 }
 
-/* Dot products of rows n0..n0+rows-1 with every row of x; out[m * stride + j]. Int8's row scale is
-   applied by the caller (it is one multiply per output). */
-static void rows_scalar(const Weight *W, int n0, int rows, const float *x, int M, float *out, int stride) {
+/* int4 rows 32t..32t+31 when they lie in a full packing block: 1 and their tile (rows tile->lo.. and
+   tile->hi.., in the block's order), else 0 (the last, partial block: the scalar path reads it). */
+static int int4_tile(const Weight *W, int t, Int4Tile *tile) {
+    int B = W->block, n0 = 32 * t, nb = n0 / B * B, half = (n0 - nb) / 32;
+    if (nb + B > W->N) return 0;
+    tile->p = (const uint8_t *)W->w + (size_t)nb * W->K / 2 + 16 * half;
+    tile->stride = B / 2;
+    tile->lo = nb + 16 * half;
+    tile->hi = nb + B / 2 + 16 * half;
+    return 1;
+}
+
+/* The weight row of output j of a block: a tile's, or n0 + j. */
+static inline int block_row(const Int4Tile *tile, int n0, int j) {
+    return tile ? (j < 16 ? tile->lo + j : tile->hi + j - 16) : n0 + j;
+}
+
+/* Dot products of a block's rows (block_row) with every row of x; out[m * stride + j]. Int8's row
+   scale is applied by the caller (it is one multiply per output). */
+static void rows_scalar(const Weight *W, const Int4Tile *tile, int n0, int rows, const float *x, int M, float *out,
+                        int stride) {
     for (int j = 0; j < rows; j++)
         for (int m = 0; m < M; m++) {
             const float *xm = x + (size_t)m * W->K;
+            int n = block_row(tile, n0, j);
             float acc = 0.f;
-            for (int k = 0; k < W->K; k++) acc += weight_at(W, n0 + j, k) * xm[k];
+            for (int k = 0; k < W->K; k++) acc += weight_at(W, n, k) * xm[k];
             out[m * stride + j] = acc;
         }
 }
@@ -233,34 +255,38 @@ static inline __attribute__((always_inline)) void rows4_simd(const Weight *W, co
     }
 }
 
-/* A full block of 32 int4 rows (n0 % 32 == 0) for every row of x: per input, one 16-byte load gives
-   the 32 rows' codes; codes times x add up per group, then scale and zero apply once per group
+/* A tile of 32 int4 rows for every row of x: per input, one 16-byte load gives the 32 rows' codes;
+   codes times x add up per group, then scale and zero apply once per group
    (sum_k w x = scale * sum_k code x + zero * sum_k x). xsum: x's sums per group, [M, K / group]. */
-static void rows32_int4(const Weight *W, int n0, const float *x, int M, const float *xsum, float *out) {
-    int K = W->K, groups = K / W->group;
-    const uint8_t *p = (const uint8_t *)W->w + (size_t)n0 * K / 2;
+static void rows32_int4(const Weight *W, const Int4Tile *t, const float *x, int M, const float *xsum, float *out) {
+    int K = W->K, groups = K / W->group, stride = t->stride;
+    const uint8_t *p = t->p;
     const __m128i low4 = _mm_set1_epi8(15);
-    int prefetch = M == 1 && n0 + 64 <= W->N;  /* the next block, as rows4_simd does */
+    /* the next block (B * K / 2 bytes on), one 64-byte line at a time, as rows4_simd does */
+    int prefetch = M == 1 && t->lo + 2 * W->block <= W->N, every = 64 / stride;
     for (int m = 0; m < M; m++) {
         const float *xm = x + (size_t)m * K;
         __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
         for (int g = 0; g < groups; g++) {
             __m256 ga[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
             for (int k = g * W->group; k < (g + 1) * W->group; k++) {
-                if (prefetch && k % 4 == 0) _mm_prefetch((const char *)p + (size_t)K * 16 + (size_t)k * 16, _MM_HINT_T1);
+                if (prefetch && k % every == 0)
+                    _mm_prefetch((const char *)p + (size_t)K * stride + (size_t)k * stride, _MM_HINT_T1);
                 __m256 xv = _mm256_broadcast_ss(xm + k);
-                __m128i v = _mm_loadu_si128((const __m128i *)(p + (size_t)k * 16));
+                __m128i v = _mm_loadu_si128((const __m128i *)(p + (size_t)k * stride));
                 __m128i lo = _mm_and_si128(v, low4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), low4);
                 ga[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), xv, ga[0]);
                 ga[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), xv, ga[1]);
                 ga[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), xv, ga[2]);
                 ga[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), xv, ga[3]);
             }
-            const float *s = W->scale + (size_t)g * W->N + n0, *z = W->zero + (size_t)g * W->N + n0;
+            const float *s = W->scale + (size_t)g * W->N, *z = W->zero + (size_t)g * W->N;
             __m256 sx = _mm256_broadcast_ss(xsum + (size_t)m * groups + g);
-            for (int j = 0; j < 4; j++)
-                acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(z + 8 * j), sx,
-                                         _mm256_fmadd_ps(ga[j], _mm256_loadu_ps(s + 8 * j), acc[j]));
+            for (int j = 0; j < 4; j++) {
+                int row = (j < 2 ? t->lo : t->hi) + 8 * (j & 1);
+                acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(z + row), sx,
+                                         _mm256_fmadd_ps(ga[j], _mm256_loadu_ps(s + row), acc[j]));
+            }
         }
         for (int j = 0; j < 4; j++) _mm256_storeu_ps(out + m * 32 + 8 * j, acc[j]);
     }
@@ -274,15 +300,16 @@ typedef struct {
     const float *d;
 } QuantizedX;
 
-/* Rows n0..n0+rows-1 (a block: 4 rows, int4 32) into out[m * stride + j]. scratch: NULL or [4, K]
-   floats (rows4_simd's keep). */
-static void block_rows(const Weight *W, int n0, int rows, const float *x, const QuantizedX *xq, int M,
-                       const float *xsum, float *out, int stride, float *scratch) {
+/* A block's rows (4 rows from n0; int4: the 32 rows of `tile`, or rows n0.. of the last, partial
+   packing block where tile is NULL) into out[m * stride + j]. scratch: NULL or [4, K] floats
+   (rows4_simd's keep). */
+static void block_rows(const Weight *W, const Int4Tile *tile, int n0, int rows, const float *x, const QuantizedX *xq,
+                       int M, const float *xsum, float *out, int stride, float *scratch) {
 #ifdef __AVX2__
     if (xq->q && W->kind == WEIGHT_INT8 && rows == 4) { int8_rows4(W, n0, xq->q, xq->d, M, out); return; }
-    if (xq->q && W->kind == WEIGHT_INT4 && rows == 32) { int4_rows32(W, n0, xq->q, xq->d, xsum, M, out); return; }
+    if (xq->q && tile) { int4_rows32(W, tile, xq->q, xq->d, xsum, M, out); return; }
     if (W->kind == WEIGHT_INT4) {
-        if (rows == 32 && W->group % 8 == 0) { rows32_int4(W, n0, x, M, xsum, out); return; }
+        if (tile && W->group % 8 == 0) { rows32_int4(W, tile, x, M, xsum, out); return; }
     } else if (rows == 4 && W->K % 8 == 0) {
         if (W->kind == WEIGHT_F32) rows4_simd(W, WEIGHT_F32, n0, x, M, out, NULL);
         else if (W->kind == WEIGHT_BF16) rows4_simd(W, WEIGHT_BF16, n0, x, M, out, scratch);
@@ -293,7 +320,7 @@ static void block_rows(const Weight *W, int n0, int rows, const float *x, const 
     (void)xsum;
     (void)xq;
     (void)scratch;
-    rows_scalar(W, n0, rows, x, M, out, stride);
+    rows_scalar(W, tile, n0, rows, x, M, out, stride);
 }
 
 /* Reads input row m as fp32 into xf: x's own row, or silu(gate) * up for a SwiGLU input (x's row
@@ -366,11 +393,13 @@ int gemv_run(const Weight *Wp, const void *x, int x_bf16, int M, const float *in
 #pragma omp for schedule(static)
     for (int b = 0; b < blocks; b++) {
         int n0 = b * block, rows = N - n0 < block ? N - n0 : block;
+        Int4Tile tile_at;
+        const Int4Tile *tile = kind == WEIGHT_INT4 && int4_tile(&W, b, &tile_at) ? &tile_at : NULL;
         float out[32 * 64];
-        block_rows(&W, n0, rows, xf, &xq, M, xsum, out, block, scratch);
+        block_rows(&W, tile, n0, rows, xf, &xq, M, xsum, out, block, scratch);
         for (int m = 0; m < M; m++)
             for (int j = 0; j < rows; j++) {
-                int n = n0 + j;
+                int n = block_row(tile, n0, j);
                 float v = out[m * block + j];
                 if (kind == WEIGHT_INT8) v *= scale[n];
                 if (bias) v += bias[n];
@@ -388,8 +417,8 @@ int gemv_run(const Weight *Wp, const void *x, int x_bf16, int M, const float *in
 
 /* The entry point from Python (cpu_kernels.SmallBatchLinear): gemv_run over a weight given by parts. */
 int portachat_gemv(int kind, const void *w, const float *scale, const float *zero, int group, int N, int K,
-                   const void *x, int x_bf16, int M, const float *in_scale, const float *bias, void *y,
+                   int block, const void *x, int x_bf16, int M, const float *in_scale, const float *bias, void *y,
                    int y_bf16, int threads, float norm_eps, int swiglu, const void *residual) {
-    Weight W = {kind, w, scale, zero, group, N, K};
+    Weight W = {kind, w, scale, zero, group, N, K, block};
     return gemv_run(&W, x, x_bf16, M, in_scale, bias, y, y_bf16, threads, norm_eps, swiglu, residual);
 }

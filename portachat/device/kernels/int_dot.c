@@ -132,16 +132,20 @@ void int8_rows4(const Weight *W, int n0, const int8_t *q, const float *d, int M,
     if (m < M) int8_pass(W, n0, 0, q + m * K, d + m * blocks, NULL, NULL, out + 4 * m, NULL, m == 0);
 }
 
-/* The codes of inputs k and k + 1 for the 32 rows of an int4 block (gemv.c's layout: per input 16
-   bytes, low nibbles rows 0-15, high nibbles rows 16-31), laid out for maddubs, which sums adjacent
-   byte pairs: [row r at k, row r at k + 1] for rows 0-15 (rows) and 16-31 (rows_high). One 32-byte
-   load; the permute puts each row's two bytes in one 128-bit lane, the shuffle interleaves them. */
-static inline __attribute__((always_inline)) void int4_pair(const uint8_t *p, int k, __m256i *rows,
+/* The codes of inputs k and k + 1 for the 32 rows of an int4 tile (gemv.c's layout: per input 16
+   bytes at p + k * stride, low nibbles rows lo.., high nibbles rows hi..), laid out for maddubs, which
+   sums adjacent byte pairs: [row r at k, row r at k + 1] for the low rows (rows) and the high ones
+   (rows_high). One 32-byte load where the two inputs' bytes are adjacent (32-row packing blocks), two
+   16-byte ones otherwise; the permute puts each row's two bytes in one 128-bit lane, the shuffle
+   interleaves them. */
+static inline __attribute__((always_inline)) void int4_pair(const uint8_t *p, int stride, int k, __m256i *rows,
                                                            __m256i *rows_high) {
     const __m256i low4 = _mm256_set1_epi8(15);
     const __m256i interleave = _mm256_setr_epi8(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15,
                                                 0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
-    __m256i v = _mm256_loadu_si256((const __m256i *)(p + (size_t)k * 16));
+    const uint8_t *at = p + (size_t)k * stride;
+    __m256i v = stride == 16 ? _mm256_loadu_si256((const __m256i *)at)
+                             : _mm256_loadu2_m128i((const __m128i *)(at + stride), (const __m128i *)at);
     __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
     *rows = _mm256_shuffle_epi8(_mm256_permute4x64_epi64(lo, 0xD8), interleave);
     *rows_high = _mm256_shuffle_epi8(_mm256_permute4x64_epi64(hi, 0xD8), interleave);
@@ -150,11 +154,11 @@ static inline __attribute__((always_inline)) void int4_pair(const uint8_t *p, in
 /* One group's sums for the 32 rows of a block and one quantized row of x (xq, xd: the group's inputs
    and block scales): f[j] = rows 8j..8j+7, sum_b d_b * sum_k code q. The codes come from `pairs`
    (int4_pair's layout, laid out once for many rows of x) or, with `direct`, straight from the packed
-   weight p at input k0 (one row of x: laying them out first would cost more than the products).
+   weight (`tile`) at input k0 (one row of x: laying them out first would cost more than the products).
    Either way the same integers and the same float sums: a row's output does not depend on the batch.
    A pair sum is <= 2 * 15 * 127, so 8 of them still fit int16. */
 static inline __attribute__((always_inline)) void int4_group(const uint8_t *pairs, const int direct,
-                                                            const uint8_t *p, int k0, int G, const int8_t *xq,
+                                                            const Int4Tile *tile, int k0, int G, const int8_t *xq,
                                                             const float *xd, __m256 f[4]) {
     for (int j = 0; j < 4; j++) f[j] = _mm256_setzero_ps();
     for (int b = 0; b < G / 32; b++) {
@@ -162,13 +166,13 @@ static inline __attribute__((always_inline)) void int4_group(const uint8_t *pair
                           _mm256_setzero_si256()};
         for (int half = 0; half < 2; half++) {
             __m256i s0 = _mm256_setzero_si256(), s1 = s0, w0, w1;
-            for (int t = 0; t < 8; t++) {
-                int kk = 32 * b + 16 * half + 2 * t;
+            for (int i = 0; i < 8; i++) {
+                int kk = 32 * b + 16 * half + 2 * i;
                 int16_t xp;
                 memcpy(&xp, xq + kk, 2);
                 __m256i x = _mm256_set1_epi16(xp);
                 if (direct) {
-                    int4_pair(p, k0 + kk, &w0, &w1);
+                    int4_pair(tile->p, tile->stride, k0 + kk, &w0, &w1);
                 } else {
                     w0 = _mm256_load_si256((const __m256i *)(pairs + 32 * (size_t)kk));
                     w1 = _mm256_load_si256((const __m256i *)(pairs + 32 * (size_t)kk + 32));
@@ -186,38 +190,41 @@ static inline __attribute__((always_inline)) void int4_group(const uint8_t *pair
     }
 }
 
-/* A full block of 32 int4 rows (n0 % 32 == 0) times every quantized row of x; out[m * 32 + j], scales
-   and zeros applied (xsum: the rounded x's sums per group, [M, groups]). One group at a time; with
-   several rows of x its codes are laid out once (int4_pair) into `pairs`, 64 bytes per two inputs. */
-void int4_rows32(const Weight *W, int n0, const int8_t *q, const float *d, const float *xsum, int M, float *out) {
-    int K = W->K, G = W->group, groups = K / G, blocks = K / 32;
-    const uint8_t *p = (const uint8_t *)W->w + (size_t)n0 * K / 2;
-    int prefetch = M == 1 && n0 + 64 <= W->N;
+/* A tile of 32 int4 rows times every quantized row of x; out[m * 32 + j] (j < 16: rows t->lo + j, else
+   t->hi + j - 16), scales and zeros applied (xsum: the rounded x's sums per group, [M, groups]). One
+   group at a time; with several rows of x its codes are laid out once (int4_pair) into `pairs`, 64
+   bytes per two inputs. */
+void int4_rows32(const Weight *W, const Int4Tile *t, const int8_t *q, const float *d, const float *xsum, int M,
+                 float *out) {
+    int K = W->K, G = W->group, groups = K / G, blocks = K / 32, stride = t->stride;
+    const uint8_t *p = t->p;
+    int prefetch = M == 1 && t->lo + 2 * W->block <= W->N;
     uint8_t pairs[256 * 32] __attribute__((aligned(32)));
     memset(out, 0, sizeof(float) * 32 * (size_t)M);
     for (int g = 0; g < groups; g++) {
-        if (prefetch)  /* the next block, one 64-byte line per 4 inputs */
-            for (int k = g * G; k < (g + 1) * G; k += 4)
-                _mm_prefetch((const char *)p + (size_t)K * 16 + (size_t)k * 16, _MM_HINT_T1);
+        if (prefetch)  /* the next packing block, one 64-byte line at a time */
+            for (int k = g * G; k < (g + 1) * G; k += 64 / stride)
+                _mm_prefetch((const char *)p + (size_t)K * stride + (size_t)k * stride, _MM_HINT_T1);
         if (M > 1)
             for (int i = 0; i < G / 2; i++) {
                 __m256i w0, w1;
-                int4_pair(p, g * G + 2 * i, &w0, &w1);
+                int4_pair(p, stride, g * G + 2 * i, &w0, &w1);
                 _mm256_store_si256((__m256i *)(pairs + 64 * (size_t)i), w0);
                 _mm256_store_si256((__m256i *)(pairs + 64 * (size_t)i + 32), w1);
             }
-        const float *scale = W->scale + (size_t)g * W->N + n0, *zero = W->zero + (size_t)g * W->N + n0;
+        const float *scale = W->scale + (size_t)g * W->N, *zero = W->zero + (size_t)g * W->N;
         for (int m = 0; m < M; m++) {
             const int8_t *xq = q + (size_t)m * K + (size_t)g * G;
             const float *xd = d + (size_t)m * blocks + g * G / 32;
             __m256 f[4];
-            if (M == 1) int4_group(NULL, 1, p, g * G, G, xq, xd, f);
-            else int4_group(pairs, 0, p, g * G, G, xq, xd, f);
+            if (M == 1) int4_group(NULL, 1, t, g * G, G, xq, xd, f);
+            else int4_group(pairs, 0, t, g * G, G, xq, xd, f);
             __m256 sx = _mm256_set1_ps(xsum[(size_t)m * groups + g]);
             for (int j = 0; j < 4; j++) {
                 float *o = out + (size_t)m * 32 + 8 * j;
-                __m256 v = _mm256_fmadd_ps(f[j], _mm256_loadu_ps(scale + 8 * j), _mm256_loadu_ps(o));
-                _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_loadu_ps(zero + 8 * j), sx, v));
+                int row = (j < 2 ? t->lo : t->hi) + 8 * (j & 1);
+                __m256 v = _mm256_fmadd_ps(f[j], _mm256_loadu_ps(scale + row), _mm256_loadu_ps(o));
+                _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_loadu_ps(zero + row), sx, v));
             }
         }
     }

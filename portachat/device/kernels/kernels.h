@@ -13,7 +13,15 @@ typedef struct {
     const float *zero;   /* int4: [K / group, N], the value of code 0 */
     int group;
     int N, K;
+    int block;           /* int4: rows per packing block, 32 or 64 (PyTorch's AVX2 or AVX-512 build) */
 } Weight;
+
+/* 32 rows of an int4 weight inside one full packing block: the codes of input k are the 16 bytes at
+   p + k * stride, low nibbles rows lo..lo+15, high nibbles rows hi..hi+15 (gemv.c's int4_tile). */
+typedef struct {
+    const uint8_t *p;
+    int stride, lo, hi;
+} Int4Tile;
 
 /* y [M, N] = W (x's rows read as gemv.c's read_row says) + bias (+ residual, in y's dtype). x_bf16 /
    y_bf16: whether x and y are bf16 (else fp32). M <= 64. Returns 0, or -1 when out of memory. */
@@ -24,7 +32,8 @@ int gemv_run(const Weight *W, const void *x, int x_bf16, int M, const float *in_
 int int_dot_fits(const Weight *W);
 void quantize_rows(const float *x, int M, int K, int8_t *q, float *d);
 void int8_rows4(const Weight *W, int n0, const int8_t *q, const float *d, int M, float *out);
-void int4_rows32(const Weight *W, int n0, const int8_t *q, const float *d, const float *xsum, int M, float *out);
+void int4_rows32(const Weight *W, const Int4Tile *t, const int8_t *q, const float *d, const float *xsum, int M,
+                 float *out);
 
 int portachat_decode_attention(float *qkv, const int64_t *positions, const float *cos, const float *sin_signed,
                                float *k_cache, float *v_cache, int64_t num_slots, const int64_t *slot_mapping,
