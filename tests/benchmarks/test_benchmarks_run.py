@@ -50,7 +50,7 @@ def test_kv_cache_dtype_benchmark_prints_ratios_against_fp32(shakespeare_path):
     smollm2_gguf_path()  # skips (fails under CI) without the model
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "kv_cache_dtype.py"), "--text", str(shakespeare_path),
-         "--tokens", "48", "--segment", "24", "--kv-dtypes", "fp32", "int8", "--json"],
+         "--tokens", "96", "--segment", "48", "--kv-dtypes", "fp32", "int8", "--json"],
         capture_output=True, text=True, timeout=300, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -55,13 +55,19 @@ def test_capital_of_france(client):
     assert "Paris" in reply.choices[0].message.content
 
 
-def test_chinese_stream_is_clean_and_equals_the_whole_reply(client):
+@pytest.mark.parametrize("sampling", [dict(temperature=0.0), dict(temperature=0.7, seed=11)], ids=["greedy", "seeded"])
+def test_chinese_stream_is_clean_and_equals_the_whole_reply(client, sampling):
+    """Characters split across tokens never stream as U+FFFD, and the stream equals the whole reply (the
+    second request resumes the prompt from the prefix cache). Greedy, the model answers in Chinese (its
+    first token is 中 at p=0.6); a seeded sample may not (emoji and English follow), and must still
+    hold both."""
     args = dict(model="smol", messages=[{"role": "user", "content": "请用中文回答：中国的首都是哪里？"}],
-                max_tokens=32, temperature=0.7, seed=11)
+                max_tokens=32, **sampling)
     pieces = [c.choices[0].delta.content or "" for c in client.chat.completions.create(**args, stream=True)
               if c.choices]
     streamed = "".join(pieces)
-    assert CJK.search(streamed), streamed
+    if sampling["temperature"] == 0.0:
+        assert CJK.search(streamed), streamed
     assert all("\ufffd" not in p for p in pieces), pieces
     assert streamed == client.chat.completions.create(**args).choices[0].message.content
 
