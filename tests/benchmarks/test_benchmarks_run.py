@@ -169,6 +169,18 @@ def test_speculative_benchmark_reports_each_task():
     assert edit["plain"]["ratio"] == 1.0 and edit["ngram"]["tok_s"] > 0 and edit["draft"]["tok_s"] > 0
     # correcting a paragraph copies it: most prompt-lookup drafts are accepted
     assert edit["ngram"]["acceptance"] > 0.5 and edit["ngram"]["tokens_per_step"] > 2
+    # a target and a draft given by path (a speedrun pair's form): the target drafting for itself agrees always
+    gguf = str(smollm2_gguf_path())
+    given = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "speculative.py"), "--model", gguf, "--draft", gguf, "--rounds", "1",
+         "--max-tokens", "6", "--tasks", "edit", "--dtype", "fp32", "--threads", "1", "--json"],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )
+    assert given.returncode == 0, given.stderr[-2000:]
+    assert json.loads(given.stdout.strip().splitlines()[-1])["results"]["edit"]["draft"]["acceptance"] == 1.0
+    missing = subprocess.run([sys.executable, str(REPO / "benchmarks" / "speculative.py"), "--model", "no/such/run"],
+                             capture_output=True, text=True, timeout=300, cwd=REPO)  # fmt: skip
+    assert missing.returncode != 0 and "no model at no/such/run" in missing.stderr
     unknown = subprocess.run([sys.executable, str(REPO / "benchmarks" / "speculative.py"), "--tasks", "poem"],
                              capture_output=True, text=True, timeout=300, cwd=REPO)  # fmt: skip
     assert unknown.returncode != 0 and "unknown tasks ['poem']" in unknown.stderr
