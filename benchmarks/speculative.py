@@ -11,8 +11,9 @@ mean tokens per step of a speculating sequence.
 
 The target is SmolLM2-135M-Instruct, or `--model PATH` (any model `serve --model` accepts, e.g. a
 depth-12 speedrun checkpoint, with a depth-4 one of the same run as `--draft`). The draft is `--draft
-PATH` (sharing the target's vocabulary); without it, the target itself with int4 weights (`--draft-quantize`; a quantized self-draft: no extra
-download, the same vocabulary, ~96% greedy agreement, ~2.4x fewer weight bytes per step). Cutting
+PATH` (sharing the target's vocabulary); without it, the target itself with int4 weights
+(`--draft-quantize`; a quantized self-draft: no extra download, the same vocabulary, ~96% greedy
+agreement, ~2.4x fewer weight bytes per step). Cutting
 SmolLM2 to its first layers instead agrees on 3-35% of tokens (6-24 of 30 layers): useless untrained.
 In bf16/fp16 the K+1-token verification rounds differently than a one-token decode, so a near-tie
 can flip a greedy token (the script says so); in fp32 the replies are identical.

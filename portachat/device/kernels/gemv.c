@@ -82,7 +82,7 @@ static int int4_tile(const Weight *W, int t, Int4Tile *tile) {
 
 /* The weight row of output j of a block: a tile's, or n0 + j. */
 static inline int block_row(const Int4Tile *tile, int n0, int j) {
-    return tile ? (j < 16 ? tile->lo + j : tile->hi + j - 16) : n0 + j;
+    return tile ? int4_tile_row(tile, j) : n0 + j;
 }
 
 /* Dot products of a block's rows (block_row) with every row of x; out[m * stride + j]. Int8's row
@@ -283,7 +283,7 @@ static void rows32_int4(const Weight *W, const Int4Tile *t, const float *x, int 
             const float *s = W->scale + (size_t)g * W->N, *z = W->zero + (size_t)g * W->N;
             __m256 sx = _mm256_broadcast_ss(xsum + (size_t)m * groups + g);
             for (int j = 0; j < 4; j++) {
-                int row = (j < 2 ? t->lo : t->hi) + 8 * (j & 1);
+                int row = int4_tile_row(t, 8 * j);
                 acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(z + row), sx,
                                          _mm256_fmadd_ps(ga[j], _mm256_loadu_ps(s + row), acc[j]));
             }

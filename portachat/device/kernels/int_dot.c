@@ -222,7 +222,7 @@ void int4_rows32(const Weight *W, const Int4Tile *t, const int8_t *q, const floa
             __m256 sx = _mm256_set1_ps(xsum[(size_t)m * groups + g]);
             for (int j = 0; j < 4; j++) {
                 float *o = out + (size_t)m * 32 + 8 * j;
-                int row = (j < 2 ? t->lo : t->hi) + 8 * (j & 1);
+                int row = int4_tile_row(t, 8 * j);
                 __m256 v = _mm256_fmadd_ps(f[j], _mm256_loadu_ps(scale + row), _mm256_loadu_ps(o));
                 _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_loadu_ps(zero + row), sx, v));
             }

@@ -23,6 +23,9 @@ typedef struct {
     int stride, lo, hi;
 } Int4Tile;
 
+/* The weight row of a tile's output j (0..31): its low rows, then its high ones. */
+static inline int int4_tile_row(const Int4Tile *t, int j) { return j < 16 ? t->lo + j : t->hi + j - 16; }
+
 /* y [M, N] = W (x's rows read as gemv.c's read_row says) + bias (+ residual, in y's dtype). x_bf16 /
    y_bf16: whether x and y are bf16 (else fp32). M <= 64. Returns 0, or -1 when out of memory. */
 int gemv_run(const Weight *W, const void *x, int x_bf16, int M, const float *in_scale, const float *bias,
