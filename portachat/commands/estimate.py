@@ -14,7 +14,11 @@ def model_shape_from_args(args: argparse.Namespace):
     from portachat.tools.estimate import ModelShape, load_hf_config
 
     if args.hf_config is not None:
-        return ModelShape.from_hf_config(load_hf_config(args.hf_config), name=str(args.hf_config))
+        from portachat.model.gguf import is_gguf
+        from portachat.tools.estimate import gguf_hf_config
+
+        config = gguf_hf_config(args.hf_config) if is_gguf(args.hf_config) else load_hf_config(args.hf_config)
+        return ModelShape.from_hf_config(config, name=str(args.hf_config))
     cfg = GPTConfig.from_depth(args.depth, args.vocab_size, max_seq_len=args.seq_len)
     return ModelShape.from_gpt_config(cfg)
 
@@ -29,7 +33,14 @@ def cmd_estimate_memory(args: argparse.Namespace) -> int:
         shape = model_shape_from_args(args)
         setup = TrainingSetup(args.batch_size, args.seq_len, args.dtype, args.optimizer,
                               args.activation_checkpointing, args.devices, args.parallel)
+        data = None
+        if args.data:
+            setup, data = setup_from_data(args, setup)
+        elif args.tokens_per_batch:
+            setup.batch_size, setup.seq_len = max(1, args.tokens_per_batch // args.seq_len), args.seq_len
         train = estimate_training(shape, setup)
+        if data is not None:
+            train["data"] = data
         serve = estimate_kv_cache(shape, args.kv_batch_size, args.kv_context or args.seq_len, args.kv_dtype)
     except (ValueError, ConfigError) as e:
         return usage_error(e)
@@ -47,6 +58,33 @@ def cmd_estimate_memory(args: argparse.Namespace) -> int:
                             "(estimate / measured = {ratio})").format(
                 mib=f"{measured / 2**20:,.1f}", ratio=f"{train['peak_bytes'] / measured:.2f}"))
     return 0
+
+
+def setup_from_data(args: argparse.Namespace, setup):
+    """The micro-batch the data really makes: rows padded to its longest conversation's bucket (the
+    device's: --device), or the --tokens-per-batch budget's worth; supervised positions from its masks."""
+    from dataclasses import asdict, replace
+
+    from portachat.data.chat_data import load_conversations
+    from portachat.data.chat_loader import data_lengths
+    from portachat.device.shapes import pad_bucket, row_bucket
+    from portachat.tools.estimate import chat_renderer
+
+    source = args.tokenizer or args.hf_config
+    if source is None:
+        raise ValueError(_("--data needs the tokenizer that renders it: pass --tokenizer (a model directory, "
+                           "a tokenizer directory or a .gguf) or --hf-config with a model directory"))
+    lengths = data_lengths(load_conversations(args.data), chat_renderer(source), args.seq_len)
+    bucket = pad_bucket
+    if args.device is not None:
+        from portachat.device import get_device
+
+        dev = get_device(kind=args.device)
+        bucket = row_bucket(dev.type, dev.compile)
+    rows, width, supervised = lengths.micro_batch(args.batch_size, args.seq_len, bucket, args.tokens_per_batch)
+    data = {**asdict(lengths), "batch_size": args.batch_size, "max_seq_len": args.seq_len,
+            "tokens_per_batch": args.tokens_per_batch}
+    return replace(setup, batch_size=rows, seq_len=width, supervised_tokens=supervised), data
 
 
 def cmd_estimate_serving(args: argparse.Namespace) -> int:
@@ -97,7 +135,7 @@ def register(sub) -> None:
                     "(--hf-config DIR_OR_CONFIG_JSON), on --devices N with --parallel ddp|fsdp2."))
     src = m.add_mutually_exclusive_group()
     flag(src, "--depth", type=positive_int, default=4, help=_("portachat model depth (default 4)"))
-    flag(src, "--hf-config", default=None, help=_("a Hugging Face model directory or its config.json"))
+    flag(src, "--hf-config", default=None, help=_("a Hugging Face model directory, its config.json, or a .gguf file"))
     flag(m, "--vocab-size", type=positive_int, default=32768, help=_("vocabulary for --depth models (default 32768)"))
     m.add_argument("--device-batch-size", "--device_batch_size", "--batch-size", dest="batch_size", type=positive_int,
                    default=4, help=_("sequences per device per micro-step (default 4)"))
@@ -126,6 +164,15 @@ def register(sub) -> None:
     flag(m, "--max-num-batched-tokens", type=positive_int, default=1024,
          help=_("with --serve: tokens per forward step, as serve's flag of that name (default 1024); "
                 "sizes the step's transient activations"))
+    flag(m, "--data", action="append", default=None,
+         help=_("chat data to train on (jsonl/parquet files or directories, repeat to mix): size the micro-batch "
+                "by its real lengths, padded to its longest conversation, instead of --max-seq-len"))
+    flag(m, "--tokenizer", default=None,
+         help=_("with --data: what renders it, a model directory, a tokenizer directory or a .gguf (default: "
+                "--hf-config)"))
+    flag(m, "--tokens-per-batch", type=positive_int, default=None,
+         help=_("micro-batches drawn by this token budget (train's flag of that name) instead of "
+                "--device-batch-size rows"))
     flag(m, "--measure", action="store_true",
          help=_("also run two real training steps of the --depth model on this device and print the measured peak"))
     flag(m, "--device", default=None, help=_("device for --measure and --serve: cpu|cuda|rocm|dcu|npu|xpu|mps (default: auto)"))

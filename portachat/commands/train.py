@@ -45,8 +45,9 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     flag(g, "--device-batch-size", type=_batch_size, default=None,
          help=_("rows per device per micro-step, or auto = the largest that fits, found by real steps "
               "(default: 32 on accelerators, 4 on CPU)"))
-    flag(g, "--activation-checkpointing", action="store_true",
-         help=_("recompute each block's activations in backward: much less memory for ~30%% more compute"))
+    flag(g, "--activation-checkpointing", action=argparse.BooleanOptionalAction, default=None,
+         help=_("recompute each block's activations in backward: much less memory for ~30%% more compute "
+                "(default: on when fine-tuning an existing model on a CPU, off otherwise)"))
     flag(g, "--total-batch-size", type=positive_int, default=None,
           help=_("tokens per optimizer step; gradient accumulation makes up the difference (default: one micro-step)"))
     flag(g, "--max-seq-len", type=positive_int, default=None, help=_("tokens per row (default: 2048 on accelerators, 256 on CPU)"))
@@ -81,7 +82,7 @@ def train_config(args: argparse.Namespace, dev) -> object:
         run=args.run,
         runs_root=args.runs_root,
         device_batch_size=args.device_batch_size or defaults.device_batch_size,
-        activation_checkpointing=args.activation_checkpointing,
+        activation_checkpointing=bool(args.activation_checkpointing),
         total_batch_size=args.total_batch_size,
         max_seq_len=args.max_seq_len or defaults.max_seq_len,
         warmup_ratio=args.warmup_ratio,
@@ -171,6 +172,7 @@ def cmd_train_chat(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         train=train_config(args, dev),
     )
+    opts.train.tokens_per_batch = args.tokens_per_batch
     try:
         result = (run_finetune(finetune_options(args, opts), dev=dev) if wants_finetune(args)
                   else run_chat_stage(opts, dev=dev))
@@ -234,8 +236,13 @@ def add_chat_stage_parser(tsub, stage: str) -> None:
     flag(g, "--max-conversations", type=positive_int, default=None,
          help=_("read at most N conversations (synthetic default: {n})").format(n=d.synthetic_conversations))
     flag(g, "--rows", choices=["pack", "pad"], default=None,
-         help=_("pack several conversations per row or pad one per row (default: {rows})")
+         help=_("pack several conversations per row (each attends only to itself, positions restart) or put "
+                "one per row; a batch is padded only to its longest row (default: {rows})")
          .format(rows="pack" if d.pack else "pad"))
+    flag(g, "--tokens-per-batch", type=positive_int, default=None,
+         help=_("draw each micro-batch by a token budget instead of --device-batch-size rows: as many "
+                "conversations of similar length as fit N padded positions (at least --max-seq-len); "
+                "--total-batch-size counts in these tokens (default: --device-batch-size rows)"))
     flag(g, "--lr-scale", type=float, default=None,
          help=_("multiply every learning rate by this (default {scale} for {stage})").format(scale=d.lr_scale, stage=stage))
     flag(g, "--num-epochs", type=float, default=1.0, help=_("passes over the data when --num-iterations is not given"))

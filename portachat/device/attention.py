@@ -52,6 +52,21 @@ def attention(
     )
 
 
+def packed_causal_mask(positions: torch.Tensor) -> torch.Tensor:
+    """The attention mask of packed rows: boolean [B, 1, T, T], True = attend, for per-token positions
+    [B, T] that restart (do not grow) where a new sequence begins. A token attends to itself and the
+    tokens before it in its own sequence only; padding after a row's last sequence continues its
+    positions, so it joins that sequence and, coming last, is never attended to by a real token."""
+    if positions.dim() != 2:
+        raise ValueError(f"positions must be [batch, time], got shape {tuple(positions.shape)}")
+    starts = torch.ones_like(positions, dtype=torch.bool)
+    starts[:, 1:] = positions[:, 1:] <= positions[:, :-1]
+    segment = starts.cumsum(dim=1)
+    T = positions.size(1)
+    causal = torch.ones(T, T, dtype=torch.bool, device=positions.device).tril()
+    return (segment[:, :, None] == segment[:, None, :]).logical_and_(causal)[:, None]
+
+
 def fusion_eligible(
     device_type: str, dtype: torch.dtype, head_dim: int, attn_mask: torch.Tensor | None
 ) -> bool:

@@ -15,8 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from portachat.device.attention import attention
+from portachat.device.attention import attention, packed_causal_mask
 from portachat.model.config import GPTConfig
+from portachat.model.loss import chunked_cross_entropy, loss_chunk_size
 
 
 class RMSNorm(nn.Module):
@@ -95,13 +96,14 @@ class Attention(nn.Module):
         self.q_norm: nn.Module = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else nn.Identity()
         self.k_norm: nn.Module = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else nn.Identity()
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(B, T, self.n_head, self.head_dim)).transpose(1, 2)
         k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        y = attention(q, k, v, is_causal=True)
+        y = attention(q, k, v, is_causal=attn_mask is None, attn_mask=attn_mask)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
 
 
@@ -124,8 +126,9 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.n_embd, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn_mask=attn_mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -228,12 +231,21 @@ class GPT(nn.Module):
 
     # ----------------------------------------------------------------------------- forward
 
-    def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
+    def hidden_states(self, idx: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """The final norm's output [B, T, C] for token ids [B, T] (causal): what the output head reads,
-        and what decoder embeddings pool."""
+        and what decoder embeddings pool.
+
+        `positions` [B, T]: each token's position within its own sequence, for rows that pack several
+        sequences back to back (positions restart where one begins): rotary uses them, and attention
+        stays inside each sequence (the device layer's mask). None = one sequence per row."""
         T = idx.size(1)
         cos, sin = self._rotary(T)
-        cos, sin = cos[None, None, :T], sin[None, None, :T]
+        mask = None
+        if positions is None:
+            cos, sin = cos[None, None, :T], sin[None, None, :T]
+        else:  # a position never exceeds its index, so the tables for T cover them
+            cos, sin = cos[positions][:, None], sin[positions][:, None]
+            mask = packed_causal_mask(positions)
         x = self.model.embed_tokens(idx)
         # Rotate q and k in the dtype they are computed in (autocast's, else the weights'), so all of
         # q, k, v reach attention in one dtype.
@@ -241,29 +253,34 @@ class GPT(nn.Module):
         compute = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
         cos, sin = cos.to(compute), sin.to(compute)
         for block in self.model.layers:
-            x = block(x, cos, sin)
+            x = block(x, cos, sin) if mask is None else block(x, cos, sin, attn_mask=mask)
         return self.model.norm(x)
 
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None, loss_reduction: str = "mean"
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        loss_reduction: str = "mean",
+        *,
+        weights: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Logits [B, T, V] in fp32, or the fp32 cross-entropy loss: plain causal attention over `idx`
+        """Logits [B, T, V] in fp32, or the fp32 cross-entropy loss: causal attention over `idx`
         (inference with a KV cache is the engine's: portachat.serve.engine).
 
-        Targets equal to -1 are ignored; `loss_reduction` is "mean", "sum" or "none" ([B, T]).
+        Targets equal to -1 are ignored; `loss_reduction` is "mean", "sum" or "none" ([B, T]). The loss
+        computes logits only at supervised positions, a chunk at a time (portachat.model.loss);
+        `weights` [B, T] multiply each token's loss. `positions`: see hidden_states (packed rows).
         """
         if idx.dim() != 2:
             raise ValueError(f"idx must be a [batch, time] tensor of token ids, got shape {tuple(idx.shape)}")
         if loss_reduction not in ("mean", "sum", "none"):
             raise ValueError(f"loss_reduction must be 'mean', 'sum' or 'none', got {loss_reduction!r}")
-        B, T = idx.shape
-        logits = self.lm_head(self.hidden_states(idx)).float()
+        hidden = self.hidden_states(idx, positions)
         if targets is None:
-            return logits
-        loss = F.cross_entropy(
-            logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1, reduction=loss_reduction
-        )
-        return loss.view(B, T) if loss_reduction == "none" else loss
+            return self.lm_head(hidden).float()
+        return chunked_cross_entropy(hidden, self.lm_head, targets, weights=weights, reduction=loss_reduction,
+                                     chunk=loss_chunk_size(self.config.vocab_size))
 
     # ----------------------------------------------------------------------------- accounting
 
@@ -283,6 +300,24 @@ class GPT(nn.Module):
             6.0 * self.num_params(exclude_embedding=True)
             + 12.0 * cfg.n_layer * cfg.n_head * cfg.head_dim * seq_len
         )
+
+    def training_flop_rates(self) -> tuple[float, float, float]:
+        """FLOPs a training step needs, as (per real token, per supervised token, per attention pair):
+        forward 2 per weight, backward 2 more for the input's gradient and 2 for a weight that trains
+        (a frozen one, as under LoRA, needs none); the output head only at supervised positions (the
+        loss computes nothing else); attention 12 * layers * heads * head_dim per (query, key) pair of
+        a sequence. With every weight training and every position supervised this is flops_per_token."""
+        cfg = self.config
+        head = self.model.embed_tokens.weight if cfg.tie_embeddings else self.lm_head.weight
+        skip = {id(self.model.embed_tokens.weight), id(head)}
+        body = trains = 0
+        for p in self.parameters():
+            if id(p) not in skip:
+                body += p.numel()
+                trains += p.numel() if p.requires_grad else 0
+        head_params = cfg.vocab_size * cfg.n_embd
+        per_pair = 12.0 * cfg.n_layer * cfg.n_head * cfg.head_dim
+        return 4.0 * body + 2.0 * trains, (4.0 + 2.0 * head.requires_grad) * head_params, per_pair
 
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
         """Parameters split by how optimizers treat them. "matrix": 2-D weights inside the layers

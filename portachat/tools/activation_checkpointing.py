@@ -29,7 +29,9 @@ def apply_activation_checkpointing(model: nn.Module) -> int:
 
 
 def _checkpointed_forward(forward, x, *args, **kwargs):
-    uses_cache = any(a is not None for a in args[2:]) or any(v is not None for v in kwargs.values())
+    # Anything past (cos, sin) other than the packed-row attention mask is a cache: run the block as it is.
+    uses_cache = any(a is not None for a in args[2:]) or any(
+        v is not None for k, v in kwargs.items() if k != "attn_mask")
     if not torch.is_grad_enabled() or uses_cache:
         return forward(x, *args, **kwargs)
     # Non-reentrant checkpointing: works with autocast, torch.compile and DDP, and replays RNG state.

@@ -8,11 +8,15 @@ config (Llama / Qwen / Mistral style), per device, on N devices with DDP or FSDP
 
 The per-token activation counts follow portachat's GPT forward (fp32 RMSNorm, QK-norm, SDPA, gated
 MLP) under fp32 or bf16/fp16 autocast; tests check them against the measured peak of real steps.
+The loss computes logits only at supervised positions, a chunk at a time (portachat.model.loss), so
+that term is bounded by one chunk. Given chat data (`data_lengths`), a micro-batch is as long as the
+data's longest conversation needs, padded to the device's bucket, not --max-seq-len.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +27,7 @@ from portachat.device.kv_quant import bytes_per_token
 from portachat.i18n import N_, _, gettext
 from portachat.i18n.width import ljust, rjust
 from portachat.model.config import GPTConfig
+from portachat.model.loss import loss_chunk_size
 
 GIB = 2**30
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -152,6 +157,7 @@ class TrainingSetup:
     activation_checkpointing: bool = False
     world_size: int = 1
     parallel: str = "ddp"  # "ddp" (replicas) or "fsdp2" (parameters, grads and states sharded)
+    supervised_tokens: int | None = None  # loss positions per micro-batch; None = every position
 
 
 def _fmt(nbytes: float) -> str:
@@ -191,9 +197,12 @@ def estimate_training(shape: ModelShape, setup: TrainingSetup) -> dict[str, Any]
         activations = shape.n_layer * residual + per_layer + final_norm  # one block recomputed at a time
     else:
         activations = shape.n_layer * per_layer + final_norm
-    # fp32 logits and log-softmax in forward; in backward the saved log-softmax plus the gradients of
-    # both: three fp32 [tokens, vocab] tensors, the largest single term for small models.
-    logits = 3 * 4 * shape.vocab_size * tokens
+    # The loss takes its gradients chunk by chunk at the end of the forward (portachat.model.loss): one fp32
+    # [positions, vocab] chunk of logits, turned into its gradient in place (under autocast also the half
+    # precision matmul output and gradient beside it), for the supervised positions of one chunk at most;
+    # nothing of vocabulary size is kept for the backward.
+    supervised = tokens if setup.supervised_tokens is None else min(tokens, setup.supervised_tokens)
+    logits = (7 if half else 4) * shape.vocab_size * min(supervised, loss_chunk_size(shape.vocab_size))
     # Autocast keeps a half-precision copy of every matmul weight from forward until its backward.
     # (FSDP2's mixed precision gathers weights already in the compute dtype: counted above.)
     head = shape.lm_head_params or shape.embedding_params
@@ -205,7 +214,7 @@ def estimate_training(shape: ModelShape, setup: TrainingSetup) -> dict[str, Any]
     static = parameters + optimizer_states + ddp_buckets
     lm_head_grad = 4 * (shape.lm_head_params or shape.embedding_params) / shard
     if setup.activation_checkpointing:
-        # The logits' backward finishes before the first block is recomputed: the two never coexist.
+        # The loss's chunks are done before the first block is recomputed: the two never coexist.
         transient = max(logits, per_layer)
         backward_peak = static + unsharded + shape.n_layer * residual + final_norm + transient + weight_casts + lm_head_grad
     else:
@@ -228,6 +237,7 @@ def estimate_training(shape: ModelShape, setup: TrainingSetup) -> dict[str, Any]
         "num_params": P,
         "setup": asdict(setup),
         "tokens_per_micro_batch": tokens,
+        "loss_positions_per_chunk": int(min(supervised, loss_chunk_size(shape.vocab_size))),
         "components": {k: int(v) for k, v in components.items()},
         "activations_without_checkpointing": int(shape.n_layer * per_layer + final_norm),
         "activations_with_checkpointing": int(shape.n_layer * residual + per_layer + final_norm),
@@ -296,6 +306,7 @@ def _row(label: str, value: str, extra: str = "") -> str:
 def format_estimate(train: dict[str, Any], serve: dict[str, Any] | None = None) -> str:
     s = train["setup"]
     parallel = s["parallel"] if s["world_size"] > 1 else _("no data parallelism")
+    data = train.get("data")
     lines = [
         ljust(_("model"), 12) + ": " + _("{model} ({n}M parameters)").format(
             model=train["model"], n=f"{train['num_params'] / 1e6:,.1f}"),
@@ -304,6 +315,12 @@ def format_estimate(train: dict[str, Any], serve: dict[str, Any] | None = None) 
             "{n} device(s) with {parallel}").format(
             batch=s["batch_size"], seq=s["seq_len"], dtype=s["dtype"], optimizer=s["optimizer"],
             ac=_("on") if s["activation_checkpointing"] else _("off"), n=s["world_size"], parallel=parallel),
+        *([ljust(_("data"), 12) + ": " + _(
+            "{n} conversations measured: {mean} tokens on average, {longest} at most ({supervised} supervised on "
+            "average); the largest micro-batch holds {rows} x {width} positions (--max-seq-len {seq_len})").format(
+            n=data["conversations"], mean=f"{data['mean']:.0f}", longest=data["longest"],
+            supervised=f"{data['mean_supervised']:.0f}", rows=s["batch_size"], width=s["seq_len"],
+            seq_len=data["max_seq_len"])] if data else []),
         "",
         _row(_("component (per device)"), _("memory")),
     ]
@@ -324,3 +341,49 @@ def format_estimate(train: dict[str, Any], serve: dict[str, Any] | None = None) 
             _row(_("total"), _fmt(serve["total_bytes"])),
         ]
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- chat data
+
+
+def chat_renderer(path: str | Path) -> Callable[[Any, int | None], tuple[list[int], list[int]]]:
+    """How training renders a conversation for the model (or tokenizer) at `path`: a portachat checkpoint
+    or tokenizer directory (our chat format), a Hugging Face model directory or a .gguf file (the
+    model's own chat template, as fine-tuning renders it). No weights are read."""
+    from portachat.model.gguf import is_gguf
+    from portachat.model.hf_dir import read_json, read_tokenizer_files
+    from portachat.model.load import _eos_ids, is_portachat_dir
+    from portachat.tokenizer import Tokenizer, render_conversation
+    from portachat.tokenizer.chat_tokenizer import TemplateChatTokenizer
+    from portachat.tokenizer.template_masks import render_template_conversation
+
+    path = Path(path)
+    if path.is_file() and path.name == "config.json":
+        path = path.parent
+    if is_gguf(path):
+        from portachat.model.gguf import generation_config, read_gguf_metadata
+        from portachat.model.gguf_tokenizer import build_tokenizer, tokenizer_config
+
+        metadata = read_gguf_metadata(path)
+        hf = build_tokenizer(metadata)
+        template = TemplateChatTokenizer(hf, tokenizer_config(metadata, hf),
+                                         eos_ids=_eos_ids(generation_config(metadata).get("eos_token_id")))
+    elif is_portachat_dir(path) or (path.is_dir() and not (path / "config.json").is_file()
+                                    and (path / "tokenizer.json").is_file()):
+        ours = Tokenizer.load(path)
+        return lambda messages, n: render_conversation(ours, messages, n)
+    else:
+        hf, tok_config = read_tokenizer_files(path)
+        generation = read_json(path / "generation_config.json", required=False)
+        config = read_json(path / "config.json", required=False)
+        template = TemplateChatTokenizer(hf, tok_config, eos_ids=_eos_ids(generation.get("eos_token_id"),
+                                                                         config.get("eos_token_id")))
+    return lambda messages, n: render_template_conversation(template, messages, n)
+
+
+def gguf_hf_config(path: str | Path) -> dict[str, Any]:
+    """The Hugging Face config.json a .gguf file's metadata and tensor shapes describe (no tensor read)."""
+    from portachat.model.gguf import _open, gguf_config
+
+    with _open(path) as f:
+        return gguf_config(f.metadata, {name: info.shape for name, info in f.tensors.items()})

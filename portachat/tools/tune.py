@@ -196,19 +196,26 @@ def auto_device_batch_size(
     memory_limit: int | None = None,
     activation_checkpointing: bool = False,
     say: Callable[[str], None] = lambda _msg: None,
+    row_len: int | None = None,
 ) -> tuple[int, int]:
     """(device batch size, gradient accumulation steps) for `--device-batch-size auto`.
 
     The batch is the largest that fits (find_batch_size), capped so one optimizer step does not
     exceed `total_batch_tokens`; accumulation makes up the rest of the total. Under torchrun every
-    rank must use the same value: take the minimum over ranks before training."""
+    rank must use the same value: take the minimum over ranks before training. `row_len`: how long a
+    padded row of the data really gets (chat data: its longest conversation's bucket), probed instead
+    of seq_len; accumulation still counts seq_len per row, as the step's token total does."""
     cap = max(1, total_batch_tokens // (seq_len * world_size)) if total_batch_tokens else 1024
-    found = find_batch_size(cfg, seq_len, dev, memory_limit=memory_limit, max_batch_size=cap,
+    probe_len = min(row_len or seq_len, seq_len)
+    if probe_len < seq_len:
+        say(_("probing rows of {n} tokens: the data's longest, padded (--max-seq-len {seq_len})").format(
+            n=probe_len, seq_len=seq_len))
+    found = find_batch_size(cfg, probe_len, dev, memory_limit=memory_limit, max_batch_size=cap,
                             activation_checkpointing=activation_checkpointing, say=say)
     if found.batch_size == 0:
         raise ValueError(
             _("not even --device-batch-size 1 fits in {gib} GiB at --max-seq-len {seq_len}; "
-              "use a smaller --depth or --max-seq-len").format(gib=f"{found.limit_bytes / 2**30:.2f}", seq_len=seq_len)
+              "use a smaller --depth or --max-seq-len").format(gib=f"{found.limit_bytes / 2**30:.2f}", seq_len=probe_len)
         )
     batch = found.batch_size
     accum = grad_accum_steps(total_batch_tokens, batch, seq_len, world_size) if total_batch_tokens else 1

@@ -3,6 +3,8 @@ previous stage's weights (fresh optimizer state), evaluated by answer accuracy w
 
 mid: teaches the chat format and the calculator tool on a mixture of conversations, packed rows.
 sft: one conversation per padded row, a lower learning rate decaying to 0, fewer steps.
+Either way a batch is padded only to its longest row (portachat.data.chat_loader), and with
+--tokens-per-batch its rows are drawn by a token budget instead of a fixed count.
 """
 
 from __future__ import annotations
@@ -24,9 +26,16 @@ from portachat.data.chat_data import (
     synthetic_conversations,
     synthetic_heldout,
 )
-from portachat.data.chat_loader import ChatLoader, iter_chat_val_batches
+from portachat.data.chat_loader import (
+    Bucket,
+    ChatLoader,
+    batches_per_epoch,
+    data_lengths,
+    iter_chat_val_batches,
+)
 from portachat.data.synthetic_tasks import MIXED_TURNS
 from portachat.device import Device, DistEnv, get_device, init_distributed
+from portachat.device.shapes import pad_bucket, row_bucket
 from portachat.i18n import _
 from portachat.model import GPT
 from portachat.tokenizer import Tokenizer, render_conversation
@@ -155,16 +164,12 @@ def split_conversations(opts: ChatOptions, seed: int) -> tuple[list[Conversation
 
 
 def plan_iterations(convs: list[Conversation], tokenizer: Tokenizer, cfg: TrainConfig, pack: bool, epochs: float,
-                    streams: int) -> int:
+                    streams: int, bucket: Bucket = pad_bucket, length_cache: dict[int, int] | None = None) -> int:
     """Optimizer steps for `epochs` passes over the conversations (packing estimated from a sample)."""
-    rows_per_step = cfg.device_batch_size * streams
-    if pack:
-        sample = convs[:: max(1, len(convs) // 200)][:200]
-        mean = sum(len(render_conversation(tokenizer, c["messages"], cfg.max_seq_len + 1)[0]) for c in sample) / len(sample)
-        rows = len(convs) * mean / (cfg.max_seq_len + 1)
-    else:
-        rows = len(convs)
-    return max(1, math.ceil(epochs * rows / rows_per_step))
+    per_epoch = batches_per_epoch(convs, lambda m, n: render_conversation(tokenizer, m, n), cfg.max_seq_len, pack,
+                                  int(cfg.device_batch_size), streams, cfg.tokens_per_batch, bucket, seed=cfg.seed,
+                                  length_cache=length_cache)
+    return max(1, math.ceil(epochs * per_epoch))
 
 
 def run_chat_stage(opts: ChatOptions, dev: Device | None = None, print_fn=print) -> TrainResult:
@@ -182,16 +187,24 @@ def run_chat_stage(opts: ChatOptions, dev: Device | None = None, print_fn=print)
     resume_from, init_from = start_points(path, opts.resume, opts.overwrite, opts.stage, opts.init, cfg.run, runs_root)
     model, tokenizer = model_from_checkpoint(resume_from or init_from, dev)
     cfg.max_seq_len = opts.max_seq_len or model.config.max_seq_len
-    resolve_device_batch_size(cfg, model, dev, env, say)
+    train_convs, val_convs, described = split_conversations(opts, cfg.seed)
+    bucket = row_bucket(dev.type, dev.compile)
+    pack = defaults.pack if opts.pack is None else opts.pack
+
+    def longest_row() -> int:  # what `auto` probes: the data's longest conversation, padded as batches are
+        if pack:  # packed rows fill the whole row
+            return cfg.max_seq_len
+        render = lambda m, n: render_conversation(tokenizer, m, n)  # noqa: E731
+        return bucket(data_lengths(train_convs, render, cfg.max_seq_len).longest, cfg.max_seq_len)
+
+    resolve_device_batch_size(cfg, model, dev, env, say, row_len=longest_row)
     cfg.muon_momentum_warmup = 0
     cfg.warmdown_ratio = defaults.warmdown_ratio if opts.warmdown_ratio is None else opts.warmdown_ratio
     scale = defaults.lr_scale if opts.lr_scale is None else opts.lr_scale
     o = cfg.optim
     o.matrix_lr, o.embedding_lr, o.unembedding_lr, o.scalar_lr = (
         o.matrix_lr * scale, o.embedding_lr * scale, o.unembedding_lr * scale, o.scalar_lr * scale)
-    pack = defaults.pack if opts.pack is None else opts.pack
 
-    train_convs, val_convs, described = split_conversations(opts, cfg.seed)
     rows = _("packed rows") if pack else _("padded rows")
     say(f"[portachat] {opts.stage}: " + _("{n} training conversations from {source} ({rows}), {held} held out").format(
         n=len(train_convs), source=described, rows=rows, held=len(val_convs)))
@@ -199,10 +212,12 @@ def run_chat_stage(opts: ChatOptions, dev: Device | None = None, print_fn=print)
         say("[portachat] " + _("NOTE: no --data given: training on the built-in SYNTHETIC task conversations (offline)."))
     say(f"[portachat] {opts.stage}: " + _("starting from {path}").format(path=init_from or resume_from))
     streams = env.world_size * cfg.grad_accum_steps(env.world_size)
+    lengths: dict[int, int] = {}  # rendered lengths, shared by the planner and every stream
     if opts.num_iterations is not None:
         cfg.num_iterations = opts.num_iterations
     else:
-        cfg.num_iterations = plan_iterations(train_convs, tokenizer, cfg, pack, opts.num_epochs, streams)
+        cfg.num_iterations = plan_iterations(train_convs, tokenizer, cfg, pack, opts.num_epochs, streams, bucket,
+                                             lengths)
 
     B, T = cfg.device_batch_size, cfg.max_seq_len
     max_val_batches = max(1, cfg.eval_tokens // (B * T))
@@ -213,8 +228,10 @@ def run_chat_stage(opts: ChatOptions, dev: Device | None = None, print_fn=print)
                                                     opts.eval_max_tokens, name=name))
     stage = Stage(
         make_stream=lambda s, n: ChatLoader(train_convs, tokenizer, B, T, pack=pack, stream=s, num_streams=n,
-                                            seed=cfg.seed),
-        val_batches=lambda rank, world: iter_chat_val_batches(val_convs, tokenizer, B, T, rank, world, max_val_batches),
+                                            seed=cfg.seed, tokens_per_batch=cfg.tokens_per_batch, bucket=bucket,
+                                            length_cache=lengths).prepare(),
+        val_batches=lambda rank, world: iter_chat_val_batches(val_convs, tokenizer, B, T, rank, world, max_val_batches,
+                                                              bucket=bucket),
         evaluators=evaluators,
     )
     origin = str(init_from) if init_from else read_meta(resume_from).get("init_from")

@@ -30,8 +30,9 @@ from portachat.checkpoint.model_dir import META, save_model_files
 from portachat.checkpoint.runs import prune_old, set_latest, step_dir_name
 from portachat.checkpoint.trainer_state import save_optimizers, save_rng
 from portachat.data.chat_data import Conversation
-from portachat.data.chat_loader import ChatLoader, rows_to_batch
+from portachat.data.chat_loader import Bucket, ChatLoader, batches_per_epoch, rows_to_batch
 from portachat.device import Device, DistEnv, get_device, init_distributed
+from portachat.device.shapes import pad_bucket, row_bucket
 from portachat.model import GPT
 from portachat.model.load import is_portachat_dir, load_for_inference, resolve_model_source
 from portachat.tokenizer import Tokenizer, render_conversation
@@ -64,6 +65,8 @@ class FinetuneOptions:
     val_conversations: int = 64  # held-out conversations for the validation loss
     lora: LoraOptions | None = None  # None = full fine-tuning
     merge: bool = False  # LoRA: also write <stage>/merged/ with the adapter folded in
+    # None = on for a CPU: a laptop's memory, not its compute, is what the README's first example runs out of
+    activation_checkpointing: bool | None = None
     resume: str | None = None
     overwrite: bool = False
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -113,31 +116,22 @@ def pad_id(tokenizer: Any) -> int:
 
 
 class TemplateChatLoader(ChatLoader):
-    """ChatLoader (packing, padding, streams, resumable position) over a given renderer."""
+    """ChatLoader (packing, padding, token budget, streams, resumable position) over a given renderer."""
 
     def __init__(self, conversations: Sequence[Conversation], render: Render, pad: int, batch_size: int,
                  seq_len: int, **kwargs: Any) -> None:
-        super().__init__(conversations, None, batch_size, seq_len, **kwargs)  # type: ignore[arg-type]
-        self.render, self.pad = render, pad
-
-    def _peek(self) -> tuple[list[int], list[int]]:
-        conv = self.conversations[self._epoch_order()[self.index]]
-        return self.render(conv["messages"], self.seq_len + 1)
-
-    def next_batch(self):
-        rows = [self._next_row() for _ in range(self.batch_size)]
-        return rows_to_batch(rows, self.seq_len, self.pad)
+        super().__init__(conversations, None, batch_size, seq_len, render=render, pad_id=pad, **kwargs)
 
 
 def val_loss_evaluator(convs: Sequence[Conversation], render: Render, pad: int, batch_size: int, seq_len: int,
-                       dev: Device) -> Callable[[GPT, int], dict[str, float]]:
+                       dev: Device, bucket: Bucket = pad_bucket) -> Callable[[GPT, int], dict[str, float]]:
     """Mean cross-entropy per supervised token on held-out conversations (every rank its share)."""
 
     def batches(rank: int, world: int) -> Iterator:
         mine = list(convs[rank::world])
         for i in range(0, len(mine), batch_size):
             rows = [render(c["messages"], seq_len + 1) for c in mine[i : i + batch_size]]
-            yield rows_to_batch(rows, seq_len, pad)
+            yield rows_to_batch(rows, pad, seq_len, bucket)
 
     @torch.no_grad()
     def evaluate(model: GPT, step: int) -> dict[str, float]:
@@ -174,10 +168,14 @@ def answer_evaluator(convs: Sequence[Conversation], base: BaseModel, dev: Device
         right = 0
         if mine:
             was_training = model.training
+            prompts = [base.prompt(c["messages"]) for c in mine]
+            # A KV cache for these prompts and replies, not for 16 x 2,048 tokens (1.5 GB for SmolLM2 in fp32).
+            need = max(len(p) for p in prompts) + max_tokens
+            context = min(max(model.config.max_seq_len, need), -(-need // 64) * 64)
             engine = LLMEngine(model, chat_tok, EngineConfig(max_num_seqs=min(len(mine), 16), enable_prefix_caching=False,
-                                                             dtype="model", compile=False, max_model_len=2048), device=dev)
+                                                             dtype="model", compile=False, max_model_len=context),
+                               device=dev)
             try:
-                prompts = [base.prompt(c["messages"]) for c in mine]
                 params = [SamplingParams(max_tokens=max_tokens, temperature=0.0, seed=0) for _ in prompts]
                 done = engine.generate(prompts, params)
             finally:
@@ -303,13 +301,10 @@ def write_merged(stage_path: Path, model: GPT, base: BaseModel, meta: dict[str, 
 
 
 def plan_steps(convs: Sequence[Conversation], render: Render, cfg: TrainConfig, pack: bool, epochs: float,
-               streams: int) -> int:
-    rows = len(convs)
-    if pack:
-        sample = list(convs[:: max(1, len(convs) // 200)][:200])
-        mean = sum(len(render(c["messages"], cfg.max_seq_len + 1)[0]) for c in sample) / len(sample)
-        rows = len(convs) * mean / (cfg.max_seq_len + 1)
-    return max(1, math.ceil(epochs * rows / (cfg.device_batch_size * streams)))
+               streams: int, bucket: Bucket = pad_bucket, length_cache: dict[int, int] | None = None) -> int:
+    per_epoch = batches_per_epoch(convs, render, cfg.max_seq_len, pack, int(cfg.device_batch_size), streams,
+                                  cfg.tokens_per_batch, bucket, seed=cfg.seed, length_cache=length_cache)
+    return max(1, math.ceil(epochs * per_epoch))
 
 
 def run_finetune(opts: FinetuneOptions, dev: Device | None = None, print_fn=print) -> TrainResult:
@@ -334,6 +329,14 @@ def run_finetune(opts: FinetuneOptions, dev: Device | None = None, print_fn=prin
     say(f"[portachat] {opts.stage}: fine-tuning {base.path} ({mode}; {trainable:,} of "
         f"{sum(p.numel() for p in model.parameters()):,} parameters train)")
     cfg.max_seq_len = opts.max_seq_len or min(model.config.max_seq_len, 2048)
+    ac = opts.activation_checkpointing
+    cfg.activation_checkpointing = dev.type == "cpu" if ac is None else ac
+    if ac is None and cfg.activation_checkpointing:
+        say(f"[portachat] {opts.stage}: activation checkpointing on (the CPU default for fine-tuning: about a third "
+            "of the memory for ~35% more time; --no-activation-checkpointing turns it off)")
+    if cfg.device_batch_size == "auto":  # its probe trains every weight with Muon: not what fine-tuning runs
+        raise TrainingError("--device-batch-size auto is not available for fine-tuning an existing model yet: give "
+                            "a number of rows, or --tokens-per-batch N to bound each micro-batch by tokens")
     lr = opts.lr if opts.lr is not None else (LORA_LR if opts.lora else FULL_LR)
     pack = opts.pack if opts.pack is not None else opts.stage == "mid"
 
@@ -348,14 +351,18 @@ def run_finetune(opts: FinetuneOptions, dev: Device | None = None, print_fn=prin
         say(f"[portachat] WARNING: {unsupervised} of {len(sample)} sampled conversations have no reply token within "
             f"--max-seq-len {cfg.max_seq_len} (the prompt fills the row); they teach nothing. Raise --max-seq-len.")
     streams = env.world_size * cfg.grad_accum_steps(env.world_size)
-    cfg.num_iterations = opts.num_iterations or plan_steps(train_convs, base.render, cfg, pack, opts.num_epochs, streams)
+    bucket = row_bucket(dev.type, dev.compile)
+    lengths: dict[int, int] = {}  # rendered lengths, shared by the planner and every stream
+    cfg.num_iterations = opts.num_iterations or plan_steps(train_convs, base.render, cfg, pack, opts.num_epochs, streams,
+                                                           bucket, lengths)
     B, T, pad = cfg.device_batch_size, cfg.max_seq_len, pad_id(base.tokenizer)
-    evaluators = [val_loss_evaluator(val_convs[: opts.val_conversations], base.render, pad, B, T, dev)]
+    evaluators = [val_loss_evaluator(val_convs[: opts.val_conversations], base.render, pad, B, T, dev, bucket)]
     if opts.eval_examples > 0:
         evaluators.append(answer_evaluator(val_convs[: opts.eval_examples], base, dev, opts.eval_max_tokens))
     stage = Stage(
         make_stream=lambda s, n: TemplateChatLoader(train_convs, base.render, pad, B, T, pack=pack, stream=s,
-                                                    num_streams=n, seed=cfg.seed),
+                                                    num_streams=n, seed=cfg.seed, tokens_per_batch=cfg.tokens_per_batch,
+                                                    bucket=bucket, length_cache=lengths).prepare(),
         evaluators=evaluators,
     )
     extra = {"data": described, "init_from": str(base.path), "pack": pack, "finetune": "lora" if opts.lora else "full",
@@ -407,4 +414,5 @@ def finetune_options(args: Any, chat: ChatOptions) -> FinetuneOptions:
         lr=args.lr, weight_decay=args.weight_decay, num_epochs=chat.num_epochs, num_iterations=chat.num_iterations,
         max_seq_len=chat.max_seq_len, eval_examples=min(chat.eval_examples, 16), eval_max_tokens=chat.eval_max_tokens,
         lora=lora, merge=args.merge, resume=chat.resume, overwrite=chat.overwrite, train=chat.train,
+        activation_checkpointing=getattr(args, "activation_checkpointing", None),
     )

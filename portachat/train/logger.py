@@ -88,8 +88,10 @@ def format_progress(step: int, total: int, r: dict[str, Any], eta_s: float) -> s
         device += f" {r['temp_c']:.0f}C"
     if r.get("power_w") is not None:
         device += f" {r['power_w']:.0f}W"
+    # tok/s and MFU count real tokens; the padding share says how much of the step's compute was not.
+    padding = f" (pad {100 * r['padding']:.0f}%)" if r.get("padding") is not None else ""
     return (
         f"step {step:0{width}d}/{total} ({100 * step / total:5.1f}%) | loss {r['loss']:.4f} | lr x{r['lr_mult']:.2f} | "
-        f"{r['tok_per_s']:,.0f} tok/s | MFU {mfu} | mem {mem}{device} | {1000 * r['dt_s']:.0f} ms/step | "
+        f"{r['tok_per_s']:,.0f} tok/s{padding} | MFU {mfu} | mem {mem}{device} | {1000 * r['dt_s']:.0f} ms/step | "
         f"ETA {_duration(eta_s)}"
     )

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from portachat.checkpoint import stage_dir
 from portachat.checkpoint.model_dir import read_meta
+from portachat.data.batch import Batch
 from portachat.data.chat_data import (
     Conversation,
     load_conversations,
@@ -34,7 +35,6 @@ from portachat.device import Device, get_device, init_distributed
 from portachat.i18n import _
 from portachat.model import GPT
 from portachat.tokenizer import Tokenizer, render_for_completion
-from portachat.train.batch import Batch
 from portachat.train.chat_eval import answer_accuracy_evaluator, is_correct
 from portachat.train.chat_stage import model_from_checkpoint, start_points
 from portachat.train.rollout import Reply, RolloutEngine
@@ -91,7 +91,7 @@ def rollout_batch(prompts: Sequence[list[int]], replies: Sequence[Reply], advant
             if sampled:
                 targets[i, len(prompt) + j - 1] = token  # position t predicts token t + 1
         weights[i] = float(adv)
-    return Batch(inputs, targets, weights)
+    return Batch(inputs, targets, weights, lengths=tuple(len(row) - 1 for row in rows))
 
 
 class RolloutStats:

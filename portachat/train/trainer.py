@@ -29,6 +29,7 @@ from portachat.checkpoint import save_checkpoint
 from portachat.checkpoint.model_dir import check_tokenizer_matches, load_weights_into, read_config, read_meta
 from portachat.checkpoint.sharded import whole_copy
 from portachat.checkpoint.trainer_state import load_optimizers, load_rng
+from portachat.data.batch import Batch, as_batch
 from portachat.data.prefetch import PrefetchStream
 from portachat.device import Device, DistEnv
 from portachat.device.telemetry import TelemetryMonitor
@@ -36,7 +37,6 @@ from portachat.eval.bpb import evaluate_bpb
 from portachat.i18n import _
 from portachat.model import GPT
 from portachat.tokenizer import Tokenizer
-from portachat.train.batch import Batch, as_batch
 from portachat.train.logger import RunLogger, format_progress
 from portachat.train.optim import OptimConfig, build_optimizers
 from portachat.train.parallel import choose_parallel, grad_sync_paused, load_weights, shard_model
@@ -63,11 +63,10 @@ Evaluator = Callable[[GPT, int], dict[str, float]]
 
 def token_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     """Sum of next-token cross-entropies over supervised targets, each times its weight if given
-    (RL: the advantage, so the sum is -sum(adv * logprob))."""
-    per_token = model(batch.inputs, batch.targets, loss_reduction="none").float()  # 0 where target is -1
-    if batch.weights is not None:
-        per_token = per_token * batch.weights
-    return per_token.sum()
+    (RL: the advantage, so the sum is -sum(adv * logprob)); packed rows keep their conversations apart.
+    The model computes logits at supervised positions only, in chunks (portachat.model.loss)."""
+    extra = {k: v for k, v in (("weights", batch.weights), ("positions", batch.positions)) if v is not None}
+    return model(batch.inputs, batch.targets, loss_reduction="sum", **extra)
 
 
 @dataclass
@@ -95,6 +94,7 @@ class TrainConfig:
     stage: str = "base"
     runs_root: str | None = None  # default <PORTACHAT_HOME>/runs
     device_batch_size: int | str = 4  # "auto": resolve_device_batch_size() finds it once the model exists
+    tokens_per_batch: int | None = None  # chat stages: rows per micro-batch drawn by this many padded positions
     total_batch_size: int | None = None  # tokens per optimizer step; None = one micro-batch per rank
     max_seq_len: int = 256
     num_iterations: int = 100
@@ -117,10 +117,25 @@ class TrainConfig:
     telemetry_every_s: float = 5.0  # background device sampling (memory, utilisation, temperature, power)
     optim: OptimConfig = field(default_factory=OptimConfig)
 
+    def micro_batch_tokens(self) -> int:
+        """Positions one micro-batch holds at most: the token budget, or device batch x sequence."""
+        return self.tokens_per_batch or self.device_batch_size * self.max_seq_len
+
     def grad_accum_steps(self, world_size: int) -> int:
-        per_step = self.device_batch_size * self.max_seq_len * world_size
+        if self.tokens_per_batch is not None and self.tokens_per_batch < self.max_seq_len:
+            raise TrainingError(
+                _("--tokens-per-batch {budget} is below --max-seq-len {seq}: a micro-batch must hold at least one "
+                  "whole row. Raise --tokens-per-batch or lower --max-seq-len.").format(
+                    budget=self.tokens_per_batch, seq=self.max_seq_len))
+        per_step = self.micro_batch_tokens() * world_size
         total = self.total_batch_size or per_step
         if total % per_step:
+            if self.tokens_per_batch:
+                raise TrainingError(
+                    _("--total-batch-size {total} is not a multiple of --tokens-per-batch x devices = {budget} x "
+                      "{world} = {per_step}. Use a multiple of {per_step}, e.g. {example}.").format(
+                        total=total, budget=self.tokens_per_batch, world=world_size, per_step=per_step,
+                        example=per_step * max(1, round(total / per_step))))
             raise TrainingError(
                 _("--total-batch-size {total} is not a multiple of device batch x sequence x devices "
                   "= {batch} x {seq} x {world} = {per_step}. Use a multiple of {per_step}, e.g. {example}.").format(
@@ -144,6 +159,9 @@ class StepStats:
     loss: float  # global summed loss / global supervised tokens
     tokens: int  # global supervised tokens
     stop: bool  # some rank asked to stop
+    real_tokens: int = 0  # global input positions holding data (padding left out)
+    positions: int = 0  # global input positions computed (padding included)
+    attention_pairs: float = 0.0  # global sum over sequences of length squared (attention's work)
 
 
 def _barrier(world: int) -> None:
@@ -258,16 +276,21 @@ class Trainer:
         if rng_state is not None:
             dev.set_rng_state(rng_state)
         self.flops_per_token = model.flops_per_token(cfg.max_seq_len)
-        self.tokens_per_step = cfg.device_batch_size * cfg.max_seq_len * self.num_streams
+        # Honest MFU: the FLOPs of real tokens only (padding is no work done), the output head at supervised
+        # positions, weight gradients only for weights that train, attention by each sequence's own length.
+        self.flop_rates = model.training_flop_rates()
+        self.tokens_per_step = cfg.micro_batch_tokens() * self.num_streams
         self.meta_base.update(
             stage=cfg.stage, run=cfg.run, train_config=_config_dict(cfg), device=dev.describe(), world_size=self.world,
             parallel=self.parallel,
             peak_flops={"value": self.peak.value if math.isfinite(self.peak.value) else None,
                         "source": self.peak.source, "dtype": dev.dtype_name},
         )
+        micro = (f"{cfg.tokens_per_batch:,} tokens per batch, seq <= {cfg.max_seq_len}" if cfg.tokens_per_batch
+                 else f"batch {cfg.device_batch_size} x seq {cfg.max_seq_len}")
         self.say(
             f"[portachat] {cfg.stage}: {model.num_params():,} params | {cfg.num_iterations} steps x "
-            f"{self.tokens_per_step:,} tokens (batch {cfg.device_batch_size} x seq {cfg.max_seq_len} x {self.world} "
+            f"{self.tokens_per_step:,} tokens ({micro} x {self.world} "
             f"device(s) x {self.accum} accum) | {dev.kind} {str(dev.dtype).removeprefix('torch.')} | "
             f"peak {self.peak.value / 1e12:.2f} TFLOPS ({self.peak.source})"
         )
@@ -323,6 +346,9 @@ class Trainer:
         The count is taken before the first backward: one small all-reduce, kept on the device (no
         host sync); with DDP averaging gradients over ranks, each rank scales by world / global count."""
         dev = self.dev
+        # What the loader knows of its rows (host numbers, no sync): real tokens, positions, attention work.
+        shape = [float(sum(b.num_real() for b in micro_batches)), float(sum(b.inputs.numel() for b in micro_batches)),
+                 float(sum(b.attention_pairs() for b in micro_batches))]
         batches = [b.to(dev.torch_device) for b in micro_batches]
         count = torch.stack([(b.targets >= 0).sum() for b in batches]).sum().float()
         if self.world > 1:
@@ -339,11 +365,13 @@ class Trainer:
                 scaled = loss * scale
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
         # One collective carries the loss and the stop request; one host sync reads them with the count.
-        packed = torch.stack([loss_sum, torch.tensor(float(stop_requested), device=dev.torch_device)])
+        extra = torch.tensor([float(stop_requested), *shape], device=dev.torch_device)
+        packed = torch.cat([loss_sum.reshape(1), extra])
         if self.world > 1:
             dist.all_reduce(packed)
-        total_loss, stop, tokens = torch.cat([packed, count.reshape(1)]).tolist()
-        return StepStats(loss=total_loss / max(tokens, 1.0), tokens=int(tokens), stop=stop > 0)
+        total_loss, stop, real, positions, pairs, tokens = torch.cat([packed, count.reshape(1)]).tolist()
+        return StepStats(loss=total_loss / max(tokens, 1.0), tokens=int(tokens), stop=stop > 0, real_tokens=int(real),
+                         positions=int(positions), attention_pairs=pairs)
 
     def step(self, stop_requested: bool = False) -> tuple[dict[str, Any], bool]:
         """One optimizer step; returns (the step's log record, whether any rank asked to stop)."""
@@ -366,9 +394,12 @@ class Trainer:
         self.total_time += dt
         self.step_count += 1
         self.last_loss = stats.loss
-        tok_per_s = self.tokens_per_step / dt
+        # Real tokens only: padding is neither throughput nor useful FLOPs.
+        tok_per_s = stats.real_tokens / dt
         peak = self.peak.value
-        mfu = self.flops_per_token * tok_per_s / (peak * self.world) if peak > 0 else None
+        per_real, per_supervised, per_pair = self.flop_rates
+        flops = per_real * stats.real_tokens + per_supervised * stats.tokens + per_pair * stats.attention_pairs
+        mfu = flops / dt / (peak * self.world) if peak > 0 else None
         mem = dev.memory()
         record = {
             "loss": stats.loss,
@@ -378,6 +409,8 @@ class Trainer:
             "dt_s": dt,
             "grad_norm": grad_norm,
             "supervised_tokens": stats.tokens,
+            "real_tokens": stats.real_tokens,
+            "padding": 1.0 - stats.real_tokens / max(stats.positions, 1),  # share of computed positions
             "mem_bytes": mem.peak_allocated or mem.allocated,
         }
         if self.stage.step_metrics is not None:
@@ -607,15 +640,23 @@ def _config_dict(cfg: TrainConfig) -> dict[str, Any]:
     return d
 
 
-def resolve_device_batch_size(cfg: TrainConfig, model: GPT, dev: Device, env: DistEnv, say: Callable[[str], None]) -> None:
+def resolve_device_batch_size(cfg: TrainConfig, model: GPT, dev: Device, env: DistEnv, say: Callable[[str], None],
+                              row_len: Callable[[], int] | None = None) -> None:
     """Turn `--device-batch-size auto` into the largest batch that fits (real steps on this device), the
-    same on every rank, and dividing --total-batch-size so accumulation is exact."""
+    same on every rank, and dividing --total-batch-size so accumulation is exact. `row_len`: the padded
+    length the data's rows really reach (chat data), probed instead of --max-seq-len."""
     if cfg.device_batch_size != "auto":
+        return
+    if cfg.tokens_per_batch is not None:  # rows are drawn by the budget: the batch size is not used
+        cfg.device_batch_size = 1
+        say("[portachat] " + _("--device-batch-size auto: not used, --tokens-per-batch {n} sets each micro-batch").format(
+            n=cfg.tokens_per_batch))
         return
     from portachat.tools.tune import auto_device_batch_size
 
     batch, _accum = auto_device_batch_size(model.config, cfg.max_seq_len, dev, cfg.total_batch_size, env.world_size,
-                                      activation_checkpointing=cfg.activation_checkpointing, say=say)
+                                      activation_checkpointing=cfg.activation_checkpointing, say=say,
+                                      row_len=row_len() if row_len is not None else None)
     if env.world_size > 1:  # every rank must run the same shapes: the smallest device decides
         t = torch.tensor([batch], device=dev.torch_device if dist.get_backend() != "gloo" else "cpu")
         dist.all_reduce(t, op=dist.ReduceOp.MIN)

@@ -89,3 +89,20 @@ def test_backend_selection_leaves_cpu_tensors_on_sdpa():
     finally:
         select_backend(before)
     torch.testing.assert_close(out, attention(q, k, v, is_causal=True))
+
+
+def test_packed_causal_mask_keeps_each_sequence_to_itself():
+    from portachat.device.attention import packed_causal_mask
+
+    positions = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5, 6, 7, 8]])
+    mask = packed_causal_mask(positions)
+    assert mask.shape == (2, 1, 9, 9) and mask.dtype == torch.bool
+    segment = [0, 0, 0, 1, 1, 2, 2, 2, 2]
+    for i in range(9):
+        for j in range(9):
+            assert mask[0, 0, i, j] == (j <= i and segment[i] == segment[j]), (i, j)
+    assert torch.equal(mask[1, 0], torch.ones(9, 9, dtype=torch.bool).tril())  # one sequence: plain causal
+    q, k, v = _qkv(tq=9, tk=9)
+    # Through attention() (True = attend): a row of one sequence is exactly is_causal.
+    torch.testing.assert_close(attention(q, k, v, is_causal=False, attn_mask=mask)[1],
+                               attention(q, k, v, is_causal=True)[1])

@@ -34,7 +34,7 @@ def _cpu(monkeypatch):
 @pytest.mark.parametrize(
     ("depth", "vocab", "batch", "seq", "dtype", "ckpt"),
     [(2, 384, 4, 128, "fp32", False), (2, 384, 4, 128, "bf16", False), (2, 384, 4, 128, "fp32", True),
-     (1, 4096, 2, 128, "bf16", False)],
+     (1, 4096, 2, 128, "bf16", False), (2, 8192, 4, 128, "fp32", False)],  # the last: the loss's chunk weighs
 )
 def test_estimate_is_within_15_percent_of_the_measured_peak(depth, vocab, batch, seq, dtype, ckpt):
     cfg = GPTConfig.from_depth(depth, vocab, max_seq_len=seq, aspect_ratio=32, head_dim=32)
@@ -101,3 +101,29 @@ def test_cli_measure_compares_with_a_real_step(capsys):
     out = json.loads(capsys.readouterr().out)
     assert abs(out["training"]["peak_bytes"] / out["measured_peak_bytes"] - 1) < 0.15
     assert main(["estimate", "memory", "--hf-config", "x", "--measure"]) == 2
+
+
+def test_data_sizes_the_micro_batch_by_its_real_lengths(tmp_path, capsys, small_tokenizer):
+    from portachat.data.chat_data import synthetic_conversations
+    from portachat.device.shapes import pad_bucket
+    from portachat.tokenizer import render_conversation
+
+    convs = synthetic_conversations(40, seed=3)
+    data = tmp_path / "chat.jsonl"
+    data.write_text("".join(json.dumps({"messages": c["messages"]}) + "\n" for c in convs))
+    small_tokenizer.save(tmp_path / "tok")
+    run = ["estimate", "memory", "--depth", "2", "--vocab-size", "384", "--device-batch-size", "4", "--json"]
+    assert main(run) == 0
+    padded = json.loads(capsys.readouterr().out)["training"]
+    assert main([*run, "--data", str(data), "--tokenizer", str(tmp_path / "tok")]) == 0
+    real = json.loads(capsys.readouterr().out)["training"]
+    rendered = [render_conversation(small_tokenizer, c["messages"], 2049) for c in convs]
+    longest = max(len(ids) - 1 for ids, _ in rendered)
+    assert real["data"]["longest"] == longest and real["setup"]["seq_len"] == pad_bucket(longest, 2048) < 2048
+    assert real["setup"]["supervised_tokens"] == 4 * max(sum(m[1:]) for _, m in rendered)
+    assert real["peak_bytes"] < padded["peak_bytes"] / 4
+    assert main([*run, "--data", str(data), "--tokenizer", str(tmp_path / "tok"), "--tokens-per-batch", "1024"]) == 0
+    budget = json.loads(capsys.readouterr().out)["training"]
+    assert budget["tokens_per_micro_batch"] <= 1024
+    assert main([*run, "--data", str(data)]) == 2  # nothing to render it with
+    assert "--tokenizer" in capsys.readouterr().err

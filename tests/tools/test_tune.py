@@ -100,3 +100,15 @@ def test_device_batch_size_auto_derives_accumulation_from_the_total():
     assert (batch, accum) == (4, 1)  # plenty of memory: capped by the total batch, no accumulation
     small, accum = auto_device_batch_size(cfg, 64, dev, total_batch_tokens=64 * 16, memory_limit=5 * 2**20)
     assert 1 <= small < 16 and accum == -(-16 // small)
+
+
+def test_device_batch_size_auto_probes_the_rows_the_data_really_has():
+    from portachat.tools.tune import auto_device_batch_size
+
+    cfg = GPTConfig.from_depth(1, **TINY)
+    dev = get_device("cpu", dtype="fp32")
+    said: list[str] = []
+    full, _ = auto_device_batch_size(cfg, 64, dev, None, memory_limit=5 * 2**20)
+    short, _ = auto_device_batch_size(cfg, 64, dev, None, memory_limit=5 * 2**20, row_len=16, say=said.append)
+    assert short > full  # rows of 16 real tokens: more of them fit than rows of 64
+    assert any("16 tokens" in m for m in said)

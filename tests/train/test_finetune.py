@@ -132,3 +132,21 @@ def test_full_finetuning_resumes_exactly(tmp_path):
     assert a.keys() == b.keys()
     for name in a:
         assert torch.equal(a[name], b[name]), name
+
+
+@pytest.mark.parametrize("rows", ["pack", "budget"])
+def test_packed_and_token_budget_finetuning_train_on_every_real_token(tmp_path, rows):
+    base = tmp_path / "base"
+    make_hf_dir(base, "qwen2", seed=2)
+    data = write_conversations(tmp_path / "chat.jsonl")
+    opts = FinetuneOptions(
+        init=str(base), data=[str(data)], num_iterations=3, max_seq_len=48, eval_examples=0, lr=3e-3,
+        pack=rows == "pack",
+        train=TrainConfig(run=rows, runs_root=str(tmp_path / "runs"), device_batch_size=2, eval_every=0, log_every=1,
+                          tokens_per_batch=96 if rows == "budget" else None),
+    )
+    result = run_finetune(opts, dev=get_device("cpu", dtype="fp32", compile=False), print_fn=lambda _m: None)
+    steps = [r for r in map(json.loads, (result.final_checkpoint.parent / "log.jsonl").read_text().splitlines())
+             if "loss" in r]
+    assert len(steps) == 3 and all(r["supervised_tokens"] > 0 and 0 <= r["padding"] < 1 for r in steps)
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in steps)

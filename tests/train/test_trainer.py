@@ -214,3 +214,53 @@ def test_mfu_divides_by_the_peak_of_the_dtype_that_runs(small_tokenizer, tmp_pat
         assert r["mfu"] == pytest.approx(0.5 * flops_per_token * r["tok_per_s"] / fp32_peak)
     meta = json.loads((tmp_path / "z" / "step_000002" / "portachat.json").read_text())
     assert meta["peak_flops"]["dtype"] == "bf16" and "AVX512-BF16" in meta["peak_flops"]["source"]
+
+
+class HalfPaddedStream:
+    """Rows of 16 positions holding 10 and 6 real tokens: half of every batch is padding."""
+
+    def next_batch(self):
+        from portachat.data.batch import Batch
+
+        inputs = torch.full((2, 16), 3, dtype=torch.long)
+        inputs[0, :10] = torch.arange(10) % 7 + 10
+        inputs[1, :6] = torch.arange(6) % 7 + 10
+        targets = torch.full((2, 16), -1, dtype=torch.long)
+        targets[0, :9], targets[1, :5] = inputs[0, 1:10], inputs[1, 1:6]
+        return Batch(inputs, targets, lengths=(10, 6))
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def test_throughput_and_mfu_count_real_tokens_and_the_padding_share_is_shown(small_tokenizer, tmp_path):
+    model, data, tc = _setup(small_tokenizer, steps=2, eval_every=0)
+    data.make_stream = lambda s, n: HalfPaddedStream()
+    data.val_batches, data.sample_prompts = None, []
+    tc.device_batch_size = 2
+    lines: list[str] = []
+    dev = get_device("cpu")
+    train(model, small_tokenizer, data, tc, dev, dist_env(), tmp_path / "p", print_fn=lines.append)
+    records = [r for r in map(json.loads, (tmp_path / "p" / "log.jsonl").read_text().splitlines()) if "loss" in r]
+    per_real, per_supervised, per_pair = model.training_flop_rates()
+    peak = dev.peak_flops(dev.dtype).value
+    for r in records:
+        assert r["real_tokens"] == 16 and r["supervised_tokens"] == 14 and r["padding"] == pytest.approx(0.5)
+        assert r["tok_per_s"] == pytest.approx(16 / r["dt_s"])
+        work = per_real * 16 + per_supervised * 14 + per_pair * (10**2 + 6**2)  # attention by each row's own length
+        assert r["mfu"] == pytest.approx(work / r["dt_s"] / peak)
+    assert any("(pad 50%)" in line and "tok/s" in line for line in lines)
+
+
+def test_frozen_weights_and_unsupervised_positions_are_no_model_flops():
+    cfg = GPTConfig(vocab_size=128, n_layer=1, n_embd=32, n_head=2, n_kv_head=2, head_dim=16, intermediate_size=64,
+                    max_seq_len=16)
+    model = GPT(cfg)
+    per_real, per_supervised, per_pair = model.training_flop_rates()
+    assert per_real + per_supervised + 16 * per_pair == pytest.approx(model.flops_per_token(16))  # as nanochat counts
+    model.requires_grad_(False)
+    frozen_real, frozen_supervised, _ = model.training_flop_rates()
+    assert frozen_real == pytest.approx(per_real * 2 / 3) and frozen_supervised == pytest.approx(per_supervised * 2 / 3)
