@@ -270,3 +270,10 @@ def _version_tuple(text: str) -> tuple[int, ...]:
             break
         parts.append(int(digits))
     return tuple(parts)
+
+
+def finetune_activation_checkpointing(device_type: str) -> bool:
+    """Whether fine-tuning an existing model recomputes activations unless told: on a CPU, where the
+    machine's memory (a laptop's 8-16 GB) is what the first fine-tuning example runs out of, for about a
+    third of the memory at ~35% more time; not on accelerators, whose batch size is sized to their memory."""
+    return device_type == "cpu"

@@ -32,6 +32,7 @@ from portachat.checkpoint.trainer_state import save_optimizers, save_rng
 from portachat.data.chat_data import Conversation
 from portachat.data.chat_loader import Bucket, ChatLoader, batches_per_epoch, rows_to_batch
 from portachat.device import Device, DistEnv, get_device, init_distributed
+from portachat.device.policy import finetune_activation_checkpointing
 from portachat.device.shapes import pad_bucket, row_bucket
 from portachat.model import GPT
 from portachat.model.load import is_portachat_dir, load_for_inference, resolve_model_source
@@ -330,10 +331,10 @@ def run_finetune(opts: FinetuneOptions, dev: Device | None = None, print_fn=prin
         f"{sum(p.numel() for p in model.parameters()):,} parameters train)")
     cfg.max_seq_len = opts.max_seq_len or min(model.config.max_seq_len, 2048)
     ac = opts.activation_checkpointing
-    cfg.activation_checkpointing = dev.type == "cpu" if ac is None else ac
+    cfg.activation_checkpointing = finetune_activation_checkpointing(dev.type) if ac is None else ac
     if ac is None and cfg.activation_checkpointing:
-        say(f"[portachat] {opts.stage}: activation checkpointing on (the CPU default for fine-tuning: about a third "
-            "of the memory for ~35% more time; --no-activation-checkpointing turns it off)")
+        say(f"[portachat] {opts.stage}: activation checkpointing on (fine-tuning's default on a {dev.type}: about a "
+            "third of the memory for ~35% more time; --no-activation-checkpointing turns it off)")
     if cfg.device_batch_size == "auto":  # its probe trains every weight with Muon: not what fine-tuning runs
         raise TrainingError("--device-batch-size auto is not available for fine-tuning an existing model yet: give "
                             "a number of rows, or --tokens-per-batch N to bound each micro-batch by tokens")
