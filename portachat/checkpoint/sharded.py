@@ -13,9 +13,9 @@ from safetensors.torch import load_file
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from portachat.checkpoint.atomic import CheckpointError
-from portachat.checkpoint.model_dir import WEIGHTS, load_weights_into
 from portachat.model import GPT
+from portachat.model.model_dir import WEIGHTS, load_weights_into
+from portachat.storage.atomic import CheckpointError
 
 
 def is_sharded(model: torch.nn.Module) -> bool:

@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from portachat.checkpoint.atomic import CheckpointError
+from portachat.storage.atomic import CheckpointError
 
 STATE_DIR = "trainer_state"
 # Hyper-parameters the command line sets: on resume they come from the new run, not the checkpoint.

@@ -11,7 +11,7 @@ from portachat.i18n import _
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from portachat.serve.api.loading import load_served_model
+    from portachat.engine.loading import load_served_model
     from portachat.serve.terminal_chat import chat_loop
 
     print("[portachat] " + _("loading {model} ...").format(model=args.model), file=sys.stderr, flush=True)

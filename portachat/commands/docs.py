@@ -23,9 +23,9 @@ def _store(args: argparse.Namespace):
 def _model(args: argparse.Namespace, recorded: str | None):
     """The embedding model, named as the collection records it (so the server and the CLI share collections)."""
     from portachat.device import get_device
+    from portachat.engine.embeddings import load_embedding_model
     from portachat.model.load import display_name, resolve_model_source
     from portachat.serve.docs.ingest import text_embedder
-    from portachat.serve.embeddings import load_embedding_model
 
     if not args.embedding_model:
         raise SystemExit("portachat docs: error: give --embedding-model PATH (an embedding model directory, e.g. "

@@ -11,7 +11,7 @@ from portachat.i18n import _
 
 def model_shape_from_args(args: argparse.Namespace):
     from portachat.model import GPTConfig
-    from portachat.tools.estimate import ModelShape, load_hf_config
+    from portachat.model.estimate import ModelShape, load_hf_config
 
     if args.hf_config is not None:
         return ModelShape.from_hf_config(load_hf_config(args.hf_config), name=str(args.hf_config))
@@ -21,7 +21,7 @@ def model_shape_from_args(args: argparse.Namespace):
 
 def cmd_estimate_memory(args: argparse.Namespace) -> int:
     from portachat.model import ConfigError
-    from portachat.tools.estimate import TrainingSetup, estimate_kv_cache, estimate_training, format_estimate
+    from portachat.model.estimate import TrainingSetup, estimate_kv_cache, estimate_training, format_estimate
 
     if args.serve:
         return cmd_estimate_serving(args)
@@ -51,7 +51,7 @@ def cmd_estimate_memory(args: argparse.Namespace) -> int:
 
 def cmd_estimate_serving(args: argparse.Namespace) -> int:
     from portachat.model import ConfigError
-    from portachat.tools.serve_memory import estimate_serving, format_serving
+    from portachat.model.serve_memory import estimate_serving, format_serving
 
     device_bytes = device_type = None
     if not args.no_device:
@@ -76,7 +76,7 @@ def cmd_estimate_serving(args: argparse.Namespace) -> int:
 def measure(args: argparse.Namespace) -> int:
     from portachat.device import get_device
     from portachat.model import GPTConfig
-    from portachat.tools.tune import measure_training_peak
+    from portachat.train.batch_size import measure_training_peak
 
     dev = get_device(kind=args.device, dtype=args.dtype)
     dev.set_current()

@@ -14,7 +14,7 @@ from portachat.i18n import _
 def cmd_generate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from portachat.serve.api.loading import load_served_model
+    from portachat.engine.loading import load_served_model
     from portachat.serve.batch import BatchInputError, read_rows, run_batch
 
     input_path, output_path = Path(args.input), Path(args.output)

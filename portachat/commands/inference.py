@@ -98,7 +98,7 @@ def add_sampling_flags(p: argparse.ArgumentParser, temperature: float | None, ma
 
 
 def load_options(args: argparse.Namespace):
-    from portachat.serve.api.loading import LoadOptions
+    from portachat.engine.loading import LoadOptions
 
     return LoadOptions(
         model=args.model,  # load_for_inference resolves stage dirs and run/stage names
@@ -126,7 +126,7 @@ def load_options(args: argparse.Namespace):
 
 def speculative_options(args: argparse.Namespace):
     """SpeculativeOptions from the flags, or None when --speculative-model is not given."""
-    from portachat.serve.api.loading import SpeculativeOptions
+    from portachat.engine.loading import SpeculativeOptions
 
     tuning = {"num_speculative_tokens": args.num_speculative_tokens, "prompt_lookup_max": args.ngram_prompt_lookup_max,
               "prompt_lookup_min": args.ngram_prompt_lookup_min, "max_batch": args.speculative_max_batch}  # fmt: skip
@@ -142,7 +142,7 @@ def speculative_options(args: argparse.Namespace):
 
 def sampling_params(args: argparse.Namespace, model_defaults: dict, fallback_temperature: float = 0.6):
     """SamplingParams from the flags; unset ones take the model's generation_config, then our defaults."""
-    from portachat.serve.engine import SamplingParams
+    from portachat.engine import SamplingParams
 
     def pick(name: str, fallback):
         value = getattr(args, name)

@@ -12,7 +12,7 @@ from portachat.i18n import _
 def cmd_profile(args: argparse.Namespace) -> int:
     from portachat.device import DeviceError
     from portachat.model import ConfigError, GPTConfig
-    from portachat.tools.profile import format_breakdown, profile_decode, profile_training
+    from portachat.train.profile import format_breakdown, profile_decode, profile_training
 
     try:
         dev = device_from_args(args)

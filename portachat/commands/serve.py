@@ -14,8 +14,8 @@ from portachat.commands.inference import (
     add_tensor_parallel_flag,
     load_options,
 )
+from portachat.engine.embeddings.config import POOLING_MODES
 from portachat.i18n import _
-from portachat.serve.embeddings.config import POOLING_MODES
 
 
 def _float_above(minimum: float, inclusive: bool):
@@ -71,7 +71,7 @@ def _keep_alive(text: str) -> str:
 
 def model_specs(args: argparse.Namespace) -> list:
     """`--model [NAME=]PATH` (repeatable, loaded at start-up) and `--models-dir` (loaded on demand)."""
-    from portachat.serve.api.loading import default_model_name
+    from portachat.engine.loading import default_model_name
     from portachat.serve.registry import ModelSpec, discover_models, parse_model_arg
 
     given = [parse_model_arg(text) for text in args.model or []]
@@ -116,10 +116,10 @@ def lora_args(values: list[str]) -> tuple[str | None, list[tuple[str, str]]]:
 
 def adapter_specs(adapters: list[tuple[str, str]], models: list, models_dir: str | None) -> list:
     """Registry entries for `--lora NAME=PATH` and the adapters found under --models-dir."""
-    from portachat.checkpoint.atomic import CheckpointError
     from portachat.model.lora import find_adapter_dir
     from portachat.serve.registry import ModelSpec
     from portachat.serve.registry.catalog import adapter_base, discover_adapters
+    from portachat.storage.atomic import CheckpointError
 
     out = []
     pinned = {s.name for s in models if s.pinned}
@@ -144,13 +144,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import dataclasses
 
     from portachat.device import get_device
+    from portachat.device.explain import diagnose, format_diagnosis
     from portachat.device.inference import model_memory_budget
+    from portachat.engine.loading import load_served_model
     from portachat.serve.api import ServerSettings, create_app
-    from portachat.serve.api.loading import load_served_model
     from portachat.serve.api.server import make_server
     from portachat.serve.registry import ModelRegistry, parse_keep_alive
     from portachat.serve.registry.registry import RegistryEvents
-    from portachat.tools.diagnose import diagnose, format_diagnosis
 
     specs = model_specs(args)
     name = specs[0].name
@@ -184,7 +184,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return served
 
     def on_worker_failure(message: str) -> None:
-        from portachat.serve.workers import WorkerFailure
+        from portachat.engine.workers import WorkerFailure
 
         failure.append(WorkerFailure(message))
         # /health answers 503 meanwhile; in-flight requests have had their error from the failed step.

@@ -22,7 +22,7 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
         vocab=vocab, source=source.name, chars=f"{args.max_chars:,}"))
     t0 = time.perf_counter()
     tok = train_tokenizer(source.iter_documents(limit_chars=args.max_chars), vocab_size=vocab, doc_cap=args.doc_cap, verbose=False)
-    from portachat.checkpoint.atomic import atomic_directory
+    from portachat.storage.atomic import atomic_directory
 
     with atomic_directory(out) as tmp:
         tok.save(tmp)

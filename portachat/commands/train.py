@@ -11,7 +11,7 @@ from portachat.i18n import _
 
 
 def _batch_size(text: str) -> int | str:
-    from portachat.tools.tune import parse_device_batch_size
+    from portachat.train.batch_size import parse_device_batch_size
 
     try:
         return parse_device_batch_size(text)
@@ -108,7 +108,7 @@ def train_config(args: argparse.Namespace, dev) -> object:
 
 
 def cmd_train_base(args: argparse.Namespace) -> int:
-    from portachat.data.hubs import has_hub_prefix
+    from portachat.storage.hubs import has_hub_prefix
 
     if args.data and has_hub_prefix(args.data):
         # Downloaded here, before any launch: the ranks then find the shards on disk.

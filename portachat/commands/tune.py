@@ -30,7 +30,7 @@ def parse_bytes(text: str) -> int:
 def cmd_tune_batch_size(args: argparse.Namespace) -> int:
     from portachat.device import DeviceError
     from portachat.model import ConfigError, GPTConfig
-    from portachat.tools.tune import find_batch_size
+    from portachat.train.batch_size import find_batch_size
 
     try:
         dev = device_from_args(args)

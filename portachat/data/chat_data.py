@@ -10,7 +10,7 @@ Multiple choice renders as the question with lettered choices; the reply is the 
 
 `--data hf:OWNER/NAME[:GLOB]` downloads a Hub dataset's files (default glob: the train split's parquet)
 into <home>/chat_data/ once, when a network is there; later runs read the local copy.
-`modelscope:OWNER/NAME[:GLOB]` does the same from ModelScope (see portachat.data.hubs: HF_ENDPOINT,
+`modelscope:OWNER/NAME[:GLOB]` does the same from ModelScope (see portachat.storage.hubs: HF_ENDPOINT,
 HF_HUB_OFFLINE and PORTACHAT_HUB apply).
 Without files, `synthetic_conversations` gives the built-in task curriculum (train split only).
 """
@@ -131,8 +131,8 @@ def _parquet_rows(path: Path) -> Iterator[tuple[str, Any]]:
 def hub_dataset(spec: str) -> Path:
     """`hf:OWNER/NAME[:GLOB]` (or `modelscope:...`) -> a local directory with the dataset's matching
     files (downloaded once)."""
-    from portachat.data import hubs
-    from portachat.paths import portachat_home
+    from portachat.storage import hubs
+    from portachat.storage.paths import portachat_home
 
     hub_name, _sep, rest = spec.partition(":")
     repo, _sep, pattern = rest.partition(":")

@@ -16,9 +16,9 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
+from portachat.data.batch import Batch
 from portachat.data.chat_data import Conversation
 from portachat.tokenizer import Tokenizer, render_conversation
-from portachat.train.batch import Batch
 
 
 def rows_to_batch(rows: list[tuple[list[int], list[int]]], seq_len: int, pad_id: int) -> Batch:

@@ -8,7 +8,7 @@ column; a corrupt one is deleted and fetched once more. Without a network (HF_HU
 Hub unreachable) the shards already in `dest` are used when there are enough of them.
 
 `repo_id` may name its hub (`modelscope:OWNER/NAME`, `hf:OWNER/NAME`; bare ids follow PORTACHAT_HUB, see
-portachat.data.hubs); ModelScope's own client then lists and fetches the files (it resumes and checks
+portachat.storage.hubs); ModelScope's own client then lists and fetches the files (it resumes and checks
 sha256 itself), and the same parquet check follows.
 """
 
@@ -21,8 +21,8 @@ from pathlib import Path
 from huggingface_hub import HfApi, hf_hub_download
 from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
-from portachat.data import hubs
 from portachat.data.sources import DataError, read_parquet_metadata
+from portachat.storage import hubs
 
 FINEWEB_EDU_REPO = "karpathy/fineweb-edu-100b-shuffle"  # nanochat's pretraining shards (shard_NNNNN.parquet)
 PROBE_TIMEOUT_S = 10.0
@@ -190,7 +190,7 @@ def pretraining_data_dir(spec: str, log: Callable[[str], None] = print) -> Path:
     a directory that already holds matching shards is used as it is (every rank of a launched run, and
     later runs, read the copy the first call made)."""
     from portachat.i18n import _
-    from portachat.paths import portachat_home
+    from portachat.storage.paths import portachat_home
 
     hub_name, _sep, rest = spec.partition(":")
     repo, _sep, pattern = rest.partition(":")

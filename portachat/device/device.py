@@ -12,10 +12,10 @@ import torch
 
 from portachat.device import flops as flops_mod
 from portachat.device import memory as memory_mod
-from portachat.device.attention import select_backend as select_attention_backend
 from portachat.device.dist import dist_env
 from portachat.device.errors import DeviceError
 from portachat.device.flops import PeakFlops
+from portachat.device.fused_attention import select_backend as select_attention_backend
 from portachat.device.memory import MemoryStats
 from portachat.device.policy import (
     DTYPES,

@@ -1,7 +1,7 @@
 """Device-layer errors and the vendor-knowledge table that explains known failures.
 
 The table names vendor environment variables and tools, which is why it lives under device/;
-`portachat.tools.diagnose` is the public entry point.
+`portachat.device.explain` is the public entry point.
 """
 
 from __future__ import annotations

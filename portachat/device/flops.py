@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from portachat.paths import portachat_home
+from portachat.storage.paths import portachat_home
 
 T = 1e12
 

@@ -9,22 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
+from portachat.device.dtypes import DTYPE_ALIASES, DTYPES
 from portachat.device.errors import DeviceError
 from portachat.device.probe import ProbeResult
 from portachat.i18n import N_, _, gettext
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-DTYPE_ALIASES = {
-    "bfloat16": "bf16",
-    "float16": "fp16",
-    "half": "fp16",
-    "float32": "fp32",
-    "float": "fp32",
-    "32": "fp32",
-    "16": "fp16",
-}
 ATTENTION_BACKENDS = ("sdpa", "npu_fusion_attention")
 DIST_BACKENDS = {"cuda": "nccl", "rocm": "nccl", "dcu": "nccl", "npu": "hccl", "xpu": "xccl", "cpu": "gloo"}
 
@@ -206,7 +195,7 @@ def decide_compile(p: ProbeResult, requested: bool | None = None) -> Decision:
 
 
 def decide_attention(p: ProbeResult, requested: str | None = None) -> Decision:
-    """Attention kernel family used by portachat.device.attention()."""
+    """Attention kernel family used by portachat.ops.attention()."""
     if requested is not None:
         key = requested.strip().lower()
         if key not in ATTENTION_BACKENDS:

@@ -393,7 +393,7 @@ def cpu_probe_cache() -> Path:
     override = os.environ.get("PORTACHAT_CPU_PROBE_CACHE")
     if override:
         return Path(override)
-    from portachat.paths import portachat_home
+    from portachat.storage.paths import portachat_home
 
     return portachat_home() / _CPU_PROBE_FILE
 

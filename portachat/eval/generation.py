@@ -60,8 +60,8 @@ def as_chat_tokenizer(tokenizer: Any) -> ChatTokenizer:
 
 
 def engine_complete(engine: Any, tokenizer: ChatTokenizer, seed: int = 0, top_k: int = 0) -> CompleteFn:
-    """Complete over an `LLMEngine` (portachat.serve.engine): all prompts queued at once."""
-    from portachat.serve.engine.types import SamplingParams
+    """Complete over an `LLMEngine` (portachat.engine): all prompts queued at once."""
+    from portachat.engine.types import SamplingParams
 
     def complete(conversations: list[Conversation], max_tokens: int, temperature: float) -> list[str]:
         prompts = [tokenizer.render_prompt(c) for c in conversations]
@@ -84,7 +84,7 @@ def model_complete(model: torch.nn.Module, tokenizer: ChatTokenizer, seed: int =
     device and train/eval mode untouched): for a model in memory, e.g. one still training.
 
     The context is the model's own: a reply gets min(max_tokens, max_seq_len - prompt) tokens."""
-    from portachat.serve.engine.oneshot import MAX_NUM_SEQS, engine_for, eval_mode
+    from portachat.engine.oneshot import MAX_NUM_SEQS, engine_for, eval_mode
 
     def complete(conversations: list[Conversation], max_tokens: int, temperature: float) -> list[str]:
         if not conversations:

@@ -146,8 +146,8 @@ def run_evals(opts: EvalOptions, log: Callable[[str], None] = print) -> list[Eva
 def _run_tensor_parallel(opts: EvalOptions, tasks: list[str], data: dict[str, Path | None],
                          log: Callable[[str], None]) -> list[EvalResult]:  # fmt: skip
     """Generative tasks through an engine split over -tp N worker processes (started and stopped here)."""
+    from portachat.engine.loading import LoadOptions, load_served_model
     from portachat.eval.generation import engine_complete
-    from portachat.serve.api.loading import LoadOptions, load_served_model
 
     forward = [t for t in tasks if t in FORWARD_TASKS and t in data]
     if forward:
@@ -172,9 +172,9 @@ def _run_tensor_parallel(opts: EvalOptions, tasks: list[str], data: dict[str, Pa
 
 def _make_complete(loaded: Any, opts: EvalOptions):
     from portachat.device import get_device
+    from portachat.engine.config import EngineConfig
+    from portachat.engine.engine import LLMEngine
     from portachat.eval.generation import engine_complete
-    from portachat.serve.engine.config import EngineConfig
-    from portachat.serve.engine.engine import LLMEngine
 
     dev = get_device(kind=opts.device, dtype=opts.dtype)
     # Eval prompts are short (HumanEval's longest ~1k tokens with its reply): no need to reserve a KV

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from portachat.checkpoint.atomic import CheckpointError
-from portachat.checkpoint.model_dir import LoadedModel, load_model_dir
-from portachat.checkpoint.runs import resolve_model_path
 from portachat.export.errors import ExportError
 from portachat.i18n import _
 from portachat.model.hf import exportable
+from portachat.model.model_dir import LoadedModel, load_model_dir
+from portachat.storage.atomic import CheckpointError
+from portachat.storage.runs import resolve_model_path
 
 
 def load_exportable(path: str | Path) -> LoadedModel:

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from portachat.checkpoint.atomic import CheckpointError
-from portachat.device.attention import attention
+from portachat.ops.attention import attention
+from portachat.storage.atomic import CheckpointError
 
 # transformers' ACT2FN names for the activations BERT-family configs use.
 _ACTIVATIONS = {

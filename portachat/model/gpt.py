@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from portachat.device.attention import attention
 from portachat.model.config import GPTConfig
+from portachat.ops.attention import attention
 
 
 class RMSNorm(nn.Module):
@@ -248,7 +248,7 @@ class GPT(nn.Module):
         self, idx: torch.Tensor, targets: torch.Tensor | None = None, loss_reduction: str = "mean"
     ) -> torch.Tensor:
         """Logits [B, T, V] in fp32, or the fp32 cross-entropy loss: plain causal attention over `idx`
-        (inference with a KV cache is the engine's: portachat.serve.engine).
+        (inference with a KV cache is the engine's: portachat.engine).
 
         Targets equal to -1 are ignored; `loss_reduction` is "mean", "sum" or "none" ([B, T]).
         """

@@ -17,13 +17,13 @@ from typing import Any
 
 import torch
 
-from portachat.checkpoint.atomic import CheckpointError
 from portachat.device import Device, get_device
 from portachat.i18n import _
 from portachat.model.config import GPTConfig
 from portachat.model.gpt import GPT
 from portachat.model.hf import SUPPORTED, UnsupportedConfigError, from_hf_config
 from portachat.model.hf_dir import ModelParts, read_hf_dir, read_json
+from portachat.storage.atomic import CheckpointError
 from portachat.tokenizer.protocol import ChatTokenizer
 
 # Rotary tables are built for at most this many positions up front and grow on demand: a model
@@ -200,7 +200,8 @@ def _describe(cfg: GPTConfig, model: GPT, dtype: torch.dtype, source: str, path:
 
 def _resolve_device(device: Device | torch.device | str | None, dtype: torch.dtype | str | None
                     ) -> tuple[torch.device, torch.dtype]:  # fmt: skip
-    from portachat.device.inference import inference_dtype, parse_dtype
+    from portachat.device.dtypes import parse_dtype
+    from portachat.ops.inference_dtype import inference_dtype
 
     dev = get_device() if device is None else device if isinstance(device, Device) else None
     torch_device = dev.torch_device if dev is not None else torch.device(device)
@@ -288,7 +289,7 @@ def _hub_download(spec: str) -> Path:
     """`hf:OWNER/NAME` or `modelscope:OWNER/NAME` (a bare id when PORTACHAT_HUB=modelscope): the model's
     files in that hub's cache, downloaded when missing and a network is there (HF_HUB_OFFLINE=1: the
     cache only). HF_ENDPOINT / MODELSCOPE_DOMAIN choose the server."""
-    from portachat.data import hubs
+    from portachat.storage import hubs
 
     try:
         ref = hubs.parse_repo(spec)
@@ -312,10 +313,10 @@ def resolve_model_source(spec: str | Path) -> Path:
     """The model directory or .gguf file `spec` names: a path (a stage directory means its latest
     checkpoint; a directory holding one .gguf means that file), `run/stage` under the portachat
     home, a Hub id (`org/name`) already in the Hugging Face cache, or `hf:org/name` /
-    `modelscope:org/name` (downloaded when not cached; see portachat.data.hubs)."""
-    from portachat.checkpoint.runs import latest_checkpoint
-    from portachat.data import hubs
-    from portachat.paths import portachat_home
+    `modelscope:org/name` (downloaded when not cached; see portachat.storage.hubs)."""
+    from portachat.storage import hubs
+    from portachat.storage.paths import portachat_home
+    from portachat.storage.runs import latest_checkpoint
 
     if isinstance(spec, str) and hubs.has_hub_prefix(spec) and not Path(spec).expanduser().exists():
         return resolve_model_source(_hub_download(spec))
@@ -364,7 +365,7 @@ def resolve_model_source(spec: str | Path) -> Path:
 
 
 def _load_ours(path: Path, parts: ModelParts, device: torch.device, dtype: torch.dtype) -> InferenceModel:
-    from portachat.checkpoint.model_dir import check_tokenizer_matches, read_meta
+    from portachat.model.model_dir import check_tokenizer_matches, read_meta
     from portachat.tokenizer.bpe import Tokenizer
     from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
 

@@ -21,9 +21,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from portachat.serve.engine.structured import StructuredError
-from portachat.serve.engine.structured.fields import structured_spec
-from portachat.serve.engine.types import EngineError, SamplingParams
+from portachat.engine.structured import StructuredError
+from portachat.engine.structured.fields import structured_spec
+from portachat.engine.types import EngineError, SamplingParams
 from portachat.tokenizer.protocol import ChatTokenizer
 
 ROW_PARAMS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")

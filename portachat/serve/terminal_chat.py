@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
+from portachat.engine.types import EngineError, SamplingParams
 from portachat.i18n import N_, _, gettext
-from portachat.serve.engine.types import EngineError, SamplingParams
 from portachat.tokenizer.protocol import ChatTokenizer
 
 HELP = N_("""commands:

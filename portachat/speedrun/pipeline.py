@@ -18,11 +18,11 @@ from typing import Any
 
 from portachat.checkpoint import latest_checkpoint, stage_dir
 from portachat.checkpoint.replicate import rank0_decides
-from portachat.checkpoint.runs import list_steps
 from portachat.device import Device, DistEnv, get_device, init_distributed
 from portachat.i18n import N_, _, gettext
 from portachat.speedrun.presets import Preset, StagePlan, choose_preset
 from portachat.speedrun.report import hardware_summary, write_report
+from portachat.storage.runs import list_steps
 
 STAGES = ("tokenizer", "base", "mid", "sft", "rl", "eval")
 STATE_FILE = "speedrun.json"

@@ -18,16 +18,16 @@ import torch
 from tokenizers import Tokenizer as HFTokenizer
 
 from portachat.checkpoint import CheckpointError, latest_checkpoint, resolve_model_path, stage_dir
-from portachat.checkpoint.atomic import atomic_directory
-from portachat.checkpoint.model_dir import read_meta
 from portachat.checkpoint.replicate import checkpoint_from_rank0
-from portachat.checkpoint.runs import list_steps
 from portachat.data.loader import PackedLoader, iter_val_batches
 from portachat.data.sources import DocumentSource, open_source
 from portachat.device import Device, DistEnv, get_device, init_distributed
 from portachat.eval.bpb import unigram_bpb
 from portachat.i18n import _
 from portachat.model import GPT, GPTConfig, training_tokens
+from portachat.model.model_dir import read_meta
+from portachat.storage.atomic import atomic_directory
+from portachat.storage.runs import list_steps
 from portachat.tokenizer import Tokenizer, train_tokenizer
 from portachat.tokenizer.bpe import TOKENIZER_FILE
 from portachat.train.parallel import share_from_rank0

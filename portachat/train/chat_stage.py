@@ -15,9 +15,7 @@ from pathlib import Path
 import torch
 
 from portachat.checkpoint import CheckpointError, latest_checkpoint, resolve_model_path, stage_dir
-from portachat.checkpoint.model_dir import read_config, read_meta
 from portachat.checkpoint.replicate import checkpoint_from_rank0, rank0_decides
-from portachat.checkpoint.runs import list_steps
 from portachat.data.chat_data import (
     Conversation,
     load_conversations,
@@ -29,6 +27,8 @@ from portachat.data.synthetic_tasks import MIXED_TURNS
 from portachat.device import Device, DistEnv, get_device, init_distributed
 from portachat.i18n import _
 from portachat.model import GPT
+from portachat.model.model_dir import read_config, read_meta
+from portachat.storage.runs import list_steps
 from portachat.tokenizer import Tokenizer, render_conversation
 from portachat.train.chat_eval import answer_accuracy_evaluator
 from portachat.train.trainer import (

@@ -25,15 +25,15 @@ import torch
 import torch.distributed as dist
 
 from portachat.checkpoint import _agree, read_meta, stage_dir
-from portachat.checkpoint.atomic import commit_tmp, prepare_tmp, tmp_dir_for
-from portachat.checkpoint.model_dir import META, save_model_files
-from portachat.checkpoint.runs import prune_old, set_latest, step_dir_name
 from portachat.checkpoint.trainer_state import save_optimizers, save_rng
 from portachat.data.chat_data import Conversation
 from portachat.data.chat_loader import ChatLoader, rows_to_batch
 from portachat.device import Device, DistEnv, get_device, init_distributed
 from portachat.model import GPT
 from portachat.model.load import is_portachat_dir, load_for_inference, resolve_model_source
+from portachat.model.model_dir import META, save_model_files
+from portachat.storage.atomic import commit_tmp, prepare_tmp, tmp_dir_for
+from portachat.storage.runs import prune_old, set_latest, step_dir_name
 from portachat.tokenizer import Tokenizer, render_conversation
 from portachat.tokenizer.template_masks import render_template_conversation, render_template_prompt
 from portachat.train.chat_stage import ChatOptions, prepare_stage_dir, split_conversations
@@ -159,8 +159,8 @@ def val_loss_evaluator(convs: Sequence[Conversation], render: Render, pad: int, 
 def answer_evaluator(convs: Sequence[Conversation], base: BaseModel, dev: Device, max_tokens: int
                      ) -> Callable[[GPT, int], dict[str, float]]:  # fmt: skip
     """Fraction of held-out questions answered right (greedy, through the inference engine)."""
+    from portachat.engine import EngineConfig, LLMEngine, SamplingParams
     from portachat.eval.generation import reply_text
-    from portachat.serve.engine import EngineConfig, LLMEngine, SamplingParams
     from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
     from portachat.train.chat_eval import is_correct
 

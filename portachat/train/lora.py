@@ -21,7 +21,6 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from portachat.checkpoint.atomic import CheckpointError
 from portachat.model.lora import (  # noqa: F401 - re-exported: the trainer's callers import them from here
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
@@ -30,6 +29,7 @@ from portachat.model.lora import (  # noqa: F401 - re-exported: the trainer's ca
     LoraOptions,
     read_adapter,
 )
+from portachat.storage.atomic import CheckpointError
 
 ADAPTER_NAME = "default"
 

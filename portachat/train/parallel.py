@@ -35,7 +35,7 @@ DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp
 
 def replicated_peak_bytes(cfg: GPTConfig, device_batch_size: int, seq_len: int, dtype: torch.dtype, world: int) -> int:
     """The memory estimator's peak per device for a replicated (DDP) run of this model and batch."""
-    from portachat.tools.estimate import ModelShape, TrainingSetup, estimate_training
+    from portachat.model.estimate import ModelShape, TrainingSetup, estimate_training
 
     setup = TrainingSetup(batch_size=device_batch_size, seq_len=seq_len, dtype=DTYPE_NAMES.get(dtype, "fp32"),
                           world_size=world, parallel="ddp")

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from portachat.checkpoint import stage_dir
-from portachat.checkpoint.model_dir import read_meta
+from portachat.data.batch import Batch
 from portachat.data.chat_data import (
     Conversation,
     load_conversations,
@@ -33,8 +33,8 @@ from portachat.data.chat_data import (
 from portachat.device import Device, get_device, init_distributed
 from portachat.i18n import _
 from portachat.model import GPT
+from portachat.model.model_dir import read_meta
 from portachat.tokenizer import Tokenizer, render_for_completion
-from portachat.train.batch import Batch
 from portachat.train.chat_eval import answer_accuracy_evaluator, is_correct
 from portachat.train.chat_stage import model_from_checkpoint, start_points
 from portachat.train.rollout import Reply, RolloutEngine

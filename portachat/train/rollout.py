@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from portachat.device import Device
+from portachat.engine import EngineConfig, LLMEngine, SamplingParams
+from portachat.engine.calculator import calculate
 from portachat.model import GPT
-from portachat.serve.engine import EngineConfig, LLMEngine, SamplingParams
-from portachat.serve.engine.calculator import calculate
 from portachat.tokenizer import Tokenizer
 from portachat.tokenizer.bpe import ASSISTANT_END, OUTPUT_END, OUTPUT_START, PYTHON_END, PYTHON_START
 from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer

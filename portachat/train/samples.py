@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from portachat.device import Device
+from portachat.engine import SamplingParams
+from portachat.engine.oneshot import generate_once
 from portachat.model import GPT
-from portachat.serve.engine import SamplingParams
-from portachat.serve.engine.oneshot import generate_once
 from portachat.tokenizer import Tokenizer
 from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
 

@@ -26,17 +26,17 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from portachat.checkpoint import save_checkpoint
-from portachat.checkpoint.model_dir import check_tokenizer_matches, load_weights_into, read_config, read_meta
 from portachat.checkpoint.sharded import whole_copy
 from portachat.checkpoint.trainer_state import load_optimizers, load_rng
+from portachat.data.batch import Batch, as_batch
 from portachat.data.prefetch import PrefetchStream
 from portachat.device import Device, DistEnv
 from portachat.device.telemetry import TelemetryMonitor
 from portachat.eval.bpb import evaluate_bpb
 from portachat.i18n import _
 from portachat.model import GPT
+from portachat.model.model_dir import check_tokenizer_matches, load_weights_into, read_config, read_meta
 from portachat.tokenizer import Tokenizer
-from portachat.train.batch import Batch, as_batch
 from portachat.train.logger import RunLogger, format_progress
 from portachat.train.optim import OptimConfig, build_optimizers
 from portachat.train.parallel import choose_parallel, grad_sync_paused, load_weights, shard_model
@@ -211,7 +211,7 @@ class Trainer:
             self.say(f"[portachat] {cfg.stage}: " + _("starting from the weights of {path} (fresh optimizer state)").format(
                 path=init_from))
         if cfg.activation_checkpointing:
-            from portachat.tools.activation_checkpointing import apply_activation_checkpointing
+            from portachat.train.activation_checkpointing import apply_activation_checkpointing
 
             wrapped = apply_activation_checkpointing(model)
             self.say("[portachat] " + _("activation checkpointing: {n} blocks recompute their activations in backward").format(
@@ -612,7 +612,7 @@ def resolve_device_batch_size(cfg: TrainConfig, model: GPT, dev: Device, env: Di
     same on every rank, and dividing --total-batch-size so accumulation is exact."""
     if cfg.device_batch_size != "auto":
         return
-    from portachat.tools.tune import auto_device_batch_size
+    from portachat.train.batch_size import auto_device_batch_size
 
     batch, _accum = auto_device_batch_size(model.config, cfg.max_seq_len, dev, cfg.total_batch_size, env.world_size,
                                       activation_checkpointing=cfg.activation_checkpointing, say=say)

@@ -12,12 +12,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from portachat.data import hubs
 from portachat.data.chat_data import load_conversations
 from portachat.data.hub import download_shards
 from portachat.data.sources import DataError, open_source
 from portachat.eval.chinese_mc import read_chinese_mc
 from portachat.eval.data_files import EvalDataError, resolve_data
+from portachat.storage import hubs
 from tests.data.fake_hubs import FakeHF, FakeModelScope, dead_url
 
 pytest.importorskip("modelscope", reason="ModelScope's client: pip install 'portachat[china]'")
@@ -136,8 +136,8 @@ def test_missing_modelscope_client_names_the_install_command(online, monkeypatch
 
 @pytest.fixture
 def tiny_model_files(small_tokenizer, tmp_path) -> dict[str, bytes]:
-    from portachat.checkpoint.model_dir import save_model_files
     from portachat.model import GPT, GPTConfig
+    from portachat.model.model_dir import save_model_files
 
     cfg = GPTConfig(vocab_size=small_tokenizer.vocab_size, n_layer=1, n_embd=32, n_head=2, n_kv_head=1,
                     head_dim=16, intermediate_size=64, max_seq_len=64)
@@ -152,8 +152,8 @@ def tiny_model_files(small_tokenizer, tmp_path) -> dict[str, bytes]:
 def test_models_for_serve_and_init_come_from_either_hub(online, monkeypatch, tiny_model_files):
     import torch
 
-    from portachat.checkpoint.atomic import CheckpointError
     from portachat.model.load import load_for_inference, resolve_model_source
+    from portachat.storage.atomic import CheckpointError
 
     extra = {"pytorch_model.bin": b"never fetched", "onnx/model.onnx": b"never fetched"}
     repos = {("model", "someone/tiny"): {**tiny_model_files, **extra}}
@@ -181,7 +181,7 @@ def test_models_for_serve_and_init_come_from_either_hub(online, monkeypatch, tin
 
 
 def test_doctor_says_which_hub_answers_and_what_to_set(online, monkeypatch, tmp_path):
-    from portachat.tools.doctor import run_doctor
+    from portachat.device.doctor import run_doctor
 
     with FakeHF({}) as hf, FakeModelScope({}) as ms:
         monkeypatch.setenv("MODELSCOPE_ENDPOINT", ms.url)

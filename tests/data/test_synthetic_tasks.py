@@ -223,7 +223,7 @@ def test_task_document_source_units():
 
 
 def test_chinese_arithmetic_calls_the_calculator_with_the_same_expression():
-    from portachat.serve.engine.calculator import calculate
+    from portachat.engine.calculator import calculate
 
     examples = [ex for ex in st.task_examples(3000, "train", seed=21, tasks=["calc_arithmetic"])]
     zh = [ex for ex in examples if ex.lang == "zh"]
@@ -247,7 +247,7 @@ def test_chinese_arithmetic_calls_the_calculator_with_the_same_expression():
 
 
 def test_every_tool_call_is_evaluated_right_by_the_engine_calculator_in_both_languages():
-    from portachat.serve.engine.calculator import calculate
+    from portachat.engine.calculator import calculate
 
     calls = 0
     for ex in st.task_examples(1500, "train", seed=22) + st.task_examples(300, "heldout", seed=22):

@@ -37,7 +37,7 @@ def test_export_hf_loads_in_transformers_in_its_dtype(tmp_path, checkpoint, smal
 
 
 def test_stage_directories_and_run_names_resolve_to_latest(tmp_path, small_tokenizer, monkeypatch):
-    from portachat.checkpoint.runs import set_latest
+    from portachat.storage.runs import set_latest
 
     home = tmp_path / "home"
     monkeypatch.setenv("PORTACHAT_HOME", str(home))

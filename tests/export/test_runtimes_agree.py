@@ -17,12 +17,12 @@ import pytest
 import torch
 from export_testing import make_checkpoint
 
-from portachat.checkpoint.atomic import atomic_directory
-from portachat.checkpoint.model_dir import save_model_files
+from portachat.engine.oneshot import generate_once
+from portachat.engine.types import SamplingParams
 from portachat.export import export_gguf
 from portachat.model.load import load_for_inference
-from portachat.serve.engine.oneshot import generate_once
-from portachat.serve.engine.types import SamplingParams
+from portachat.model.model_dir import save_model_files
+from portachat.storage.atomic import atomic_directory
 from tests.smollm2 import smollm2_gguf_path
 
 pytestmark = pytest.mark.slow

@@ -8,10 +8,10 @@ import pytest
 import torch
 from gpt_testing import randomized, tiny_config
 
-from portachat.checkpoint.atomic import CheckpointError
-from portachat.checkpoint.model_dir import save_model_files
 from portachat.model import GPT, UnsupportedConfigError
 from portachat.model.load import display_name, load_for_inference, resolve_model_source
+from portachat.model.model_dir import save_model_files
+from portachat.storage.atomic import CheckpointError
 from portachat.tokenizer import train_tokenizer
 from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from portachat.checkpoint.model_dir import save_model_files
+from portachat.engine import SamplingParams
+from portachat.engine.loading import LoadOptions, load_served_model
 from portachat.model import GPT, GPTConfig
-from portachat.serve.api.loading import LoadOptions, load_served_model
+from portachat.model.model_dir import save_model_files
 from portachat.serve.batch import BatchInputError, done_ids, run_batch
-from portachat.serve.engine import SamplingParams
 from portachat.serve.terminal_chat import ChatSession, chat_loop, handle_command, reply_parts
 from tests.e2e.helpers import run_cli
 

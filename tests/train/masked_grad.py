@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
+from portachat.data.batch import Batch
 from portachat.device import dist_env, get_device, init_distributed
 from portachat.model import GPT, GPTConfig
-from portachat.train.batch import Batch
 from portachat.train.trainer import Stage, TrainConfig, Trainer
 
 ROWS, SEQ, VOCAB = 4, 16, 128

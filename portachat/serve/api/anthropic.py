@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
+from portachat.engine.async_engine import RequestStream
 from portachat.serve.api.completions import collect, compile_constraint, sampling_params, submit, with_lease
 from portachat.serve.api.errors import APIError
 from portachat.serve.api.protocol import ChatCompletionRequest, parse_body
@@ -28,7 +29,6 @@ from portachat.serve.api.tool_calls import (
     tool_call_spec,
     tool_request,
 )
-from portachat.serve.async_engine import RequestStream
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}

@@ -13,6 +13,10 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from portachat.engine.async_engine import EngineShutdown, RequestStream
+from portachat.engine.structured import StructuredError, StructuredSpec
+from portachat.engine.structured.fields import structured_spec
+from portachat.engine.types import EngineError, RequestOutput, SamplingParams
 from portachat.serve.api.documents import ground_chat, with_citations
 from portachat.serve.api.errors import APIError, error_body
 from portachat.serve.api.protocol import ChatCompletionRequest, CompletionRequest, check_supported, parse_body
@@ -27,10 +31,6 @@ from portachat.serve.api.tool_calls import (
     tool_call_spec,
     tool_request,
 )
-from portachat.serve.async_engine import EngineShutdown, RequestStream
-from portachat.serve.engine.structured import StructuredError, StructuredSpec
-from portachat.serve.engine.structured.fields import structured_spec
-from portachat.serve.engine.types import EngineError, RequestOutput, SamplingParams
 
 
 class ClientGone(Exception):

@@ -111,8 +111,8 @@ def _is_embedding_entry(entry: Any) -> bool:
         return served.engine is None and served.embedder is not None
     if not entry.spec.path:
         return False
+    from portachat.engine.embeddings import is_embedding_model
     from portachat.model.load import resolve_model_source
-    from portachat.serve.embeddings import is_embedding_model
 
     try:
         return is_embedding_model(resolve_model_source(entry.spec.path))

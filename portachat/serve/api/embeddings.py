@@ -14,10 +14,10 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, StrictInt
 from starlette.concurrency import run_in_threadpool
 
+from portachat.engine.embeddings import Embedder, EmbeddingInputError
 from portachat.serve.api.errors import APIError
 from portachat.serve.api.protocol import parse_body
 from portachat.serve.api.state import ModelLease, ServerState
-from portachat.serve.embeddings import Embedder, EmbeddingInputError
 
 MAX_INPUTS = 2048  # OpenAI's limit on inputs per request
 

@@ -7,15 +7,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from portachat.engine.async_engine import AsyncEngine
+from portachat.engine.embeddings import Embedder
+from portachat.engine.embeddings.queue import EmbeddingQueue
+from portachat.engine.served import ServedModel
+from portachat.engine.workers import DataParallelEngine
 from portachat.serve.api.errors import APIError
 from portachat.serve.api.metrics import ServerMetrics
-from portachat.serve.async_engine import AsyncEngine, EngineLike
-from portachat.serve.embeddings import Embedder
-from portachat.serve.embeddings.queue import EmbeddingQueue
 from portachat.serve.registry import ModelRegistry, RegistryEntry, parse_keep_alive
 from portachat.serve.registry.registry import LoadFailed, NoRoom, UnknownModel
-from portachat.serve.workers import DataParallelEngine
-from portachat.tokenizer.protocol import ChatTokenizer
 
 
 @dataclass
@@ -28,24 +28,6 @@ class ServerSettings:
     max_messages: int = 512
     shutdown_grace_s: float = 10.0  # SIGTERM: in-flight requests get this long, then end with "abort"
     embedding_model: str | None = None  # document search's model (default: the first embedding model registered)
-
-
-@dataclass
-class ServedModel:
-    """A loaded model behind an engine, as the API needs it. An embedding model (e.g. a BERT encoder) has
-    no engine and no chat tokenizer: only its embedder."""
-
-    engine: EngineLike | None
-    tokenizer: ChatTokenizer | None
-    max_model_len: int
-    generation_defaults: dict[str, Any] = field(default_factory=dict)  # temperature, top_p, top_k, ...
-    description: str = ""
-    bos_for_completions: bool = False  # our own models were trained on BOS-led documents
-    replicas: list[EngineLike] = field(default_factory=list)  # --data-parallel-size: engines beside `engine`
-    embedder: Embedder | None = None  # POST /v1/embeddings (document search calls embedder.embed_texts)
-    failure: Callable[[], str | None] | None = None  # why the model can no longer run (a dead worker)
-    close: Callable[[], None] | None = None  # stops what the model runs on (worker processes)
-    worker_pids: list[int] = field(default_factory=list)
 
 
 @dataclass

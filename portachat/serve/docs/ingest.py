@@ -11,10 +11,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from portachat.engine.embeddings import Embedder
 from portachat.serve.docs.chunking import chunk_text
 from portachat.serve.docs.extract import ExtractError, extract_text
 from portachat.serve.docs.store import DocStore, Hit, StoreError
-from portachat.serve.embeddings import Embedder
 
 EMBED_BATCH = 64  # chunks per embedding call: progress is reported between calls
 MAX_CHUNK_TOKENS = 256  # longer passages dilute the vector (all-MiniLM-L6-v2 was trained on <= 128)

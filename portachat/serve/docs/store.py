@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from portachat.paths import portachat_home
 from portachat.serve.docs.chunking import Chunk
 from portachat.serve.docs.lexical import BM25, fuse
+from portachat.storage.paths import portachat_home
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (

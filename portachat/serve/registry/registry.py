@@ -26,11 +26,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from portachat.serve.async_engine import AsyncEngine, RequestObserver
-from portachat.serve.embeddings.queue import EmbeddingQueue
+from portachat.engine.async_engine import AsyncEngine, RequestObserver
+from portachat.engine.embeddings.queue import EmbeddingQueue
+from portachat.engine.workers.data_parallel import DataParallelEngine, async_engine_for
 from portachat.serve.registry.catalog import ModelSpec, estimate_bytes
 from portachat.serve.registry.keep_alive import describe_keep_alive
-from portachat.serve.workers.data_parallel import DataParallelEngine, async_engine_for
 
 State = Literal["available", "loading", "loaded"]
 Loader = Callable[[ModelSpec], Any]  # -> a ServedModel (runs on a worker thread)
@@ -294,7 +294,7 @@ class ModelRegistry:
             embedder = getattr(served, "embedder", None)
             entry.embedding_queue = EmbeddingQueue(embedder) if embedder is not None else None
         except BaseException as exc:  # noqa: BLE001 - reported to every waiter and kept for /v1/models
-            from portachat.tools.diagnose import diagnose
+            from portachat.device.explain import diagnose
 
             d = diagnose(exc) if isinstance(exc, Exception) else None
             entry.error = f"{d.title}: {d.what_happened} ({exc})" if d else f"{type(exc).__name__}: {exc}"

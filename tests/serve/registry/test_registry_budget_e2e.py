@@ -12,8 +12,8 @@ import httpx
 import openai
 import pytest
 
+from portachat.engine.loading import LoadOptions, load_served_model
 from portachat.serve.api import ServerSettings, create_app
-from portachat.serve.api.loading import LoadOptions, load_served_model
 from portachat.serve.api.server import serve_in_thread
 from portachat.serve.registry import ModelRegistry, ModelSpec
 from portachat.serve.registry.catalog import estimate_bytes
