@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from portachat.serve.api.limits import APIKeyCheck, BodySizeLimit
 from portachat.serve.api.metrics import ServerMetrics
 from portachat.serve.api.openapi import openapi_schema
 from portachat.serve.api.origin import RequestGuard
+from portachat.serve.api.protocol import json_body
 from portachat.serve.api.state import ServedModel, ServerSettings, ServerState
 from portachat.serve.registry import ModelRegistry, ModelSpec, RegistryEntry
 from portachat.serve.registry.keep_alive import describe_keep_alive
@@ -205,10 +205,7 @@ def _model_card(state: ServerState, entry: RegistryEntry) -> dict:
 
 
 async def _model_field(request: Request) -> str:
-    try:
-        body = json.loads(await request.body() or b"{}")
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
-        raise APIError(400, 'The body must be JSON like {"model": "NAME"}.', code="invalid_json") from None
+    body = json_body(await request.body() or b"{}")
     name = body.get("model") if isinstance(body, dict) else None
     if not isinstance(name, str) or not name:
         raise APIError(400, "Missing required parameter: 'model' (a name GET /v1/models lists).", param="model")
