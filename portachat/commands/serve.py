@@ -60,8 +60,8 @@ def _origins(text: str) -> list[str]:
 
 
 def api_keys(given: list[str] | None, env: str | None) -> list[str]:
-    """`--api-key` (repeatable) and `$PORTACHAT_API_KEY` (comma-separated): every key, in order, once."""
-    keys = [k.strip() for k in given or []] + [k.strip() for k in (env or "").split(",")]
+    """The keys of `--api-key` (repeatable), else of `$PORTACHAT_API_KEY` (comma-separated), each once."""
+    keys = [k.strip() for k in given] if given else [k.strip() for k in (env or "").split(",")]
     return list(dict.fromkeys(k for k in keys if k))
 
 
@@ -305,7 +305,8 @@ def register(sub) -> None:
     flag(g, "--port", type=int_at_least(0), default=8000, help=_("port (default 8000)"))
     flag(g, "--api-key", action="append", default=None,
          help=_("require 'Authorization: Bearer KEY' on every route but /health; repeat it for several keys. Prefer "
-                "$PORTACHAT_API_KEY (comma-separated keys): other users of this machine can read a command line"))
+                "$PORTACHAT_API_KEY (comma-separated keys; the default): other users of this machine can read a "
+                "command line"))
     flag(g, "--admin-api-key", default=None,
          help=_("the key that may load, unload and pin models (POST /models/load, /models/unload, a request's "
                 "keep_alive) when API keys are set (default: $PORTACHAT_ADMIN_API_KEY, else no one may)"))

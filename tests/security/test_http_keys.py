@@ -98,8 +98,9 @@ def test_a_server_with_keys_and_no_admin_key_lets_no_one_load(tok):
         server.stop()
 
 
-def test_keys_come_from_repeated_flags_and_a_comma_separated_variable():
+def test_keys_come_from_repeated_flags_or_a_comma_separated_variable():
     assert api_keys(["a", "b"], None) == ["a", "b"]
     assert api_keys(None, "c, d,,") == ["c", "d"]
-    assert api_keys(["a"], "a,b") == ["a", "b"]  # once each
+    assert api_keys(["a", "a"], None) == ["a"]  # once each
+    assert api_keys(["a"], "b,c") == ["a"]  # the flags, when given, replace the variable
     assert api_keys(None, None) == []
