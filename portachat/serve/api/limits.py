@@ -17,6 +17,7 @@ Scope = dict
 PUBLIC_PATHS = ("/health",)  # answer load balancers without a key
 PAGE_PATHS = ("/", "/index.html", "/favicon.ico")  # the static chat page holds no data; its API calls need the key
 ADMIN_PATHS = ("/models/load", "/models/unload")  # with keys, only the admin key loads and unloads models
+UPLOAD_PATHS = ("/v1/files",)  # document uploads: multipart, and a larger size limit than prompts
 
 
 class _BodyTooLarge(Exception):
@@ -24,7 +25,7 @@ class _BodyTooLarge(Exception):
 
 
 async def send_error(send, status: int, message: str, param: str | None = None, code: str | None = None,
-                      headers: list[tuple[bytes, bytes]] | None = None) -> None:
+                     headers: list[tuple[bytes, bytes]] | None = None) -> None:
     body = json.dumps(error_body(status, message, param, code)).encode()
     await send({
         "type": "http.response.start",
@@ -37,8 +38,6 @@ async def send_error(send, status: int, message: str, param: str | None = None, 
 
 class BodySizeLimit:
     """413 for bodies over `max_bytes`, whether announced by Content-Length or streamed chunked."""
-
-    UPLOAD_PATHS = ("/v1/files",)  # documents are larger than prompts: their own limit
 
     def __init__(self, app, max_bytes: int, upload_bytes: int | None = None) -> None:
         self.app = app
@@ -56,7 +55,7 @@ class BodySizeLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        upload = scope["path"] in self.UPLOAD_PATHS
+        upload = scope["path"] in UPLOAD_PATHS
         limit = self.upload_bytes if upload else self.max_bytes
         for name, value in scope.get("headers", []):
             if name == b"content-length":
@@ -66,7 +65,7 @@ class BodySizeLimit:
                     declared = 0
                 if declared > limit:
                     await send_error(send, 413, self._message(upload), code="request_too_large",
-                                      headers=[(b"connection", b"close")])
+                                     headers=[(b"connection", b"close")])
                     return
         received = 0
         started = False
@@ -91,7 +90,7 @@ class BodySizeLimit:
         except _BodyTooLarge:
             if not started:
                 await send_error(send, 413, self._message(upload), code="request_too_large",
-                                  headers=[(b"connection", b"close")])
+                                 headers=[(b"connection", b"close")])
 
 
 class APIKeyCheck:
@@ -148,9 +147,8 @@ class APIKeyCheck:
             return
         admin = self.admin is not None and hmac.compare_digest(given, self.admin)
         if scope["path"] in ADMIN_PATHS and not admin:
-            await send_error(send, 403, admin_key_message(f"{scope.get('method', '')} {scope['path']}",
-                                                              self.admin is not None),
-                code="admin_key_required")
+            route = f"{scope.get('method', '')} {scope['path']}"
+            await send_error(send, 403, admin_key_message(route, self.admin is not None), code="admin_key_required")
             return
         state["owner"], state["admin"] = owner, admin
         await self.app(scope, receive, send)

@@ -17,9 +17,8 @@ import ipaddress
 from urllib.parse import urlsplit
 
 from portachat.i18n import _
-from portachat.serve.api.limits import Scope, send_error
+from portachat.serve.api.limits import UPLOAD_PATHS, Scope, send_error
 
-UPLOAD_PATHS = ("/v1/files",)  # multipart uploads; every other body is JSON
 BODY_METHODS = ("POST", "PUT", "PATCH")
 DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 

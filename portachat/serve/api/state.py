@@ -207,10 +207,11 @@ class ServerState:
         if seconds == default:
             return "default"
         if self.settings.has_keys and not admin:
-            raise APIError(403, admin_key_message(_("keep_alive {value!r} on '{name}'").format(
-                value=keep_alive, name=name), self.settings.admin_api_key is not None),
-                           param="keep_alive", code="admin_key_required")
-        if self.registry.get(name).spec.pinned and keeps_longer(default, seconds) and not self.settings.allow_unload:
+            what = _("keep_alive {value!r} on '{name}'").format(value=keep_alive, name=name)
+            raise APIError(403, admin_key_message(what, self.settings.admin_api_key is not None), param="keep_alive",
+                           code="admin_key_required")
+        start_up = self.registry.get(name).spec.pinned
+        if start_up and keeps_longer(default, seconds) and not self.settings.allow_unload:
             raise APIError(403, _("keep_alive {value!r} would unload '{name}' sooner than the server's --keep-alive, "
                                   "and clients may not unload the models given at start-up: leave keep_alive out, "
                                   "or restart the server with --allow-unload.").format(value=keep_alive, name=name),
