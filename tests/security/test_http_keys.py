@@ -11,6 +11,7 @@ import pytest
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from portachat.cli import build_parser
 from portachat.commands.serve import api_keys
 from portachat.serve.api.owner import request_owner
 from tests.security.http_helpers import HELLO, assert_error, assert_healthy, start_two_models, statuses
@@ -104,3 +105,11 @@ def test_keys_come_from_repeated_flags_or_a_comma_separated_variable():
     assert api_keys(["a", "a"], None) == ["a"]  # once each
     assert api_keys(["a"], "b,c") == ["a"]  # the flags, when given, replace the variable
     assert api_keys(None, None) == []
+
+
+def test_serve_parses_several_api_keys_an_admin_key_and_allow_unload():
+    args = build_parser().parse_args(["serve", "--model", "m", "--api-key", "a", "--api-key", "b",
+                                      "--admin-api-key", "c", "--allow-unload"])
+    assert (args.api_key, args.admin_api_key, args.allow_unload) == (["a", "b"], "c", True)
+    args = build_parser().parse_args(["serve", "--model", "m"])
+    assert (args.api_key, args.admin_api_key, args.allow_unload) == (None, None, False)
