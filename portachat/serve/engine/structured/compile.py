@@ -127,11 +127,18 @@ class Constraints:
             if template.is_error():
                 raise StructuredError(f"{spec.param}: cannot compile the {spec.kind} constraint: "
                                       f"{template.get_error()}", spec.param)
-            self._probe(template, spec)
+            reason = self._probe(template)
             after = heap_in_use()
             size = ENTRY_FLOOR_BYTES + TEXT_FACTOR * len(grammar)
             if before is not None and after is not None:
                 size = max(size, after - before)
+            if reason is not None or size > self.cache_bytes:
+                del template  # the error's traceback holds this frame: let the grammar's memory go now
+            if reason is not None:
+                raise StructuredError(_("{param}: the {kind} constraint is past the grammar library's limits "
+                                        "({reason}); simplify it (fewer or smaller repetitions and "
+                                        "alternatives).").format(param=spec.param, kind=spec.kind, reason=reason),
+                                      spec.param)
             if size > self.cache_bytes:
                 raise StructuredError(_("{param}: the {kind} constraint compiles to about {mb} MB, more than the "
                                         "grammar cache holds (--grammar-cache-mb {limit}); simplify it or raise "
@@ -140,9 +147,9 @@ class Constraints:
             self._insert(grammar, template, size)
         return template
 
-    def _probe(self, template: Any, spec: StructuredSpec) -> None:
+    def _probe(self, template: Any) -> str | None:
         """The first two masks of a copy (the first allowed token consumed between them): where
-        llguidance builds its lexer, and where a grammar past its limits fails. StructuredError then."""
+        llguidance builds its lexer, and where a grammar past its limits fails; the reason then."""
         probe = template.deep_copy()
         bitmask = allocate_bitmask(1, self.vocab_size)
         probe.unsafe_compute_mask_ptr(bitmask.data_ptr(), bitmask.shape[1] * 4)
@@ -150,11 +157,9 @@ class Constraints:
             allowed = _first_allowed(bitmask[0], self.vocab_size)
             if allowed is not None and probe.consume_token(allowed) and not probe.is_stopped():
                 probe.unsafe_compute_mask_ptr(bitmask.data_ptr(), bitmask.shape[1] * 4)
-        if probe.is_error():
-            reason = probe.get_error().strip().splitlines()[0]  # the rest is the parser's state dump
-            raise StructuredError(_("{param}: the {kind} constraint is past the grammar library's limits ({reason}); "
-                                    "simplify it (fewer or smaller repetitions and alternatives).").format(
-                param=spec.param, kind=spec.kind, reason=reason), spec.param)
+        if not probe.is_error():
+            return None
+        return probe.get_error().strip().splitlines()[0]  # the rest is the parser's state dump
 
     def _insert(self, grammar: str, template: Any, size: int) -> None:
         with self._lock:
