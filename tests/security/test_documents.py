@@ -239,3 +239,18 @@ def test_the_quota_and_owners_live_in_the_store(tmp_path):
     with pytest.raises(LookupError, match="--docs-max-files"):
         store.add_file("b.txt", TEXT, owner="B")
     assert [f["owner"] for f in store.files()] == ["A"] and store.files("B") == []
+
+
+def test_rows_from_before_owners_belong_to_the_keyless_owner(tmp_path):
+    import sqlite3
+
+    (tmp_path / "files").mkdir()
+    db = sqlite3.connect(tmp_path / "store.sqlite")  # the schema as it was, without owner columns
+    db.execute("CREATE TABLE files (id TEXT PRIMARY KEY, filename TEXT NOT NULL, bytes INTEGER NOT NULL, "
+               "created_at INTEGER NOT NULL, purpose TEXT NOT NULL)")
+    db.execute("INSERT INTO files VALUES ('file-old', 'old.txt', 3, 0, 'assistants')")
+    db.commit()
+    db.close()
+    store = DocStore(tmp_path)
+    assert store.file("file-old")["owner"] == "" and [f["id"] for f in store.files("")] == ["file-old"]
+    assert store.files("key-a") == []
