@@ -175,8 +175,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_messages=args.max_messages,
         shutdown_grace_s=args.shutdown_timeout,
         embedding_model=args.embedding_model,
+        docs_max_bytes=args.docs_max_bytes,
+        docs_max_files=args.docs_max_files,
     )
-    options = dataclasses.replace(load_options(args), lora=lora_args(args.lora or [])[0])
+    options = dataclasses.replace(load_options(args), lora=lora_args(args.lora or [])[0],
+                                  grammar_cache_mb=args.grammar_cache_mb)
     url = f"http://{args.host}:{args.port}"
     failure: list[BaseException] = []
     device = get_device(kind=args.device, dtype=None, compile=None)
@@ -299,6 +302,9 @@ def register(sub) -> None:
          help=_("engine replicas, one per device (the i-th visible GPU/NPU/DCU/XPU; on a CPU they share it), "
               "each request going to the least busy one; with -tp N, each replica takes N devices (default 1)"))
     add_engine_flags(g, 32, _("requests queued beyond the running batch; more get 429 (default 256)"))
+    flag(g, "--grammar-cache-mb", type=positive_int, default=256,
+         help=_("memory for compiled structured-output grammars (JSON schemas, regexes), least recently used "
+                "dropped first; a grammar needing more than this is refused with 400 (default 256)"))
     add_speculative_flags(p)
     g = p.add_argument_group(_("HTTP"))
     flag(g, "--host", default="127.0.0.1", help=_("address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)"))
@@ -320,6 +326,11 @@ def register(sub) -> None:
     flag(g, "--max-upload-bytes", type=positive_int, default=64 * 2**20,
          help=_("largest document upload (POST /v1/files); larger get 413 (default 64 MiB)"))
     flag(g, "--max-messages", type=positive_int, default=512, help=_("most messages in one chat request (default 512)"))
+    flag(g, "--docs-max-bytes", type=positive_int, default=8 * 2**30,
+         help=_("document store quota: uploaded files plus their chunks and vectors; past it uploads and attaches "
+                "get 400 (default 8 GiB)"))
+    flag(g, "--docs-max-files", type=positive_int, default=10_000,
+         help=_("most uploaded files kept at once; past it uploads get 400 (default 10000)"))
     flag(g, "--shutdown-timeout", type=_nonneg_float, default=10.0,
          help=_("on SIGTERM / Ctrl-C, seconds in-flight requests get to finish before they are ended (default 10)"))
     flag(g, "--log-level", default="info", choices=["debug", "info", "warning", "error"], help=_("server log level"))

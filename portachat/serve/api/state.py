@@ -34,6 +34,8 @@ class ServerSettings:
     max_messages: int = 512
     shutdown_grace_s: float = 10.0  # SIGTERM: in-flight requests get this long, then end with "abort"
     embedding_model: str | None = None  # document search's model (default: the first embedding model registered)
+    docs_max_bytes: int = 8 * 2**30  # document store quota: uploads + chunks + vectors (--docs-max-bytes)
+    docs_max_files: int = 10_000  # uploaded files kept at once (--docs-max-files)
 
     @property
     def has_keys(self) -> bool:
