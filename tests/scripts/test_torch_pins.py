@@ -78,3 +78,34 @@ def test_pip_resolver_keeps_the_pinned_torch(tmp_path):
     if not replaced:
         pytest.skip(f"the index offers no torch other than the installed {installed}; nothing to hold against")
     assert replaced[0] != installed
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "choose_torch.py"), *args], capture_output=True,
+                          text=True, timeout=60, env=env)
+
+
+def test_setup_writes_the_plan_pins_before_installing(tmp_path):
+    """What setup.sh runs first: the pair goes into the constraints file before torch_npu's own install."""
+    root = tmp_path / "root"
+    info = root / "usr/local/Ascend/ascend-toolkit/latest/x86_64-linux/ascend_toolkit_install.info"
+    info.parent.mkdir(parents=True)
+    info.write_text("version=9.0.0\n")
+    (root / "dev").mkdir()
+    (root / "dev" / "davinci0").write_text("")
+    env = {"PATH": "/usr/bin:/bin", "PIP_CONFIG_FILE": os.devnull}
+    pins = tmp_path / "constraints.txt"
+    done = _cli("--root", str(root), "--pins-file", str(pins), env=env)
+    assert done.returncode == 0, done.stderr
+    assert [line for line in pins.read_text().splitlines() if not line.startswith("#")] == \
+        ["torch==2.10.0", "torch_npu==2.10.0"]
+    info.write_text("version=8.3.RC1\n")  # a stop writes nothing
+    pins.unlink()
+    assert _cli("--root", str(root), "--pins-file", str(pins), env=env).returncode == 2 and not pins.exists()
+
+
+def test_setup_holds_the_installed_build(tmp_path):
+    pins = tmp_path / "constraints.txt"
+    done = _cli("--python", sys.executable, "--pin-installed", str(pins))
+    assert done.returncode == 0, done.stderr
+    assert f"holding torch=={importlib.metadata.version('torch')}" in done.stderr
