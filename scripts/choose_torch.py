@@ -379,9 +379,7 @@ def plan_ascend(plan: Plan, cann: str | None, floor: str | None = None) -> None:
                        f"{choice.newest_torch} at most, and portachat needs torch>={floor}")
         plan.stop = (f"upgrade CANN to {oldest_cann_for(floor)} or newer (the toolkit and the ops package for "
                      f"your chip, from {CANN_DOWNLOAD}), then\n"
-                     "  source /usr/local/Ascend/ascend-toolkit/set_env.sh && bash scripts/setup.sh\n"
-                     "(to keep this CANN, install its pair yourself outside portachat: portachat needs "
-                     f"torch>={floor})")
+                     "  source /usr/local/Ascend/ascend-toolkit/set_env.sh && bash scripts/setup.sh")
         return
     plan.reason = (f"Ascend NPU: torch {choice.torch} (CPU build) + torch_npu {choice.torch_npu}, the newest "
                    f"published pair for CANN {choice.cann_row} (Ascend's matching table)")
