@@ -161,7 +161,7 @@ def sandbox_ids(user: str, slot: int) -> tuple[int, int]:
         raise RuntimeError(f"sandbox user {user!r} does not exist; create it or set "
                            "SandboxLimits(user=...) to an unprivileged user") from None
     uid = entry.pw_uid
-    for _ in range(slot):
+    for _slot in range(slot):
         uid -= 1
         while _uid_exists(uid):
             uid -= 1

@@ -40,10 +40,10 @@ programs = json.load(sys.stdin)
 out = {}
 for name, (source, guard) in programs.items():
     r = run_program(source, SandboxLimits(timeout_s=3, cpu_seconds=5, memory_bytes=512 << 20,
-                                          processes=%d, python_guard=guard))
+                                          processes=PROCESSES, python_guard=guard))
     out[name] = {"status": r.status, "stdout": r.stdout, "stderr": r.stderr, "isolation": r.isolation}
 print(json.dumps(out))
-""" % PROCESSES
+""".replace("PROCESSES", str(PROCESSES))
 
 
 def hostile_programs(home: Path, sleeper_pid: int, port: int) -> dict[str, list]:
@@ -147,8 +147,6 @@ def test_hostile_programs_are_contained(evaluator, fake_home):
     as_nobody = evaluator == "nobody"
     if as_nobody and not IS_ROOT:
         pytest.skip("switching to `nobody` needs root; as an ordinary user, the 'this user' case is the unprivileged run")
-    if not as_nobody and not IS_ROOT:
-        pass  # this user is already unprivileged
     assert sandbox.available_isolation() == "bubblewrap", (
         "no namespaces for the sandbox on this machine: install bubblewrap (`apt-get install bubblewrap`) and allow "
         "unprivileged user namespaces")
@@ -208,3 +206,37 @@ def test_the_probe_reports_what_this_machine_gives(monkeypatch):
     finally:
         sandbox.available_isolation.cache_clear()
     assert sandbox.available_isolation() in sandbox.ISOLATIONS
+
+
+def test_eval_humaneval_refuses_before_loading_the_model(monkeypatch, tmp_path, capsys):
+    from portachat.cli import main
+
+    problem = {"task_id": "HumanEval/0", "prompt": "def f():\n", "canonical_solution": "    return 1\n",
+               "test": "def check(c):\n    assert c() == 1\n", "entry_point": "f"}
+    data = tmp_path / "humaneval.jsonl"
+    data.write_text(json.dumps(problem) + "\n")
+    monkeypatch.setattr(sandbox, "available_isolation", lambda user="nobody": "none")
+    # the model path does not exist: failing on the sandbox proves the check came before loading it
+    assert main(["eval", "humaneval", "--model", str(tmp_path / "no-model"), "--data", str(data)]) == 1
+    err = capsys.readouterr().err
+    assert "--allow-unsandboxed-code" in err and "bubblewrap" in err and "no-model" not in err
+    assert main(["eval", "humaneval", "--model", str(tmp_path / "no-model"), "--data", str(data),
+                 "--allow-unsandboxed-code"]) == 1
+    assert "no-model" in capsys.readouterr().err  # allowed: it went on to load the model
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    assert "--allow-unsandboxed-code" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kind", ["bubblewrap", "none"])
+def test_doctor_reports_the_isolation(monkeypatch, kind):
+    from portachat.tools import doctor
+
+    monkeypatch.setattr(doctor, "available_isolation", lambda user="nobody": kind)
+    checks = []
+    assert doctor._sandbox(checks) == kind
+    (check,) = checks
+    assert check.ok == (kind == "bubblewrap") and check.severity == ("info" if kind == "bubblewrap" else "warning")
+    assert kind in check.message
+    if kind == "none":
+        assert "--allow-unsandboxed-code" in check.message and "apt-get install bubblewrap" in check.fix
