@@ -223,9 +223,11 @@ def bwrap_command(bwrap: str, program: str, python: str, tmp_bytes: int = 64 << 
     docstring promises. `program` (a host path) is seen read-only at INSIDE_PROGRAM; `python` (the
     interpreter that will run inside) is mounted back when a hidden directory covers it."""
     home = os.path.realpath(os.path.expanduser("~"))
-    hidden = [d for d in HIDDEN if os.path.isdir(d) and not os.path.islink(d)]
-    if home != "/" and os.path.isdir(home) and not any(_under(home, d) for d in [*hidden, "/tmp"]):
-        hidden.append(home)
+    hidden: list[str] = []
+    for d in [*HIDDEN, home]:  # real paths: /home may be a link to /usr/home, $HOME one into /data
+        d = os.path.realpath(d)
+        if d != "/" and os.path.isdir(d) and not any(_under(d, h) for h in [*hidden, "/tmp"]):
+            hidden.append(d)
     args = [bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     if _bwrap_disables_userns(bwrap):
         args.append("--disable-userns")

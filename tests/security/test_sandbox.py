@@ -240,3 +240,19 @@ def test_doctor_reports_the_isolation(monkeypatch, kind):
     assert kind in check.message
     if kind == "none":
         assert "--allow-unsandboxed-code" in check.message and "apt-get install bubblewrap" in check.fix
+
+
+def test_an_interpreter_inside_a_hidden_directory_is_mounted_back(tmp_path, monkeypatch):
+    """pyenv, uv and conda put Python under $HOME, which the sandbox hides: only its installation comes back."""
+    python = os.path.realpath(sys.executable)
+    prefix = Path(python).parent.parent
+    if prefix.parent == Path("/"):
+        pytest.skip(f"this interpreter lives in {prefix}, a system directory the sandbox does not hide")
+    monkeypatch.setenv("HOME", str(prefix.parent))  # as if the interpreter were installed in $HOME
+    program = tmp_path / "program.py"
+    program.write_text("")
+    cmd = sandbox.bwrap_command(shutil.which("bwrap") or "bwrap", str(program), python)
+    p = subprocess.run([*cmd, python, "-I", "-S", "-c", f"import os; print(os.listdir({str(prefix.parent)!r}))"],
+                       capture_output=True, text=True, timeout=60, cwd="/")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == repr([prefix.name])  # its installation, none of its siblings
