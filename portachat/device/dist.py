@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from portachat.device.errors import DeviceError
 from portachat.device.probe import device_module
+from portachat.i18n import _
 
 if TYPE_CHECKING:
     from portachat.device.device import Device
@@ -87,8 +88,9 @@ def private_store(world_size: int, directory: str | None = None, timeout_s: floa
         directory = tempfile.mkdtemp(prefix="portachat-store-")  # 0700
     info = os.stat(directory)
     if info.st_uid != os.geteuid() or info.st_mode & 0o077:
-        raise DeviceError(f"the rendezvous directory {directory} must belong to this user with mode 0700 "
-                          f"(it has uid {info.st_uid}, mode {oct(info.st_mode & 0o777)}); restart the command")
+        raise DeviceError(_("the rendezvous directory {directory} must belong to this user with mode 0700 (it has "
+                            "uid {uid}, mode {mode}); restart the command").format(
+                                directory=directory, uid=info.st_uid, mode=oct(info.st_mode & 0o777)))
     store = dist.FileStore(os.path.join(directory, "store"), world_size)
     store.set_timeout(timedelta(seconds=timeout_s))
     return store, directory
