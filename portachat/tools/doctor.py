@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sys
 import time
 from typing import TextIO
@@ -203,11 +204,15 @@ def _sandbox(checks: list[Check]) -> str:
         checks.append(Check(N_("code sandbox"), True, "info", _(
             "bubblewrap: model-written code runs in new user, mount, PID and network namespaces")))
     else:
+        if shutil.which("bwrap") is None:
+            fix = _("install bubblewrap: `apt-get install bubblewrap` (or `dnf install bubblewrap`)")
+        else:
+            fix = _("bubblewrap is installed but cannot create user namespaces here: allow unprivileged ones "
+                    "(sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0; in a container, "
+                    "its seccomp or AppArmor profile must allow them)")
         checks.append(Check(N_("code sandbox"), False, "warning", _(
             "none: no namespaces for model-written code here, so `portachat eval humaneval` refuses to run it "
-            "unless given --allow-unsandboxed-code"), _(
-            "install bubblewrap (`apt-get install bubblewrap`) and allow unprivileged user namespaces "
-            "(sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0)")))
+            "unless given --allow-unsandboxed-code"), fix))
     return kind
 
 

@@ -228,18 +228,22 @@ def test_eval_humaneval_refuses_before_loading_the_model(monkeypatch, tmp_path, 
     assert "--allow-unsandboxed-code" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("kind", ["bubblewrap", "none"])
-def test_doctor_reports_the_isolation(monkeypatch, kind):
+@pytest.mark.parametrize("kind,bwrap", [("bubblewrap", "/usr/bin/bwrap"), ("none", None), ("none", "/usr/bin/bwrap")])
+def test_doctor_reports_the_isolation(monkeypatch, kind, bwrap):
     from portachat.tools import doctor
 
     monkeypatch.setattr(doctor, "available_isolation", lambda user="nobody": kind)
+    monkeypatch.setattr(doctor.shutil, "which", lambda name, *a, **k: bwrap if name == "bwrap" else None)
     checks = []
     assert doctor._sandbox(checks) == kind
     (check,) = checks
     assert check.ok == (kind == "bubblewrap") and check.severity == ("info" if kind == "bubblewrap" else "warning")
     assert kind in check.message
     if kind == "none":
-        assert "--allow-unsandboxed-code" in check.message and "apt-get install bubblewrap" in check.fix
+        assert "--allow-unsandboxed-code" in check.message
+        # the fix names what is missing: the tool, or the kernel's permission
+        assert ("apt-get install bubblewrap" in check.fix) == (bwrap is None)
+        assert ("kernel.unprivileged_userns_clone" in check.fix) == (bwrap is not None)
 
 
 def test_an_interpreter_inside_a_hidden_directory_is_mounted_back(tmp_path, monkeypatch):
