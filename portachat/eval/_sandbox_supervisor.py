@@ -14,6 +14,7 @@ import ctypes
 import ctypes.util
 import json
 import os
+import platform
 import resource
 import signal
 import subprocess
@@ -25,6 +26,10 @@ CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 CLONE_NEWNS = 0x00020000
 MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 2, 4, 16384, 1 << 18
+# keyctl(2)'s number: the session keyring is inherited across fork, exec and namespaces, and keys a
+# process possesses through it are readable, so the program gets an empty one of its own.
+SYS_KEYCTL = {"x86_64": 250, "aarch64": 219, "riscv64": 219, "loongarch64": 219, "ppc64le": 280, "s390x": 280}
+KEYCTL_JOIN_SESSION_KEYRING = 1
 # World-writable places the sandbox user could write to; each gets a private, empty tmpfs.
 SHARED_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/var/lock")
 
@@ -46,6 +51,12 @@ def _private_tmp() -> bool:
             if _libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"size=16m,mode=1777") != 0:
                 return False
     return True
+
+
+def _new_session_keyring() -> bool:
+    """Join a new, empty, anonymous session keyring (the evaluator's keys out of reach)."""
+    number = SYS_KEYCTL.get(platform.machine())
+    return number is not None and _libc.syscall(number, KEYCTL_JOIN_SESSION_KEYRING, None) >= 0
 
 
 def _children() -> list[int]:
@@ -116,6 +127,12 @@ def main() -> None:
                 isolation.append("private-tmp")
     if is_root:
         isolation.append(f"uid-{cfg['uid']}")
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if _new_session_keyring() else 1)
+    own_keyring = os.waitpid(pid, 0)[1] == 0  # else keyctl is unknown here or refused (as it is to the program)
+    if own_keyring:
+        isolation.append("private-keyring")
     limits = {
         resource.RLIMIT_AS: cfg["memory_bytes"],
         resource.RLIMIT_CPU: cfg["cpu_seconds"],
@@ -141,6 +158,8 @@ def main() -> None:
             os.setgroups([])
             os.setgid(cfg["gid"])
             os.setuid(cfg["uid"])
+        if own_keyring:
+            _new_session_keyring()  # after the switch: the new keyring belongs to the sandbox user
 
     with open(cfg["guard"], encoding="utf-8") as f:
         guard_source = f.read()

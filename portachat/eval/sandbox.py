@@ -11,7 +11,7 @@ dir (/tmp/work) and the program; /home, /root, /run and the evaluator's $HOME ar
 tmpfs mounts (no view of anyone's files there); /proc is the new PID namespace's own (the
 host's processes, their command lines included, are invisible); /dev holds only null, zero,
 random and a bounded /dev/shm; there is no network at all, not even loopback; no capabilities and
-no further user namespaces. Model code does not run where these namespaces are unavailable unless
+no further user namespaces; a new, empty session keyring (the evaluator's keys out of reach). Model code does not run where these namespaces are unavailable unless
 the user passes `--allow-unsandboxed-code` (`SandboxLimits.allow_unsandboxed`).
 Also guaranteed (on Linux):
   - wall-clock timeout, then SIGKILL of the program, its PID namespace and every descendant;
@@ -23,7 +23,8 @@ Also guaranteed (on Linux):
     (`SandboxLimits.slot`), so one's processes neither count against nor can signal another's;
   - the temp dir is deleted afterwards, whatever the program wrote in it.
   `SandboxResult.isolation` says which layers were on ("bubblewrap", "pid-namespace",
-  "network-namespace", "read-only-root", "private-tmp", "uid-N", "rlimits", "subreaper").
+  "network-namespace", "read-only-root", "private-tmp", "private-keyring", "uid-N", "rlimits",
+  "subreaper").
 Best effort (a Python-level guard in `_sandbox_guard.py`, like human-eval's reliability_guard; a
 program can get around it - e.g. by re-importing a fresh `posix` - and then meets the layers above):
   os.kill/fork/exec/system are disabled, writing, deleting and renaming files only work inside the

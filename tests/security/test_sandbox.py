@@ -260,3 +260,42 @@ def test_an_interpreter_inside_a_hidden_directory_is_mounted_back(tmp_path, monk
                        capture_output=True, text=True, timeout=60, cwd="/")
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == repr([prefix.name])  # its installation, none of its siblings
+
+
+KEYRING_EVALUATOR = """
+import ctypes, json, platform, sys
+from portachat.eval._sandbox_supervisor import SYS_KEYCTL
+from portachat.eval.sandbox import SandboxLimits, run_program
+keyctl, add_key = SYS_KEYCTL[platform.machine()], {250: 248}.get(SYS_KEYCTL[platform.machine()], 217)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall(keyctl, 1, None)  # the evaluator's own session keyring, holding a secret as a login's might
+if libc.syscall(add_key, b"user", b"portachat-test", SECRET, len(SECRET), -3) < 0:
+    print(json.dumps({"refused": ctypes.get_errno()})); sys.exit(0)
+source = sys.stdin.read().replace("KEYCTL", str(keyctl))
+r = run_program(source, SandboxLimits(timeout_s=5, python_guard=False))
+print(json.dumps({"stdout": r.stdout, "stderr": r.stderr, "isolation": r.isolation}))
+"""
+
+
+def test_the_evaluators_keyring_is_out_of_reach():
+    """The session keyring survives fork, exec and namespaces: keys the evaluator's session holds
+    (Kerberos tickets, a login's secrets) must not be readable by the program."""
+    import platform
+
+    from portachat.eval._sandbox_supervisor import SYS_KEYCTL
+
+    if SYS_KEYCTL.get(platform.machine()) not in (250, 219):  # x86_64, or the generic table (add_key 217)
+        pytest.skip(f"add_key's number on {platform.machine()} is not in this test")
+    hostile = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+               "key = libc.syscall(KEYCTL, 10, -3, b'user', b'portachat-test', 0)\n"  # KEYCTL_SEARCH in @s
+               "buf = ctypes.create_string_buffer(256)\nn = libc.syscall(KEYCTL, 11, key, buf, 256)\n"  # KEYCTL_READ
+               "print(key, n, buf.raw[:max(n, 0)])\n")
+    p = subprocess.run([sys.executable, "-c", KEYRING_EVALUATOR.replace("SECRET", repr(SECRET.encode()))],
+                       input=hostile, capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    if "refused" in out:
+        pytest.skip(f"keyctl is refused here (errno {out['refused']}), to sandboxed programs too")
+    assert SECRET not in out["stdout"] + out["stderr"], out
+    assert out["stdout"].split()[0] == "-1" and "private-keyring" in out["isolation"], out
