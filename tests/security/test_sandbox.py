@@ -12,9 +12,11 @@ import json
 import os
 import pwd
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -22,7 +24,6 @@ import pytest
 
 from portachat.eval import sandbox
 from portachat.eval.sandbox import SandboxLimits, SandboxUnavailable, run_program
-from tests.eval.test_sandbox import Listener
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox is Linux-only")
 
@@ -44,6 +45,33 @@ for name, (source, guard) in programs.items():
     out[name] = {"status": r.status, "stdout": r.stdout, "stderr": r.stderr, "isolation": r.isolation}
 print(json.dumps(out))
 """.replace("PROCESSES", str(PROCESSES))
+
+
+class Listener:
+    """A TCP server on 127.0.0.1 that counts the connections it accepts."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.1)
+        self.port = self.sock.getsockname()[1]
+        self.connections = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _addr = self.sock.accept()
+                self.connections += 1
+                conn.close()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
 
 
 def hostile_programs(home: Path, sleeper_pid: int, port: int) -> dict[str, list]:
