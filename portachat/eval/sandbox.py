@@ -11,8 +11,9 @@ dir (/tmp/work) and the program; /home, /root, /run and the evaluator's $HOME ar
 tmpfs mounts (no view of anyone's files there); /proc is the new PID namespace's own (the
 host's processes, their command lines included, are invisible); /dev holds only null, zero,
 random and a bounded /dev/shm; there is no network at all, not even loopback; no capabilities and
-no further user namespaces; a new, empty session keyring (the evaluator's keys out of reach). Model code does not run where these namespaces are unavailable unless
-the user passes `--allow-unsandboxed-code` (`SandboxLimits.allow_unsandboxed`).
+no further user namespaces; a new, empty session keyring (the evaluator's keys out of reach).
+Model code does not run where these namespaces are unavailable unless the user passes
+`--allow-unsandboxed-code` (`SandboxLimits.allow_unsandboxed`).
 Also guaranteed (on Linux):
   - wall-clock timeout, then SIGKILL of the program, its PID namespace and every descendant;
   - resource limits with soft = hard (the program cannot raise them): address space (memory
@@ -49,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -192,7 +194,7 @@ def unavailable_message() -> str:
              "and write whatever you can). `portachat doctor` shows the isolation this machine gives.")
 
 
-def _as_user(uid: int | None, gid: int | None):
+def _as_user(uid: int | None, gid: int | None) -> Callable[[], None] | None:
     """A preexec_fn that switches to (uid, gid) between fork and exec; None when there is nothing to switch."""
     if uid is None:
         return None
