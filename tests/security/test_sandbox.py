@@ -135,12 +135,29 @@ def guard_processes() -> list[int]:
     return found
 
 
-def run_evaluator(programs: dict, home: Path, as_nobody: bool) -> dict:
+def readable_package(directory: Path) -> Path:
+    """The stdlib-only modules the evaluator needs, copied where `nobody` can read them (a checkout
+    under /root, as CI's may be, is not)."""
+    pkg = REPO / "portachat"
+    files = ["__init__.py", "eval/__init__.py", "eval/sandbox.py", "eval/_sandbox_guard.py",
+             "eval/_sandbox_supervisor.py", *[str(f.relative_to(pkg)) for f in (pkg / "i18n").rglob("*")
+                                               if f.is_file() and "__pycache__" not in f.parts]]
+    for name in files:
+        target = directory / "portachat" / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(pkg / name, target)
+    for path in [directory, *directory.rglob("*")]:
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
+    return directory
+
+
+def run_evaluator(programs: dict, home: Path, as_nobody: bool, tmp: Path) -> dict:
     env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "PYTHONPATH": str(REPO), "LANG": "C.UTF-8"}
     python, preexec = sys.executable, None
     if as_nobody:
         uid, gid = nobody_ids()
         python = sandbox.sandbox_python(uid, gid)
+        env["PYTHONPATH"] = str(readable_package(tmp))
 
         def preexec() -> None:
             os.setgroups([])
@@ -192,7 +209,12 @@ def test_hostile_programs_are_contained(evaluator, fake_home):
         while listener.connections == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert listener.connections == 1
-        results = run_evaluator(hostile_programs(fake_home, sleeper.pid, listener.port), fake_home, as_nobody)
+        package = Path(tempfile.mkdtemp(prefix="portachat-test-package-"))
+        try:
+            results = run_evaluator(hostile_programs(fake_home, sleeper.pid, listener.port), fake_home, as_nobody,
+                                    package)
+        finally:
+            shutil.rmtree(package, ignore_errors=True)
         time.sleep(0.3)  # a connection attempt that got through would have been accepted by now
         assert listener.connections == 1
         assert sleeper.poll() is None, "a sandboxed program killed a host process"
