@@ -56,7 +56,9 @@ fi
 if ! command -v bwrap >/dev/null 2>&1; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
     echo "[setup] installing bubblewrap (the code sandbox)"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap >/dev/null \
+    # (a fresh container has no package lists yet: update only when the install needs it)
+    { DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap \
+      || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap; }; } >/dev/null 2>&1 \
       || echo "[setup] could not install bubblewrap; run: apt-get install bubblewrap" >&2
   else
     echo "[setup] bubblewrap (bwrap) is missing: HumanEval needs it for its sandbox; install it (apt-get install bubblewrap)" >&2
