@@ -8,6 +8,7 @@ import ipaddress
 import os
 import shutil
 import signal
+import socket
 import stat
 import sys
 import time
@@ -90,3 +91,25 @@ def test_the_rendezvous_store_is_a_private_file(tmp_path):
     os.chmod(shared, 0o755)
     with pytest.raises(DeviceError, match="0700"):
         private_store(2, str(shared))
+
+
+def test_worker_groups_pin_the_backend_to_loopback(monkeypatch):
+    """gloo binds the address the host name resolves to (a LAN one on many machines) unless told an
+    interface: a worker group names the loopback one."""
+    import torch.distributed as dist
+
+    from portachat.device import get_device
+    from portachat.device.dist import DistEnv, init_distributed, loopback_interface
+
+    dev = get_device(kind="cpu")
+    assert dev.dist_backend == "gloo"
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    calls = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group",
+                        lambda **kw: calls.append((kw, os.environ.get("GLOO_SOCKET_IFNAME"))))
+    store = object()
+    init_distributed(dev, env=DistEnv(0, 0, 2, 2), store=store, loopback=True)
+    ((kwargs, interface),) = calls
+    assert kwargs["store"] is store and interface == loopback_interface()
+    assert interface in [name for _i, name in socket.if_nameindex()]
