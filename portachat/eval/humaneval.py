@@ -19,7 +19,7 @@ from pathlib import Path
 from portachat.eval.data_files import EvalDataError, read_rows
 from portachat.eval.generation import MARKERS, CompleteFn
 from portachat.eval.report import EvalResult
-from portachat.eval.sandbox import SandboxLimits, SandboxResult, run_program
+from portachat.eval.sandbox import SandboxLimits, SandboxResult, require_isolation, run_program
 
 MAX_TOKENS = 384
 FIELDS = ("task_id", "prompt", "canonical_solution", "test", "entry_point")
@@ -109,7 +109,10 @@ def evaluate_humaneval(
     workers: int | None = None,
     batch_size: int = 16,
 ) -> EvalResult:
-    """pass@1 with greedy completions."""
+    """pass@1 with greedy completions. Raises SandboxUnavailable before generating anything when the
+    programs could not run confined and `limits.allow_unsandboxed` is off."""
+    limits = limits or SandboxLimits()
+    require_isolation(limits)
     problems = list(problems)
     replies: list[str] = []
     for i in range(0, len(problems), batch_size):

@@ -18,6 +18,8 @@ import torch
 
 from portachat.eval.data_files import EvalDataError, default_data_path, resolve_data
 from portachat.eval.report import EvalResult
+from portachat.eval.sandbox import SandboxLimits, SandboxUnavailable, require_isolation
+from portachat.i18n import _
 
 TASKS = ("bpb", "synthetic", "gsm8k", "arc", "mmlu", "ceval", "cmmlu", "humaneval")
 CHOICES = (*TASKS, "core", "all")
@@ -38,6 +40,7 @@ class EvalOptions:
     quantize: str | None = None  # "int8" / "int4" weight-only, as the device layer plans it
     shots: int = 5  # C-Eval / CMMLU examples from the dev split before each question
     tensor_parallel_size: int = 1  # generative tasks only: the engine over N worker processes
+    allow_unsandboxed_code: bool = False  # HumanEval where the sandbox has no namespaces (--allow-unsandboxed-code)
 
 
 FORWARD_TASKS = ("bpb", "arc", "mmlu")  # scored from the model's own forward, on one device
@@ -119,6 +122,8 @@ def run_evals(opts: EvalOptions, log: Callable[[str], None] = print) -> list[Eva
             else:
                 log(f"[eval] {task}: skipped, no data at {path} (`portachat eval {task}` downloads it when online, "
                     "or pass --data)")
+    if "humaneval" in data and not _sandbox_ready(opts, single, log):
+        del data["humaneval"]
     if opts.tensor_parallel_size > 1:
         return _run_tensor_parallel(opts, tasks, data, log)
     loaded = load_for_inference(opts.model, device=opts.device, dtype=opts.dtype)
@@ -141,6 +146,19 @@ def run_evals(opts: EvalOptions, log: Callable[[str], None] = print) -> list[Eva
 
         results.append(core_score(results))
     return results
+
+
+def _sandbox_ready(opts: EvalOptions, single: bool, log: Callable[[str], None]) -> bool:
+    """Before loading the model: can HumanEval's programs run here? Alone it fails with the reason,
+    within `all` it is skipped with it."""
+    try:
+        require_isolation(SandboxLimits(allow_unsandboxed=opts.allow_unsandboxed_code))
+    except SandboxUnavailable as exc:
+        if single:
+            raise
+        log(_("[eval] humaneval: skipped: {reason}").format(reason=exc))
+        return False
+    return True
 
 
 def _run_tensor_parallel(opts: EvalOptions, tasks: list[str], data: dict[str, Path | None],
@@ -207,4 +225,5 @@ def _run_one(task: str, data: Path | None, model, tokenizer, complete, opts: Eva
         return evaluate_chinese_mc(read_chinese_mc(task, data, opts.limit), model, tokenizer, shots=opts.shots)
     from portachat.eval.humaneval import evaluate_humaneval, read_humaneval
 
-    return evaluate_humaneval(complete, read_humaneval(data, opts.limit), workers=opts.workers, **kw)
+    return evaluate_humaneval(complete, read_humaneval(data, opts.limit), workers=opts.workers,
+                              limits=SandboxLimits(allow_unsandboxed=opts.allow_unsandboxed_code), **kw)

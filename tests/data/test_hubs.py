@@ -181,7 +181,7 @@ def test_models_for_serve_and_init_come_from_either_hub(online, monkeypatch, tin
 
 
 def test_doctor_says_which_hub_answers_and_what_to_set(online, monkeypatch, tmp_path):
-    from portachat.device.doctor import run_doctor
+    from portachat.speedrun.doctor import run_doctor
 
     with FakeHF({}) as hf, FakeModelScope({}) as ms:
         monkeypatch.setenv("MODELSCOPE_ENDPOINT", ms.url)

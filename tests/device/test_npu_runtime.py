@@ -13,13 +13,13 @@ import torch
 from device_sim import ascend, h100
 
 from portachat.device import Device, DeviceError, dist, get_device, init_distributed
-from portachat.device.doctor import format_report
 from portachat.device.policy import (
     decide_attention,
     decide_dist_timeout,
     npu_env_defaults,
     npu_fusion_supported,
 )
+from portachat.speedrun.doctor import format_report
 
 A2_A3 = ["Ascend910B1", "Ascend910B3", "Ascend910B4", "Ascend910_9392", "Ascend910_9382", "910B3"]
 FIRST_GEN = ["Ascend910A", "Ascend910ProA", "Ascend910PremiumA", "Ascend910ProB", "Ascend310P3"]

@@ -14,7 +14,7 @@ import pytest
 
 from portachat.cli import build_parser, main
 from portachat.device import reset_device_cache
-from portachat.device.doctor import run_doctor
+from portachat.speedrun.doctor import run_doctor
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCALE_VARS = ("PORTACHAT_LANG", "LANGUAGE", "LC_ALL", "LC_MESSAGES", "LANG")

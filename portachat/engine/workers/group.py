@@ -1,6 +1,7 @@
 """Starting, watching and stopping the tensor-parallel worker processes (rank 0 is the caller).
 
-The command's own process is rank 0: it hosts the rendezvous store, keeps the scheduler and the API,
+The command's own process is rank 0: it makes the rendezvous store (a file store in a 0700 directory:
+nothing listens on the network; the backend's sockets are bound to loopback), keeps the scheduler and the API,
 and holds shard 0. Ranks 1..N-1 are `python -m portachat.engine.workers.worker` processes, placed on
 device index = rank through the device layer (LOCAL_RANK), so the vendors' visible-devices variables
 apply as the device layer reads them. A thread polls the workers: one that exits while
@@ -18,16 +19,22 @@ import atexit
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
 
 from portachat.device import Device
-from portachat.device.dist import DistEnv, destroy_distributed, init_distributed, shard_device_index
+from portachat.device.dist import (
+    DistEnv,
+    destroy_distributed,
+    init_distributed,
+    private_store,
+    shard_device_index,
+)
 
 POLL_S = 0.2
 STOP_TIMEOUT_S = 10.0
@@ -76,6 +83,7 @@ class WorkerGroup:
         self.closing = False
         self.runners: list = []
         self.groups: list | None = None  # each replica's process group (None: one replica, the default group)
+        self.store_dir: str | None = None  # the rendezvous store's private directory, removed with the workers
         self._lock = threading.Lock()
         self._watch = threading.Thread(target=self._monitor, name="portachat-tp-monitor", daemon=True)
         self._watch.start()
@@ -134,6 +142,8 @@ class WorkerGroup:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        if self.store_dir is not None:
+            shutil.rmtree(self.store_dir, ignore_errors=True)
 
     def close(self, *runners) -> None:
         """Stop the workers: through the step protocol when they are healthy (`runners`: rank 0's
@@ -165,7 +175,6 @@ def start_workers(options, device: Device, on_failure: Callable[[str], None] | N
     """Start ranks 1..N-1 for `options` (a LoadOptions with tensor_parallel_size N) and join the
     process group as rank 0. The workers load their shards while the caller loads its own."""
     import torch
-    import torch.distributed as dist
 
     tp, dp = options.tensor_parallel_size, options.data_parallel_size
     devices = tp * dp
@@ -177,8 +186,8 @@ def start_workers(options, device: Device, on_failure: Callable[[str], None] | N
         raise WorkerFailure(f"{device.kind} has no collective backend: tensor parallelism needs one "
                             f"({device.dist_reason})")  # fmt: skip
     world = 1 + dp * (tp - 1)  # rank 0 holds shard 0 of every replica
-    store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=timeout_s))
+    # No TCPStore: it listens on every interface whatever address it is given, unauthenticated.
+    store, store_dir = private_store(world, timeout_s=timeout_s)
     # Ranks share the host's cores: without a user setting, each shard takes its part of them.
     threads = max(1, (os.cpu_count() or 1) // devices)
     env = {**os.environ}
@@ -190,15 +199,17 @@ def start_workers(options, device: Device, on_failure: Callable[[str], None] | N
     for rank in range(1, world):
         local_rank = shard_device_index(*worker_place(rank, tp), tp)
         env_r = {**env, "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world),
-                 "LOCAL_WORLD_SIZE": str(devices), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port),
+                 "LOCAL_WORLD_SIZE": str(devices), "PORTACHAT_TP_STORE": store_dir,
                  "PORTACHAT_TP_PARENT": str(os.getpid())}  # fmt: skip
         procs.append(subprocess.Popen([sys.executable, "-m", "portachat.engine.workers.worker", payload],
                                       env=env_r, stdin=subprocess.DEVNULL))  # fmt: skip
     places = [worker_place(rank, tp) for rank in range(1, world)]
     names = [f"rank {r}" if dp == 1 else f"rank {r} of replica {i}" for i, r in places]
     group = WorkerGroup(procs, on_failure, names)
+    group.store_dir = store_dir
     try:
-        init_distributed(device, timeout_s, env=DistEnv(0, 0, world, devices), store=store, bind_device=dp == 1)  # fmt: skip
+        init_distributed(device, timeout_s, env=DistEnv(0, 0, world, devices), store=store, bind_device=dp == 1,
+                         loopback=True)  # fmt: skip
         group.groups = replica_groups(tp, dp)
     except BaseException:
         group.kill()

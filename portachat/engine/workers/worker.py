@@ -30,12 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     parent = int(os.environ.get("PORTACHAT_TP_PARENT", os.getppid()))
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
 
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
     from portachat.device import get_device
-    from portachat.device.dist import destroy_distributed, dist_env, init_distributed
+    from portachat.device.dist import destroy_distributed, dist_env, init_distributed, private_store
     from portachat.engine.loading import LoadOptions
     from portachat.engine.workers.group import replica_groups, worker_place
     from portachat.engine.workers.load import load_shard
@@ -43,12 +39,11 @@ def main(argv: list[str] | None = None) -> int:
 
     options = LoadOptions(**json.loads(argv[0]))
     device = get_device(kind=options.device, dtype=None, compile=False)
-    # The rendezvous store lives in rank 0 (the server); connect to it as a client.
+    # The rendezvous store rank 0 made: a file in its private directory (nothing listens on the network).
     env = dist_env()
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), env.world_size,
-                          is_master=False, timeout=timedelta(seconds=STORE_TIMEOUT_S))  # fmt: skip
+    store, _dir = private_store(env.world_size, os.environ["PORTACHAT_TP_STORE"], STORE_TIMEOUT_S)
     tp, dp = options.tensor_parallel_size, options.data_parallel_size
-    init_distributed(device, env=env, store=store, bind_device=dp == 1)
+    init_distributed(device, env=env, store=store, bind_device=dp == 1, loopback=True)
     replica, rank = worker_place(env.rank, tp)
     groups = replica_groups(tp, dp)
     loaded = load_shard(options, device, rank, tp, None if groups is None else groups[replica])

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from portachat.device import reset_device_cache
-from portachat.device.doctor import collect_report, format_report, run_doctor
+from portachat.speedrun.doctor import collect_report, format_report, run_doctor
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -82,7 +82,7 @@ def test_calibrate_caches_a_calibrated_peak(monkeypatch, tmp_path):
 
 
 def test_exit_code_in_a_fresh_process(tmp_path):
-    code = "import sys; from portachat.device.doctor import run_doctor; sys.exit(run_doctor(as_json=True))"
+    code = "import sys; from portachat.speedrun.doctor import run_doctor; sys.exit(run_doctor(as_json=True))"
     env = {"PORTACHAT_HOME": str(tmp_path), "PORTACHAT_DTYPE": "bf17", "PATH": "/usr/bin:/bin"}
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sys
 import time
 from typing import TextIO
@@ -24,6 +25,7 @@ from portachat.device import (
 )
 from portachat.device.flops import cached_peak, save_calibration, table_peak
 from portachat.device.health import Check, device_health, environment_checks, versions, visible_env
+from portachat.eval.sandbox import available_isolation
 from portachat.i18n import N_, _, gettext
 from portachat.i18n.width import display_width, ljust
 
@@ -167,6 +169,7 @@ def collect_report(calibrate: bool = False) -> dict:
                 )
         report["probes"] = probes
     report["hubs"] = _hubs(checks)
+    report["sandbox"] = _sandbox(checks)
     report["checks"] = [c.to_dict() for c in checks]
     report["ok"] = not any(not c.ok and c.severity == "error" for c in checks)
     return report
@@ -187,6 +190,30 @@ def _hubs(checks: list[Check]) -> dict:
     checks.append(Check("model hubs", not advice, "info" if not advice else "warning", message,
                         "; ".join(advice) or None))
     return {"offline": False, "probes": [p.to_dict() for p in probes], "advice": advice}
+
+
+def _sandbox(checks: list[Check]) -> str:
+    """Which isolation model-written code gets here (bubblewrap or none): a warning, not an error, as
+    only `portachat eval humaneval` needs it."""
+    try:
+        kind = available_isolation()
+    except RuntimeError as exc:  # e.g. no `nobody` user for a root evaluator to switch to
+        checks.append(Check(N_("code sandbox"), False, "warning", str(exc), None))
+        return "none"
+    if kind == "bubblewrap":
+        checks.append(Check(N_("code sandbox"), True, "info", _(
+            "bubblewrap: model-written code runs in new user, mount, PID and network namespaces")))
+    else:
+        if shutil.which("bwrap") is None:
+            fix = _("install bubblewrap: `apt-get install bubblewrap` (or `dnf install bubblewrap`)")
+        else:
+            fix = _("bubblewrap is installed but cannot create user namespaces here: allow unprivileged ones "
+                    "(sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0; in a container, "
+                    "its seccomp or AppArmor profile must allow them)")
+        checks.append(Check(N_("code sandbox"), False, "warning", _(
+            "none: no namespaces for model-written code here, so `portachat eval humaneval` refuses to run it "
+            "unless given --allow-unsandboxed-code"), fix))
+    return kind
 
 
 def _decisions(dev: Device) -> dict:
