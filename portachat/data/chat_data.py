@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from portachat.data.sources import DataError
+from portachat.data.document_source import DataError
 from portachat.i18n import _
 from portachat.tokenizer.chat import normalize_messages
 from portachat.tokenizer.errors import ChatFormatError
@@ -195,7 +195,7 @@ def load_conversations(specs: Sequence[str | Path], limit: int | None = None) ->
 
 def synthetic_heldout(n: int) -> list[Conversation]:
     """The held-out questions `portachat eval synthetic` asks (distinct, never trained on), as conversations."""
-    from portachat.data.synthetic_tasks import heldout_set
+    from portachat.data.synthetic.tasks import heldout_set
 
     return [{"messages": ex.messages, "answer": ex.answer, "task": ex.task, "lang": ex.lang} for ex in heldout_set(n)]
 
@@ -206,7 +206,7 @@ def synthetic_conversations(n: int, split: str = "train", seed: int | str = 0,
     tasks drawn by `weights` (None: the curriculum's default mix), in English and Chinese; with
     probability `mixed_turns` a conversation has an earlier turn in the other language (the answer
     and task are the last turn's)."""
-    from portachat.data.synthetic_tasks import dialogues
+    from portachat.data.synthetic.tasks import dialogues
 
     return [{"messages": [m for ex in turns for m in ex.messages], "answer": turns[-1].answer,
              "task": turns[-1].task, "lang": turns[-1].lang}

@@ -21,7 +21,8 @@ from pathlib import Path
 from huggingface_hub import HfApi, hf_hub_download
 from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
-from portachat.data.sources import DataError, read_parquet_metadata
+from portachat.data.document_source import DataError
+from portachat.data.sources import read_parquet_metadata
 from portachat.storage import hubs
 
 FINEWEB_EDU_REPO = "karpathy/fineweb-edu-100b-shuffle"  # nanochat's pretraining shards (shard_NNNNN.parquet)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from portachat.data.synthetic_tasks import extract_answer, final_segment
+from portachat.data.synthetic.tasks import extract_answer, final_segment
 from portachat.eval.data_files import EvalDataError, read_rows
 from portachat.eval.generation import CompleteFn
 from portachat.eval.report import EvalResult

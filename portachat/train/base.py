@@ -19,8 +19,9 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from portachat.checkpoint import CheckpointError, latest_checkpoint, resolve_model_path, stage_dir
 from portachat.checkpoint.replicate import checkpoint_from_rank0
+from portachat.data.document_source import DocumentSource
 from portachat.data.loader import PackedLoader, iter_val_batches
-from portachat.data.sources import DocumentSource, open_source
+from portachat.data.sources import open_source
 from portachat.device import Device, DistEnv, get_device, init_distributed
 from portachat.eval.bpb import unigram_bpb
 from portachat.i18n import _

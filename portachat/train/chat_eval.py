@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from portachat.data.synthetic_tasks import extract_answer, final_segment, normalize_answer
+from portachat.data.synthetic.tasks import extract_answer, final_segment, normalize_answer
 from portachat.device import Device
 from portachat.model import GPT
 from portachat.tokenizer import Tokenizer, render_for_completion

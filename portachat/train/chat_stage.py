@@ -23,7 +23,7 @@ from portachat.data.chat_data import (
     synthetic_heldout,
 )
 from portachat.data.chat_loader import ChatLoader, iter_chat_val_batches
-from portachat.data.synthetic_tasks import MIXED_TURNS
+from portachat.data.synthetic.tasks import MIXED_TURNS
 from portachat.device import Device, DistEnv, get_device, init_distributed
 from portachat.i18n import _
 from portachat.model import GPT

@@ -13,8 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from portachat.data.chat_data import load_conversations
+from portachat.data.document_source import DataError
 from portachat.data.hub import download_shards
-from portachat.data.sources import DataError, open_source
+from portachat.data.sources import open_source
 from portachat.eval.chinese_mc import read_chinese_mc
 from portachat.eval.data_files import EvalDataError, resolve_data
 from portachat.storage import hubs

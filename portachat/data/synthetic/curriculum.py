@@ -1,13 +1,13 @@
 """The built-in synthetic curriculum: generated text with verifiable answers, so training runs with no data.
 
 Every task is a generator `rng -> Example` (a question, its answer, and the same fact as a plain
-statement). Pretraining documents are rendered from examples with varied templates; later stages can
+statement). Pretraining documents are rendered from examples with varied templates (documents.py); later stages can
 render the same examples as conversations (`synthetic_examples`) and check a model's answers
 against `Example.answer`.
 
 Tasks: arithmetic (symbols and words, multi-step, word problems), counting (letters, items),
 spelling, comparisons, and simple facts from a small built-in table, in English here and in Chinese
-in synthetic_zh.py; documents are about half Chinese (`ZH_FRACTION`), a few mixing both languages.
+in zh.py; documents are about half Chinese (`ZH_FRACTION`), a few mixing both languages.
 Everything is deterministic in the seed (Python's `random.Random`, seeded with a string, is stable
 across platforms/versions).
 """
@@ -16,33 +16,14 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from portachat.data.sources import DocumentSource, _check_split_args, _split_range
-
-
-@dataclass(frozen=True)
-class Example:
-    task: str
-    question: str
-    answer: str
-    statement: str  # the question and answer as one declarative sentence
-    lang: str = "en"  # "en" or "zh" (synthetic_zh.py's generators)
-
+from portachat.data.synthetic.common import WORDS, Example
+from portachat.data.synthetic.zh import TASKS_ZH
 
 # ----------------------------------------------------------------------------------------------
 # small built-in tables
 
-WORDS = (
-    "apple banana cherry grape lemon mango orange peach pear plum melon berry bread butter cheese "
-    "water milk honey sugar salt pepper rice pasta soup cake cookie candy table chair window door house "
-    "garden flower tree river mountain ocean island forest desert cloud rain snow storm thunder sun moon "
-    "star planet rocket engine train plane boat bicycle wheel road bridge city village school teacher "
-    "student book paper pencil letter number circle square triangle music piano guitar drum song dance "
-    "kitten puppy rabbit turtle monkey tiger zebra giraffe elephant dolphin penguin parrot spider bottle "
-    "basket blanket pillow mirror button pocket jacket shoe sock hat glove yellow purple silver golden "
-    "happy little quick bright quiet gentle simple strong"
-).split()
 
 CAPITALS = {
     "France": "Paris", "Japan": "Tokyo", "Italy": "Rome", "Spain": "Madrid", "Germany": "Berlin",
@@ -237,8 +218,6 @@ def _task_table(lang: str) -> dict[str, Callable[[random.Random], Example]]:
     if lang == "en":
         return TASKS
     if lang == "zh":
-        from portachat.data.synthetic_zh import TASKS_ZH  # synthetic_zh imports this module
-
         return TASKS_ZH
     raise ValueError(f"lang must be 'en' or 'zh', got {lang!r}")
 
@@ -275,76 +254,3 @@ _QA_TEMPLATES = (
     "{q} {a}.",
     "{q}\nThe answer is {a}.",
 )
-
-
-def render_document(examples: list[Example], rng: random.Random) -> str:
-    """One pretraining document: the examples as statements or Q/A lines, in a varied style (the
-    same style in either language: "Question: ... Answer: ..." next to "问题：... 答案：...")."""
-    from portachat.data.synthetic_zh import QA_TEMPLATES_ZH
-
-    style = rng.randrange(len(_QA_TEMPLATES) + 1)  # the extra style: plain statements
-    lines = [
-        ex.statement if style == len(_QA_TEMPLATES) else
-        (QA_TEMPLATES_ZH if ex.lang == "zh" else _QA_TEMPLATES)[style].format(q=ex.question, a=ex.answer)
-        for ex in examples
-    ]
-    return "\n".join(lines)
-
-
-def _not_heldout(example: Example) -> bool:
-    """False for a question the chat curriculum holds out (pretraining must never show it)."""
-    from portachat.data.synthetic_tasks import question_key, split_of  # that module imports this one
-
-    key = question_key(example.question)
-    return key is None or split_of(key) != "heldout"
-
-
-ZH_FRACTION = 0.5  # the share of Chinese documents (and of Chinese examples in mixed ones)
-MIXED_DOCS = 0.1  # the share of documents that mix both languages, example by example
-
-
-def synthetic_documents(n: int, seed: int | str = 0, zh_fraction: float = ZH_FRACTION) -> list[str]:
-    """n pretraining documents of 1-6 examples each, deterministic in `seed`: Chinese with
-    probability `zh_fraction`, else English, and a few mixing both; questions of the chat
-    curriculum's held-out split (in either language) are left out."""
-    if not 0.0 <= zh_fraction <= 1.0:
-        raise ValueError(f"zh_fraction must be between 0 and 1, got {zh_fraction}")
-    rng = random.Random(f"portachat-synthetic-docs:{seed}")
-    names = tuple(TASKS)
-    docs = []
-    for _ in range(n):
-        mixed = rng.random() < MIXED_DOCS
-        doc_lang = "zh" if rng.random() < zh_fraction else "en"
-        langs = [("zh" if rng.random() < zh_fraction else "en") if mixed else doc_lang
-                 for _ in range(rng.randint(1, 6))]
-        examples = [_draw(rng, rng.choice(names), lang) for lang in langs]
-        examples = [ex for ex in examples if _not_heldout(ex)] or [_draw(rng, "facts", doc_lang)]
-        docs.append(render_document(examples, rng))
-    return docs
-
-
-class SyntheticSource(DocumentSource):
-    """The curriculum as a document source: `num_units` units of `docs_per_unit` documents each,
-    generated on demand from (seed, unit) so memory stays small. The last `val_fraction` of units
-    is the val split."""
-
-    def __init__(self, split: str = "train", val_fraction: float = 0.05, num_units: int = 2000,
-                 docs_per_unit: int = 64, seed: int = 0):
-        _check_split_args(split, val_fraction)
-        self._unit_ids = _split_range(num_units, split, val_fraction, "synthetic")
-        self.num_units = len(self._unit_ids)
-        self.docs_per_unit = docs_per_unit
-        self.seed = seed
-        self.name = f"synthetic(seed={seed}) [{split}]"
-
-    def read_unit(self, u: int) -> list[str]:
-        """Half plain curriculum documents, half the chat tasks in their own phrasing (tool calls
-        included), so pretraining already speaks the language the chat stages are taught in."""
-        from portachat.data.synthetic_tasks import task_documents
-
-        self._check_unit(u)
-        seed = f"{self.seed}:{self._unit_ids[u]}"
-        half = self.docs_per_unit // 2
-        plain = synthetic_documents(self.docs_per_unit - half, seed=seed)
-        tasks = task_documents(half, seed=seed)
-        return [doc for pair in zip(plain, tasks, strict=False) for doc in pair] + plain[len(tasks):]

@@ -39,19 +39,17 @@ arithmetic over integers, and `'word'.count('letter')`.
 
 from __future__ import annotations
 
-import hashlib
 import random
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from portachat.data.sources import DocumentSource, _check_split_args, _split_range
-from portachat.data.synthetic import WORDS
-from portachat.data.synthetic_zh import ZH_OTHER_CHARS, ZH_WORDS
+from portachat.data.synthetic.common import WORDS
+from portachat.data.synthetic.heldout import split_of
+from portachat.data.synthetic.zh import ZH_OTHER_CHARS, ZH_WORDS
 
 SPLITS = ("train", "heldout")
-HELDOUT_PER_MILLE = 100  # ~10% of questions are held out
 ANSWER_PREFIX = "The answer is "
 ANSWER_PREFIXES = {"en": ANSWER_PREFIX, "zh": "答案："}
 LANGS = ("en", "zh")
@@ -131,12 +129,6 @@ class TaskExample:
         """JSON-ready: a `messages` conversation plus what a verifier needs."""
         return {"task": self.task, "lang": self.lang, "question": self.question, "answer": self.answer,
                 "messages": self.messages}
-
-
-def split_of(key: str) -> str:
-    """'heldout' for ~10% of keys, else 'train'; a pure function of the key."""
-    h = int.from_bytes(hashlib.sha256(f"portachat-task:{key}".encode()).digest()[:8], "big")
-    return "heldout" if h % 1000 < HELDOUT_PER_MILLE else "train"
 
 
 def _text(text: str) -> dict[str, str]:
@@ -442,101 +434,3 @@ def conversations(
     """n conversations `{"messages": [...]}` for SFT / mid-training."""
     return [{"messages": [m for ex in turns for m in ex.messages]}
             for turns in dialogues(n, split, seed, tasks, weights, zh_fraction, mixed_turns)]
-
-
-_ZH_OPS = {"加": "+", "减": "-", "乘以": "*", "plus": "+", "minus": "-", "times": "*"}
-
-
-def question_key(question: str) -> str | None:
-    """The canonical key of a question in any of the curriculum's phrasings, English or Chinese (None
-    if it is none of them), so other generators - e.g. the base pretraining documents of synthetic.py,
-    which ask some of the same questions - can leave out held-out ones: `split_of(key) == "heldout"`."""
-    q = question.strip()
-    if m := re.fullmatch(r"(?:What is|Calculate) (\d+) ?([+\-*]) ?(\d+)[?.]|(\d+) ?([+\-*]) ?(\d+)等于多少？"
-                         r"|计算(\d+)([+\-*])(\d+)。", q):
-        a, op, b = (x for x in m.groups() if x is not None)
-        return f"calc:{int(a)}{op}{int(b)}"
-    if m := re.fullmatch(r"What is (\d+) (plus|minus|times) (\d+)\?|(\d+)(加|减|乘以)(\d+)等于多少？", q):
-        a, op, b = (x for x in m.groups() if x is not None)
-        return f"calc:{int(a)}{_ZH_OPS[op]}{int(b)}"
-    if m := re.fullmatch(r"What is (\d+) \+ (\d+) without the calculator\?|Without the calculator, what is (\d+) \+ (\d+)\?"
-                         r"|Add (\d+) and (\d+) in your head\.|不用计算器，(\d+)\+(\d+)等于多少？|心算(\d+)加(\d+)。"
-                         r"|(\d+) \+ (\d+)等于多少？请心算。", q):
-        a, b = (int(x) for x in m.groups() if x is not None)
-        return f"mental:{a}+{b}"
-    if m := re.fullmatch(r"How many times does the letter (\w) appear in (\w+)\?|How many (\w)'s are in (\w+)\?"
-                         r"|Count the letter (\w) in (\w+)\.", q):
-        letter, word = (x for x in m.groups() if x is not None)
-        return f"count:{word}:{letter}"
-    if m := re.fullmatch(r"([a-z]+)里有几个([a-z])？|单词([a-z]+)中字母([a-z])出现了几次？|数一数([a-z]+)里的字母([a-z])。"
-                         r"|“(\w+)”里有几个“(\w)”字？|“(\w+)”中“(\w)”字出现了几次？", q):
-        word, letter = (x for x in m.groups() if x is not None)
-        return f"count:{word}:{letter}"
-    if m := re.fullmatch(r"Which (?:number )?is (larger|smaller)[,:] (\d+) or (\d+)\?", q):
-        return f"compare:{m[1]}:{int(m[2])}:{int(m[3])}"
-    if m := re.fullmatch(r"(\d+)和(\d+)(?:哪个|，哪个数更)([大小])？", q):
-        return f"compare:{'larger' if m[3] == '大' else 'smaller'}:{int(m[1])}:{int(m[2])}"
-    if m := re.fullmatch(r"Is (\d+) (less|greater) than (\d+)\?", q):
-        return f"compare:{m[2]}:{int(m[1])}:{int(m[3])}"
-    if m := re.fullmatch(r"(\d+)比(\d+)([大小])吗？", q):
-        return f"compare:{'less' if m[3] == '小' else 'greater'}:{int(m[1])}:{int(m[2])}"
-    if m := re.fullmatch(r"Is (\d+) larger or smaller than (\d+)\?|(\d+)比(\d+)大还是小？", q):
-        a, b = (int(x) for x in m.groups() if x is not None)
-        return f"compare:relation:{a}:{b}"
-    if m := re.fullmatch(r"(?:How do you spell|Spell the word|Spell) (\w+)[?.]|([a-z]+)怎么拼写？|拼写单词([a-z]+)。"
-                         r"|([a-z]+)这个词怎么拼？", q):
-        return f"spell:{next(x for x in m.groups() if x is not None)}"
-    return None
-
-
-# ----------------------------------------------------------------------------------------------
-# pretraining documents in the same phrasing (train split only, so held-out questions stay unseen)
-
-
-def render_text(ex: TaskExample) -> str:
-    """The example as plain text: the question, the tool call written as `expr = output`, the answer."""
-    out = []
-    parts = ex.assistant
-    i = 0
-    while i < len(parts):
-        part = parts[i]
-        if part["type"] == "python":
-            result = parts[i + 1]["text"] if i + 1 < len(parts) and parts[i + 1]["type"] == "python_output" else ""
-            out.append(f"{part['text']} = {result}".strip())
-            i += 2 if result else 1
-            continue
-        out.append(part["text"])
-        i += 1
-    return f"{ex.question}\n" + " ".join(out)
-
-
-def task_documents(n: int, seed: int | str = 0, per_doc: tuple[int, int] = (1, 6),
-                   zh_fraction: float = ZH_FRACTION) -> list[str]:
-    """n pretraining documents, each `per_doc` train-split examples in chat phrasing, one per paragraph,
-    in both languages (mixed within a document)."""
-    rng = random.Random(f"portachat-task-docs:{seed}")
-    docs = []
-    for i in range(n):
-        k = rng.randint(*per_doc)
-        examples = task_examples(k, "train", f"doc:{seed}:{i}", zh_fraction=zh_fraction)
-        docs.append("\n\n".join(render_text(ex) for ex in examples))
-    return docs
-
-
-class TaskDocumentSource(DocumentSource):
-    """`task_documents` as a pretraining document source (like synthetic.SyntheticSource): `num_units`
-    units of `docs_per_unit` documents, generated on demand; the last `val_fraction` of units is val.
-    Every document holds train-split questions only."""
-
-    def __init__(self, split: str = "train", val_fraction: float = 0.05, num_units: int = 2000,
-                 docs_per_unit: int = 64, seed: int = 0):
-        _check_split_args(split, val_fraction)
-        self._unit_ids = _split_range(num_units, split, val_fraction, "synthetic tasks")
-        self.num_units = len(self._unit_ids)
-        self.docs_per_unit = docs_per_unit
-        self.seed = seed
-        self.name = f"synthetic-tasks(seed={seed}) [{split}]"
-
-    def read_unit(self, u: int) -> list[str]:
-        self._check_unit(u)
-        return task_documents(self.docs_per_unit, seed=f"{self.seed}:{self._unit_ids[u]}")

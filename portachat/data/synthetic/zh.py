@@ -2,7 +2,7 @@
 task generators of the pretraining documents.
 
 The English tables and generators live in synthetic.py; these are their Chinese counterparts (the
-same task families: arithmetic, counting, spelling, comparison, simple facts), and synthetic_tasks.py
+same task families: arithmetic, counting, spelling, comparison, simple facts), and tasks.py
 uses the tables for the Chinese phrasings of the chat tasks. Only common characters, so a small BPE
 vocabulary learns them.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from portachat.data.synthetic import WORDS, Example
+from portachat.data.synthetic.common import WORDS, Example
 
 # Words whose characters the curriculum counts: many repeat a character (妈妈, 高高兴兴) so that
 # `'妈妈'.count('妈')` answers vary beyond 1.
@@ -76,7 +76,7 @@ def number_to_chinese(n: int) -> str:
 # ----------------------------------------------------------------------------------------------
 # the Chinese task generators of the pretraining curriculum: rng -> Example, mirroring synthetic.py's
 # English ones. Where they ask a question the chat curriculum also asks, they use its phrasing, so
-# that `synthetic_tasks.question_key` recognises it and held-out questions stay out of pretraining.
+# that `heldout.question_key` recognises it and held-out questions stay out of pretraining.
 
 
 def arithmetic(rng: random.Random) -> Example:
