@@ -12,12 +12,13 @@ import torch
 
 from portachat.device import flops as flops_mod
 from portachat.device import memory as memory_mod
-from portachat.device.dist import dist_env
+from portachat.device.dist import apply_env_defaults, dist_env, env_status
 from portachat.device.errors import DeviceError
 from portachat.device.flops import PeakFlops
 from portachat.device.fused_attention import select_backend as select_attention_backend
 from portachat.device.memory import MemoryStats
 from portachat.device.policy import (
+    DIST_TIMEOUT_ENV,
     DTYPES,
     Decision,
     bf16_support,
@@ -25,9 +26,11 @@ from portachat.device.policy import (
     decide_attention,
     decide_collective,
     decide_compile,
+    decide_dist_timeout,
     decide_dtype,
     decide_fused_optimizer,
     fp8_support,
+    npu_env_defaults,
 )
 from portachat.device.probe import KINDS, TORCH_TYPE, ProbeResult, device_module, probe
 from portachat.device.telemetry import Telemetry, read_telemetry
@@ -57,6 +60,7 @@ class Device:
         dtype: str | None = None,
         compile: bool | None = None,
         attention: str | None = None,
+        dist_timeout: str | None = None,
     ) -> None:
         self.facts = facts
         self.kind: str = facts.kind
@@ -79,6 +83,7 @@ class Device:
             "attention": decide_attention(facts, attention),
             "collective": decide_collective(facts),
             "fused_optimizer": decide_fused_optimizer(facts),
+            "dist_timeout": decide_dist_timeout(dist_timeout),
         }
         d = self.decisions
         self.dtype_name: str = d["dtype"].value
@@ -99,6 +104,10 @@ class Device:
         self.dist_backend: str = d["collective"].value
         self.dist_reason: str = d["collective"].reason
         self.supports_distributed: bool = self.dist_backend != "none"
+        self.dist_timeout_s: float = float(d["dist_timeout"].value)
+        # Runtime settings the vendor's stack reads from the environment (Ascend: allocator, task queue,
+        # HCCL timeouts); get_device() and init_distributed() set those the user left unset.
+        self.env_defaults = npu_env_defaults(facts.kind, self.dist_timeout_s)
         self._cpu_peak_floor: int | None = None
 
     @property
@@ -295,6 +304,12 @@ class Device:
         return torch.bfloat16 if self.dtype == torch.bfloat16 and self.type != "cpu" else torch.float32
 
     @property
+    def accumulate_dtype(self) -> torch.dtype:
+        """dtype for float sums kept and all-reduced on this device: float64 on the CPU (exact), float32 on
+        accelerators (Ascend's AI cores and HCCL lack float64 for most ops, MPS has none). Counts use int64."""
+        return torch.float64 if self.type == "cpu" else torch.float32
+
+    @property
     def allocator_tracks_peaks(self) -> bool:
         """Whether the device's allocator reports a high-water mark (the CPU's does not: count tensors)."""
         return self.type != "cpu"
@@ -337,6 +352,9 @@ class Device:
             "dist_backend": self.dist_backend,
             "dist_reason": self.dist_reason,
             "supports_distributed": self.supports_distributed,
+            "dist_timeout_s": self.dist_timeout_s,
+            "dist_timeout_reason": self.decisions["dist_timeout"].reason,
+            "env_defaults": env_status(self.env_defaults),
             "capability": list(self.facts.capability) if self.facts.capability else None,
             "gcn_arch": self.facts.gcn_arch,
             "cpu": {
@@ -398,13 +416,17 @@ def get_device(kind: str | None = None, dtype: str | None = None, compile: bool 
     if compile is None:
         compile = _env_compile()
     attention = os.environ.get("PORTACHAT_ATTENTION") or None
+    dist_timeout = os.environ.get(DIST_TIMEOUT_ENV) or None
     local_rank = dist_env().local_rank
-    key = (kind, dtype, compile, attention, local_rank, replica)
+    key = (kind, dtype, compile, attention, dist_timeout, local_rank, replica)
     with _LOCK:
         if key not in _CACHE:
-            facts = probe(kind)
+            timeout_s = float(decide_dist_timeout(dist_timeout).value)
+            facts = probe(kind, lambda device_type: apply_env_defaults(npu_env_defaults(device_type, timeout_s)))
             index = device_index(local_rank, facts) if replica is None else replica_index(replica, facts)
-            _CACHE[key] = Device(facts, index=index, dtype=dtype, compile=compile, attention=attention)
+            _CACHE[key] = Device(facts, index=index, dtype=dtype, compile=compile, attention=attention,
+                                 dist_timeout=dist_timeout)
+            apply_env_defaults(_CACHE[key].env_defaults)  # before the first tensor reaches the device
         dev = _CACHE[key]
         select_attention_backend(dev.attention_backend)
         return dev

@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from portachat.device.errors import DeviceError
+from portachat.device.policy import EnvDefault
 from portachat.device.probe import device_module
 
 if TYPE_CHECKING:
@@ -15,6 +16,31 @@ if TYPE_CHECKING:
 
 # Backends whose init_process_group accepts device_id= (binds the rank to its device, eager NCCL init).
 DEVICE_ID_BACKENDS = ("nccl", "xccl")
+
+
+_SET_BY_US: set[str] = set()  # the variables apply_env_defaults() set (the rest were the user's)
+
+
+def apply_env_defaults(defaults: tuple[EnvDefault, ...], environ: dict[str, str] | None = None) -> list[dict]:
+    """Set each default the user has not set (before the runtime reads it: first device use, process-group
+    init); returns env_status()."""
+    environ = os.environ if environ is None else environ
+    for d in defaults:
+        if d.name not in environ:
+            environ[d.name] = d.value
+            _SET_BY_US.add(d.name)
+    return env_status(defaults, environ)
+
+
+def env_status(defaults: tuple[EnvDefault, ...], environ: dict[str, str] | None = None) -> list[dict]:
+    """Each default as it stands: the value in effect, and whether it is portachat's, the user's, or unset."""
+    environ = os.environ if environ is None else environ
+    status = []
+    for d in defaults:
+        value = environ.get(d.name)
+        source = "unset" if value is None else "portachat" if d.name in _SET_BY_US and value == d.value else "user"
+        status.append({"name": d.name, "value": value, "source": source, "default": d.value, "reason": d.reason})
+    return status
 
 
 @dataclass
@@ -65,9 +91,13 @@ def shard_device_index(replica: int, rank: int, tensor_parallel_size: int) -> in
     return replica * tensor_parallel_size + rank
 
 
-def init_distributed(dev: Device, timeout_s: float = 600, env: DistEnv | None = None, store=None,
+def init_distributed(dev: Device, timeout_s: float | None = None, env: DistEnv | None = None, store=None,
                      bind_device: bool = True) -> DistEnv:  # fmt: skip
     """Join the process group when WORLD_SIZE > 1 (idempotent); a no-op for a single process.
+
+    `timeout_s` None takes the device's collective timeout (PORTACHAT_DIST_TIMEOUT, default 2 h: long
+    enough for rank-0-only preparation); the device's runtime defaults (HCCL timeouts on Ascend) are
+    set before the group starts.
 
     `env` and `store` replace torchrun's environment for a process that starts its own group (the
     tensor-parallel server is rank 0 and hosts the rendezvous store its workers connect to).
@@ -85,6 +115,8 @@ def init_distributed(dev: Device, timeout_s: float = 600, env: DistEnv | None = 
             f"{dev.kind} runs a single process only (no collective backend), but WORLD_SIZE={env.world_size}. "
             "Run without torchrun, or set PORTACHAT_DEVICE=cpu to use gloo."
         )
+    apply_env_defaults(dev.env_defaults)
+    timeout_s = dev.dist_timeout_s if timeout_s is None else timeout_s
     kwargs: dict = {"backend": dev.dist_backend, "timeout": timedelta(seconds=timeout_s)}
     if store is not None:
         kwargs.update(store=store, rank=env.rank, world_size=env.world_size)

@@ -27,7 +27,7 @@ from portachat.device.health import Check, device_health, environment_checks, ve
 from portachat.i18n import N_, _, gettext
 from portachat.i18n.width import display_width, ljust
 
-DECISIONS = ("dtype", "compile", "attention", "collective", "fused_optimizer")
+DECISIONS = ("dtype", "compile", "attention", "collective", "fused_optimizer", "dist_timeout")
 
 
 def _matmul_tflops(dev: Device) -> float:
@@ -229,6 +229,11 @@ def format_report(report: dict) -> str:
         _("Decisions"),
         [(k, f"{str(v['value']):<22} {v['reason']}") for k, v in decisions.items()] or [("-", _("n/a"))],
     )
+    sources = {"portachat": _("portachat's default"), "user": _("set by you"), "unset": _("unset")}
+    runtime = [(e["name"], f"{e['value'] or '-':<26} {sources[e['source']]}: {e['reason']}")
+               for e in (dev or {}).get("env_defaults", [])]
+    if runtime:  # the vendor runtime's settings portachat sets unless you did (Ascend: allocator, HCCL timeouts)
+        section(_("Runtime environment"), runtime)
     section(
         _("Environment"),
         sorted(report["env"].items()) or [("-", _("no device-visibility or toolkit variables set"))],

@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -257,8 +258,11 @@ def _fill_device_facts(res: ProbeResult) -> None:
             res.bf16_reported = None
 
 
-def probe(kind: str | None = None) -> ProbeResult:
-    """Probe the machine. `kind` forces a device kind (raises DeviceError when it is not there)."""
+def probe(kind: str | None = None, before_device_init: Callable[[str], None] | None = None) -> ProbeResult:
+    """Probe the machine. `kind` forces a device kind (raises DeviceError when it is not there).
+
+    `before_device_init(device_type)` runs before the first query that initialises the device's runtime
+    (the caller sets runtime environment defaults there: torch_npu reads them once, at init)."""
     if kind is not None and kind not in KINDS:
         raise DeviceError(f"unknown device kind {kind!r}; valid kinds: {', '.join(KINDS)}")
     env = _env_snapshot()
@@ -315,6 +319,8 @@ def probe(kind: str | None = None) -> ProbeResult:
             raise DeviceError(f"device {kind!r} was requested but this is a {res.kind} machine ({res.name}).")
     elif device_type in ("npu", "xpu"):
         res.kind = device_type
+        if before_device_init is not None:
+            before_device_init(device_type)
         _fill_device_facts(res)
         if device_type == "npu" and hasattr(sys.modules.get("torch_npu"), "npu_fusion_attention"):
             res.attention_kernels = ("npu_fusion_attention",)

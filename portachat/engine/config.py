@@ -23,3 +23,4 @@ class EngineConfig:
     dtype: str | None = None  # weights + KV dtype: "fp32"/"bf16"/"fp16", "model" (keep), None = device policy
     kv_cache_dtype: str = "auto"  # KV storage: auto (fp32 on CPU, else the weights'), fp32, bf16, fp16, int8, fp8
     speculative: SpeculativeConfig | None = None  # speculative decoding (off by default)
+    grammar_cache_bytes: int = 256 * 2**20  # compiled structured-output grammars kept, LRU (serve: --grammar-cache-mb)

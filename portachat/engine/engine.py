@@ -240,7 +240,8 @@ class LLMEngine:
             if self._constraints is None:
                 from portachat.engine.structured.compile import Constraints
 
-                self._constraints = Constraints(self.tokenizer, self.model.config.vocab_size)
+                self._constraints = Constraints(self.tokenizer, self.model.config.vocab_size,
+                                                self.config.grammar_cache_bytes)
                 self._mask_thread = ThreadPoolExecutor(1, thread_name_prefix="portachat-masks")
 
     def compile_constraint(self, spec) -> None:

@@ -41,6 +41,7 @@ class LoadOptions:
     pooling: str | None = None  # embeddings: mean/last/cls/... (None: the model's sentence-transformers config, else mean)
     speculative: SpeculativeOptions | None = None  # speculative decoding; None = off
     tensor_parallel_size: int = 1  # ranks the model is split over (worker processes the loader starts)
+    grammar_cache_mb: int = 256  # compiled structured-output grammars kept (EngineConfig.grammar_cache_bytes)
 
 
 def generation_defaults(generation: Any) -> dict[str, Any]:
@@ -251,6 +252,7 @@ def _load_engine(options: LoadOptions, replica: int | None, group=None):
         compile=options.compile,
         enforce_eager=options.enforce_eager,
         dtype="model",  # load_for_inference already put the weights in the chosen dtype
+        grammar_cache_bytes=options.grammar_cache_mb * 2**20,
     )
     if options.max_num_batched_tokens is not None:
         config.max_num_batched_tokens = options.max_num_batched_tokens

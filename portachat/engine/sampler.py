@@ -127,7 +127,10 @@ def sample(
         return chosen.tolist(), None, None
     all_logprobs = torch.log_softmax(logits, dim=-1)
     logprobs = all_logprobs.gather(1, chosen[:, None]).squeeze(1)
-    both = torch.stack([chosen.to(torch.float64), logprobs.to(torch.float64)]).cpu()
+    # One copy to the host for ids and logprobs: the fp32 logprobs travel as their bits in int64 (no float64
+    # on the device: Ascend and MPS lack it), and come back exact.
+    bits = logprobs.float().view(torch.int32).to(torch.int64)
+    both = torch.stack([chosen.to(torch.int64), bits]).cpu()
     tops = None
     k = max(s.params.top_logprobs if s.params.logprobs else 0 for s in seqs)
     if k > 0:  # one topk over the batch at the largest k, cut per row
@@ -137,4 +140,4 @@ def sample(
         for i, s in enumerate(seqs):
             row_k = s.params.top_logprobs if s.params.logprobs else 0
             tops.append(list(zip(ids[i][:row_k], values[i][:row_k], strict=True)))
-    return [int(t) for t in both[0].tolist()], both[1].tolist(), tops
+    return both[0].tolist(), both[1].to(torch.int32).view(torch.float32).tolist(), tops

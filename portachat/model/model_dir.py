@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 from portachat.i18n import _
 from portachat.model import GPT, GPTConfig
 from portachat.model.hf import exportable, from_hf_config, generation_config, own_config_json, to_hf_config
-from portachat.storage.atomic import CheckpointError
+from portachat.storage.atomic import CheckpointError, recover_commit
 from portachat.tokenizer import Tokenizer
 from portachat.tokenizer.chat_tokenizer import TemplateChatTokenizer
 
@@ -97,6 +97,7 @@ def load_model_dir(path: str | Path, device: torch.device | str = "cpu") -> Load
     Inference over any source (HF directories of other families, GGUF files) is
     `portachat.model.load.load_for_inference`."""
     path = Path(path)
+    recover_commit(path)  # a save that crashed between its renames left the previous copy as .old-*
     for name in ("config.json", WEIGHTS, "tokenizer.json"):
         if not (path / name).is_file():
             raise CheckpointError(_("{path} is not a complete model directory: {name} is missing").format(

@@ -2,7 +2,9 @@
 
 Everything is written into a hidden temporary sibling directory, fsynced, then renamed into
 place. A crash, SIGKILL or full disk mid-write leaves only a `.tmp-*` directory that nothing
-points to (and that the next save cleans up).
+points to (and that the next save cleans up). Replacing an existing directory takes two renames
+(old aside to `.old-*`, new in); a crash between them leaves only `.old-*`, which the next commit
+or read of that directory puts back (`recover_commit`).
 """
 
 from __future__ import annotations
@@ -49,8 +51,29 @@ def disk_full_message(path: Path, exc: OSError) -> str:
     )
 
 
+def old_dir_for(final: Path) -> Path:
+    """Where commit_tmp moves the directory it replaces until the new one is in place."""
+    return final.parent / f".old-{final.name}"
+
+
+def recover_commit(final: Path) -> None:
+    """Undo what a crash inside commit_tmp left: `.old-X` without `X` is the previous checkpoint,
+    renamed back (the half-committed new one is dropped with its `.tmp-*`); `.old-X` beside `X`
+    is a leftover whose removal the crash cut short."""
+    final = Path(final)
+    old = old_dir_for(final)
+    if not old.is_dir():
+        return
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        return
+    os.rename(old, final)
+    _fsync_dir(final.parent)
+
+
 def prepare_tmp(final: Path) -> Path:
     """Create an empty temporary sibling of `final` to write a checkpoint into."""
+    recover_commit(final)
     tmp = tmp_dir_for(final)
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -61,10 +84,9 @@ def prepare_tmp(final: Path) -> Path:
 def commit_tmp(tmp: Path, final: Path) -> None:
     """fsync everything under `tmp`, then rename it to `final` (replacing an old `final` last)."""
     _fsync_tree(tmp)
+    recover_commit(final)
     if final.exists():
-        old = final.parent / f".old-{final.name}"
-        if old.exists():
-            shutil.rmtree(old)
+        old = old_dir_for(final)
         os.rename(final, old)
         os.rename(tmp, final)
         shutil.rmtree(old)

@@ -60,7 +60,7 @@ def answer_accuracy_evaluator(
             engines[id(model)] = RolloutEngine(model, tokenizer, dev, max_num_seqs=max(1, min(len(mine), 32)))
         replies = engines[id(model)].sample(prompts, max_tokens, temperature=0.0, seeds=[0] * len(prompts))
         counts = torch.tensor([sum(is_correct(r.text, c["answer"]) for r, c in zip(replies, mine, strict=True)),
-                               len(mine)], dtype=torch.float64, device=dev.torch_device)
+                               len(mine)], dtype=torch.int64, device=dev.torch_device)
         if world > 1:
             dist.all_reduce(counts)
         return {name: counts[0].item() / max(counts[1].item(), 1)}

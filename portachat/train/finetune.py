@@ -143,12 +143,12 @@ def val_loss_evaluator(convs: Sequence[Conversation], render: Render, pad: int, 
     def evaluate(model: GPT, step: int) -> dict[str, float]:
         rank = dist.get_rank() if dist.is_initialized() else 0
         world = dist.get_world_size() if dist.is_initialized() else 1
-        total = torch.zeros(2, dtype=torch.float64, device=dev.torch_device)
+        total = torch.zeros(2, dtype=dev.accumulate_dtype, device=dev.torch_device)
         for batch in batches(rank, world):
             batch = batch.to(dev.torch_device)
             with dev.autocast():
                 loss = model(batch.inputs, batch.targets, loss_reduction="sum")
-            total += torch.stack([loss.double(), (batch.targets >= 0).sum().double()])
+            total += torch.stack([loss.to(total.dtype), (batch.targets >= 0).sum().to(total.dtype)])
         if world > 1:
             dist.all_reduce(total)
         return {"val_loss": (total[0] / total[1].clamp(min=1)).item()}
@@ -183,7 +183,7 @@ def answer_evaluator(convs: Sequence[Conversation], base: BaseModel, dev: Device
             finally:
                 model.train(was_training)
             right = sum(is_correct(reply_text(chat_tok, d.token_ids), c["answer"]) for d, c in zip(done, mine, strict=True))
-        counts = torch.tensor([right, len(mine)], dtype=torch.float64, device=dev.torch_device)
+        counts = torch.tensor([right, len(mine)], dtype=torch.int64, device=dev.torch_device)
         if world > 1:
             dist.all_reduce(counts)
         return {"answer_accuracy": counts[0].item() / max(counts[1].item(), 1.0)} if counts[1] > 0 else {}

@@ -121,7 +121,7 @@ class RolloutStats:
                 self.sums[k + 1] += rewards.shape[1]
 
     def read(self) -> dict[str, float]:
-        totals = torch.tensor(self.sums, dtype=torch.float64, device=self.dev.torch_device)
+        totals = torch.tensor(self.sums, dtype=self.dev.accumulate_dtype, device=self.dev.torch_device)
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(totals)
         values = totals.tolist()

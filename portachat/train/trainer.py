@@ -564,13 +564,21 @@ def _no_buffer_sync() -> dict[str, bool]:
 
 def _check_replicas_in_sync(model: GPT, world: int, say: Callable[[str], None]) -> None:
     """Data parallelism must keep every rank's weights bit-identical; verify it instead of assuming it."""
-    with torch.no_grad():
-        local = torch.stack([p.detach().double().sum() for p in model.parameters()])
+    with torch.no_grad():  # integer sums of the weights' bit patterns: exact, in any order, and no float64
+        local = torch.stack([_bits(p.detach()).sum(dtype=torch.int64) for p in model.parameters()])
     gathered = [torch.empty_like(local) for _ in range(world)]
     dist.all_gather(gathered, local)
     if not all(torch.equal(gathered[0], g) for g in gathered[1:]):
         raise TrainingError("the ranks' weights diverged: data-parallel replicas are out of sync (please report this)")
-    say(f"[portachat] weights identical on all {world} ranks (checksum {gathered[0].sum().item():.6e})")
+    say(f"[portachat] weights identical on all {world} ranks (checksum {gathered[0].sum().item()})")
+
+
+_INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's raw bits as integers of the same width (bit-identical tensors give identical sums)."""
+    return t.contiguous().view(_INT_OF_SIZE[t.element_size()])
 
 
 def _clip_and_step(model, optimizers, scaler, grad_clip: float, step_loss: float) -> tuple[bool, float | None]:

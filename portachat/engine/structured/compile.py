@@ -3,6 +3,13 @@
 Compiled grammars are cached (a template matcher per grammar text, deep-copied per sequence), so a
 schema sent with every request is compiled once. Errors name the part the library cannot handle:
 llguidance reports e.g. `Unimplemented keys: ["not"]` or the regex position.
+
+The cache is bounded in bytes, least recently used out first. A compile is followed by a probe (the
+first two masks of a copy, where llguidance builds most of its lexer): a grammar past the library's
+limits there (`(a{1000}){1000}` costs ~170 MB and then fails with "too many expressions") is refused
+with a 400 naming the limit and is not cached. A grammar's bytes are the heap's growth over compile
+and probe (memory.py), at least a floor from its text; one bigger than the whole cache is refused.
+Compiles run one at a time, so each growth is its own and a burst of heavy grammars cannot stack up.
 """
 
 from __future__ import annotations
@@ -14,15 +21,23 @@ from typing import Any
 
 import torch
 
+from portachat.engine.structured.masks import allocate_bitmask
+from portachat.engine.structured.memory import heap_in_use
 from portachat.engine.structured.spec import StructuredError, StructuredSpec
 from portachat.engine.structured.tokenizer import ll_tokenizer
 from portachat.engine.types import EngineError
+from portachat.i18n import _
 from portachat.tokenizer.protocol import ChatTokenizer
 
 # JSON as people write it on one line ({"a": 1, "b": [2, 3]}): fixed separators and no free
 # whitespace, so a small model cannot wander into endless newlines between tokens.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-CACHE_SIZE = 64
+CACHE_BYTES = 256 * 2**20  # default bound of the compiled-grammar cache (serve: --grammar-cache-mb)
+# Least a grammar is charged, whatever the heap says (a reused or concurrently freed heap can read as
+# no growth): the matcher's own tables, plus its text many times over (a 1.4 kB JSON schema measured
+# 0.23 MB after the probe, a short regex 40 kB).
+ENTRY_FLOOR_BYTES = 64 * 2**10
+TEXT_FACTOR = 64
 # Masks of up to this many rows are filled one after another on the calling thread (tens of us
 # each); more go to llguidance's thread pool, whose idle workers spin for a while and would steal
 # the cores the model's forward needs on a small CPU.
@@ -59,7 +74,7 @@ def grammar_text(spec: StructuredSpec) -> str:
 class Constraints:
     """Matchers for one engine's tokenizer and vocabulary; built on the first constrained request."""
 
-    def __init__(self, tokenizer: ChatTokenizer, vocab_size: int) -> None:
+    def __init__(self, tokenizer: ChatTokenizer, vocab_size: int, cache_bytes: int = CACHE_BYTES) -> None:
         try:
             import llguidance
         except ImportError:
@@ -68,8 +83,27 @@ class Constraints:
         self.vocab_size = vocab_size
         self.tokenizer = ll_tokenizer(tokenizer, vocab_size)
         self._executor: llguidance.LLExecutor | None = None
-        self._templates: OrderedDict[str, Any] = OrderedDict()
+        self.cache_bytes = cache_bytes
+        self._templates: OrderedDict[str, tuple[Any, int]] = OrderedDict()  # grammar -> (template, bytes)
+        self._cached_bytes = 0
         self._lock = threading.Lock()  # the server compiles on its request threads, the engine reads
+        self._compiling = threading.Lock()  # one compile at a time: its heap growth is its own
+
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes the cached grammars were charged (at most `cache_bytes`)."""
+        return self._cached_bytes
+
+    def cached(self, spec: StructuredSpec) -> bool:
+        return self._lookup(grammar_text(spec)) is not None
+
+    def _lookup(self, grammar: str) -> Any:
+        with self._lock:
+            entry = self._templates.get(grammar)
+            if entry is None:
+                return None
+            self._templates.move_to_end(grammar)
+            return entry[0]
 
     def compile(self, spec: StructuredSpec) -> Any:
         """The cached template matcher of `spec` (compiled on a miss, on the calling thread: the
@@ -77,23 +111,63 @@ class Constraints:
         from llguidance import LLMatcher
 
         grammar = grammar_text(spec)
-        with self._lock:
-            template = self._templates.get(grammar)
+        template = self._lookup(grammar)
+        if template is not None:
+            return template
+        with self._compiling:
+            template = self._lookup(grammar)  # another thread may have compiled it meanwhile
             if template is not None:
-                self._templates.move_to_end(grammar)
                 return template
-        is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)
-        if is_error:
-            raise StructuredError(f"{spec.param}: cannot compile the {spec.kind} constraint: {messages[0]}", spec.param)
-        template = LLMatcher(self.tokenizer, grammar, log_level=0)
-        if template.is_error():
-            raise StructuredError(f"{spec.param}: cannot compile the {spec.kind} constraint: {template.get_error()}",
-                                  spec.param)
-        with self._lock:
-            self._templates[grammar] = template
-            if len(self._templates) > CACHE_SIZE:
-                self._templates.popitem(last=False)
+            before = heap_in_use()
+            is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)
+            if is_error:
+                raise StructuredError(f"{spec.param}: cannot compile the {spec.kind} constraint: {messages[0]}",
+                                      spec.param)
+            template = LLMatcher(self.tokenizer, grammar, log_level=0)
+            if template.is_error():
+                raise StructuredError(f"{spec.param}: cannot compile the {spec.kind} constraint: "
+                                      f"{template.get_error()}", spec.param)
+            reason = self._probe(template)
+            after = heap_in_use()
+            size = ENTRY_FLOOR_BYTES + TEXT_FACTOR * len(grammar)
+            if before is not None and after is not None:
+                size = max(size, after - before)
+            if reason is not None or size > self.cache_bytes:
+                del template  # the error's traceback holds this frame: let the grammar's memory go now
+            if reason is not None:
+                raise StructuredError(_("{param}: the {kind} constraint is past the grammar library's limits "
+                                        "({reason}); simplify it (fewer or smaller repetitions and "
+                                        "alternatives).").format(param=spec.param, kind=spec.kind, reason=reason),
+                                      spec.param)
+            if size > self.cache_bytes:
+                raise StructuredError(_("{param}: the {kind} constraint compiles to about {mb} MB, more than the "
+                                        "grammar cache holds (--grammar-cache-mb {limit}); simplify it or raise "
+                                        "the flag.").format(param=spec.param, kind=spec.kind, mb=-(-size // 2**20),
+                                                            limit=self.cache_bytes // 2**20), spec.param)
+            self._insert(grammar, template, size)
         return template
+
+    def _probe(self, template: Any) -> str | None:
+        """The first two masks of a copy (the first allowed token consumed between them): where
+        llguidance builds its lexer, and where a grammar past its limits fails; the reason then."""
+        probe = template.deep_copy()
+        bitmask = allocate_bitmask(1, self.vocab_size)
+        probe.unsafe_compute_mask_ptr(bitmask.data_ptr(), bitmask.shape[1] * 4)
+        if not probe.is_error():
+            allowed = _first_allowed(bitmask[0], self.vocab_size)
+            if allowed is not None and probe.consume_token(allowed) and not probe.is_stopped():
+                probe.unsafe_compute_mask_ptr(bitmask.data_ptr(), bitmask.shape[1] * 4)
+        if not probe.is_error():
+            return None
+        return probe.get_error().strip().splitlines()[0]  # the rest is the parser's state dump
+
+    def _insert(self, grammar: str, template: Any, size: int) -> None:
+        with self._lock:
+            self._templates[grammar] = (template, size)
+            self._cached_bytes += size
+            while self._cached_bytes > self.cache_bytes:
+                _grammar, (_template, evicted) = self._templates.popitem(last=False)
+                self._cached_bytes -= evicted
 
     def matcher(self, spec: StructuredSpec) -> Any:
         """A fresh llguidance.LLMatcher at the start of `spec`'s grammar."""
@@ -115,3 +189,12 @@ class Constraints:
             self._executor = llguidance.LLExecutor()
         self._executor.unsafe_compute_mask_ptr([(m, i) for i, m in enumerate(matchers)], bitmask.data_ptr(),
                                                words * 4, rows)
+
+
+def _first_allowed(row: torch.Tensor, vocab_size: int) -> int | None:
+    """The lowest token id whose bit is set in one packed mask row, or None."""
+    for word_index, word in enumerate(row.tolist()):
+        if word:
+            token = word_index * 32 + ((word & -word).bit_length() - 1)
+            return token if token < vocab_size else None
+    return None

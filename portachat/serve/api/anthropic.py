@@ -15,7 +15,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from portachat.engine.async_engine import RequestStream
-from portachat.serve.api.completions import collect, compile_constraint, sampling_params, submit, with_lease
+from portachat.serve.api.completions import (
+    check_message_count,
+    collect,
+    compile_constraint,
+    sampling_params,
+    submit,
+    with_lease,
+)
 from portachat.serve.api.errors import APIError
 from portachat.serve.api.protocol import ChatCompletionRequest, parse_body
 from portachat.serve.api.sse import GuardedStream
@@ -156,6 +163,7 @@ async def messages(request: Request) -> Response:
 
 async def _messages(request: Request) -> Response:
     req = parse_body(await request.body(), MessagesRequest)
+    check_message_count(len(req.messages), request.app.state.server.settings.max_messages)
     return await with_lease(request, req, _answer)
 
 

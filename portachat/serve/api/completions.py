@@ -17,8 +17,10 @@ from portachat.engine.async_engine import EngineShutdown, RequestStream
 from portachat.engine.structured import StructuredError, StructuredSpec
 from portachat.engine.structured.fields import structured_spec
 from portachat.engine.types import EngineError, RequestOutput, SamplingParams
+from portachat.i18n import _
 from portachat.serve.api.documents import ground_chat, with_citations
 from portachat.serve.api.errors import APIError, error_body
+from portachat.serve.api.owner import request_is_admin
 from portachat.serve.api.protocol import ChatCompletionRequest, CompletionRequest, check_supported, parse_body
 from portachat.serve.api.sse import SSE_DONE, GuardedStream, sse_event
 from portachat.serve.api.state import ModelLease, ServerState
@@ -45,15 +47,20 @@ def chat_prompt(state: ModelLease, req: ChatCompletionRequest, tools: ToolReques
     if not req.messages:
         raise APIError(400, "'messages' is empty: send at least one message, e.g. "
                             '[{"role": "user", "content": "Hello"}].', param="messages")
-    if len(req.messages) > settings.max_messages:
-        raise APIError(400, f"Too many messages: {len(req.messages)} (this server's limit is "
-                            f"{settings.max_messages}, `portachat serve --max-messages`).", param="messages")
+    check_message_count(len(req.messages), settings.max_messages)
     messages = template_messages(req.messages)
     try:
         return state.model.tokenizer.render_prompt(messages, tools=tools.tools if tools else None)
     except Exception as exc:  # noqa: BLE001 - a template's raise_exception or our format's checks
         raise APIError(400, f"The conversation cannot be rendered with this model's chat template: {exc}",
                        param="messages") from None
+
+
+def check_message_count(count: int, limit: int) -> None:
+    """400 past `--max-messages` (chat completions and Anthropic's messages alike)."""
+    if count > limit:
+        raise APIError(400, _("Too many messages: {count} (this server's limit is {limit}, `portachat serve "
+                              "--max-messages`).").format(count=count, limit=limit), param="messages")
 
 
 def completion_prompt(state: ModelLease, req: CompletionRequest) -> list[int]:
@@ -395,7 +402,7 @@ async def with_lease(request: Request, req: Any, respond) -> Response:
     """Run `respond(request, state, req)` holding a lease on the model the request names; a streamed
     response releases it when the stream closes, anything else when `respond` returns or raises."""
     server: ServerState = request.app.state.server
-    state = await server.acquire(req.model, req.keep_alive)
+    state = await server.acquire(req.model, req.keep_alive, admin=request_is_admin(request))
     response = None
     try:
         response = await respond(request, state, req)

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from portachat.i18n import _
 from portachat.serve.api.errors import APIError
 
 MAX_STOP_SEQUENCES = 16
@@ -59,7 +60,7 @@ class _SamplingFields(BaseModel):
     n: int = Field(1, ge=1, le=MAX_N)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None  # vLLM extension
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)  # int64, as vLLM: the generator takes no more
     logit_bias: dict[str, float] | None = None  # token id (as a string, JSON keys are) -> -100..100
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
@@ -116,13 +117,21 @@ def _where(loc: tuple) -> str:
     return out
 
 
-def parse_body(raw: bytes, model: type[BaseModel]) -> Any:
-    """Bytes -> request model, or APIError(400) with a message naming the field and the problem."""
+def json_body(raw: bytes) -> Any:
+    """Bytes -> the JSON value, or APIError(400) saying why not."""
     try:
-        data = json.loads(raw)
+        return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise APIError(400, f"The request body is not valid JSON ({exc}). Send a JSON object with "
                             f"Content-Type: application/json.", code="invalid_json") from None
+    except RecursionError:  # arrays or objects nested thousands deep: the parser's stack runs out
+        raise APIError(400, _("The request body nests JSON arrays or objects too deeply to parse: send a flatter "
+                              "body."), code="invalid_json") from None
+
+
+def parse_body(raw: bytes, model: type[BaseModel]) -> Any:
+    """Bytes -> request model, or APIError(400) with a message naming the field and the problem."""
+    data = json_body(raw)
     if not isinstance(data, dict):
         raise APIError(400, f"The request body must be a JSON object, got {type(data).__name__}.", code="invalid_json")
     try:

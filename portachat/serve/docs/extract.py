@@ -50,29 +50,30 @@ def _decode(data: bytes, filename: str) -> str:
     raise ExtractError(f"{filename}: not UTF-8 or GB18030 text")
 
 
+# pypdf and python-docx parse what a client uploaded: besides their own error types they raise
+# whatever a malformed file provokes (lxml's XMLSyntaxError, pypdf's LimitReachedError for a stream
+# past its decompression limit, AttributeError, RecursionError, ...). Any of them means "this file
+# cannot be read": the file is marked failed with that reason, never a 500.
 def _pdf(data: bytes, filename: str) -> str:
     from pypdf import PdfReader
-    from pypdf.errors import PdfReadError
 
     try:
         reader = PdfReader(io.BytesIO(data))
         return "\n\n".join(page.extract_text() or "" for page in reader.pages)
-    except (PdfReadError, ValueError, KeyError) as exc:
-        raise ExtractError(f"{filename}: not a readable PDF ({exc})") from None
+    except Exception as exc:  # noqa: BLE001 - see above
+        raise ExtractError(f"{filename}: not a readable PDF ({type(exc).__name__}: {str(exc)[:300]})") from None
 
 
 def _docx(data: bytes, filename: str) -> str:
-    import zipfile
-
     import docx
 
     try:
         document = docx.Document(io.BytesIO(data))
-    except (zipfile.BadZipFile, KeyError, ValueError) as exc:
-        raise ExtractError(f"{filename}: not a readable .docx file ({exc})") from None
-    lines = [p.text for p in document.paragraphs]
-    for table in document.tables:
-        lines += ["\t".join(cell.text for cell in row.cells) for row in table.rows]
+        lines = [p.text for p in document.paragraphs]
+        for table in document.tables:
+            lines += ["\t".join(cell.text for cell in row.cells) for row in table.rows]
+    except Exception as exc:  # noqa: BLE001 - see above
+        raise ExtractError(f"{filename}: not a readable .docx file ({type(exc).__name__}: {str(exc)[:300]})") from None
     return "\n".join(lines)
 
 

@@ -133,7 +133,7 @@ class RegistryEvents:
 class ModelRegistry:
     specs: list[ModelSpec]
     loader: Loader
-    keep_alive: float | None = None  # the default for models no request has set one for
+    keep_alive: float | None = None  # after a request that sets none (one that does: for it only)
     max_loaded: int | None = None  # None = no limit on the count
     budget_bytes: int | None = None  # None = no memory limit
     events: RegistryEvents = field(default_factory=RegistryEvents)
@@ -180,10 +180,11 @@ class ModelRegistry:
     # ------------------------------------------------------------------ use
 
     async def acquire(self, name: str, keep_alive: float | None | Literal["default"] = "default") -> RegistryEntry:
-        """The loaded entry for `name`, counted as in flight until `release`. Loads it if needed."""
+        """The loaded entry for `name`, counted as in flight until `release`. Loads it if needed.
+        `keep_alive` holds after this request only (Ollama's rule): a later request without one
+        brings back the registry's default."""
         entry = self.get(name)
-        if keep_alive != "default":
-            entry.keep_alive = keep_alive
+        entry.keep_alive = self.keep_alive if keep_alive == "default" else keep_alive
         base = await self.acquire(entry.spec.base) if entry.is_adapter else None  # in flight on its base too
         entry.in_flight += 1  # from here on nothing evicts it
         try:
