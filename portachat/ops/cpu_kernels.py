@@ -134,6 +134,8 @@ def reported_abi(lib: ctypes.CDLL) -> dict[str, str]:
         return {}
     report.restype, report.argtypes = _ctypes_of("i:pi")  # how to ask never changes: no mirror to check
     size = report(None, 0) + 1
+    if size < 2:  # snprintf failed: nothing reported, so nothing agrees
+        return {}
     text = ctypes.create_string_buffer(size)
     report(text, size)
     return dict(item.split("=", 1) for item in text.value.decode().split(";") if item)
