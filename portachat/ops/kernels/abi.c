@@ -16,7 +16,8 @@
 /* One code per type; a pointer to T selects it, so void (no arguments, no result) has one too. */
 #define CODE(T) _Generic((T *)0, int *: 'i', int64_t *: 'q', float *: 'f', void *: 'v', default: 'p')
 
-/* CODE of each of up to 24 types: the signature's argument codes. */
+/* CODE of each of up to 24 types: the signature's argument codes (the trailing `-` keeps FE_PICK's
+   `...` non-empty, as ISO C asks). */
 #define FE_1(x) CODE(x)
 #define FE_2(x, ...) CODE(x), FE_1(__VA_ARGS__)
 #define FE_3(x, ...) CODE(x), FE_2(__VA_ARGS__)
@@ -46,7 +47,7 @@
     NAME
 #define CODES(...)                                                                                               \
     FE_PICK(__VA_ARGS__, FE_24, FE_23, FE_22, FE_21, FE_20, FE_19, FE_18, FE_17, FE_16, FE_15, FE_14, FE_13,  \
-            FE_12, FE_11, FE_10, FE_9, FE_8, FE_7, FE_6, FE_5, FE_4, FE_3, FE_2, FE_1)(__VA_ARGS__)
+            FE_12, FE_11, FE_10, FE_9, FE_8, FE_7, FE_6, FE_5, FE_4, FE_3, FE_2, FE_1, -)(__VA_ARGS__)
 
 /* An entry point's signature: the function must have exactly this type (else this file does not
    compile), and its text is what portachat_abi reports. */
