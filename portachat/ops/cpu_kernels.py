@@ -9,6 +9,11 @@ source, the flags and the CPU's feature flags, written atomically, so concurrent
 machines sharing a home directory never load a half-written or foreign build. Where no compiler
 works, `library()` is None and callers keep PyTorch's kernels (the tested fallback).
 
+The interface is mirrored here in ctypes (ENTRY_POINTS, WEIGHT_KINDS, _Product, MAX_ROWS) and checked
+when the library loads: kernels/abi.c reports the signatures, enum values, struct layout and row
+limit as compiled, and a library that differs is not used (PyTorch's kernels run, the reason is
+printed once) rather than called through a wrong mirror.
+
 PORTACHAT_CPU_KERNELS=0 turns the kernels off (the PyTorch path is then what runs);
 PORTACHAT_CPU_INT_DOT=0 keeps them but multiplies int8/int4 weights in fp32 (see integer_products).
 """
@@ -27,12 +32,25 @@ from pathlib import Path
 
 import torch
 
+from portachat.i18n import _
+
 KERNELS = Path(__file__).parent / "kernels"
 SOURCES = tuple(sorted(KERNELS.glob("*.c")))
 HEADERS = tuple(sorted(KERNELS.glob("*.h")))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 WEIGHT_KINDS = {"fp32": 0, "bf16": 1, "int8": 2, "int4": 3}
 MAX_ROWS = 64  # rows of x per call (the kernel's per-thread output tile); more rows go to PyTorch
+# The entry points' signatures, as abi.c spells them (the result's code ':' the arguments'; i int,
+# q int64, f float, p pointer, v void): ctypes' restype and argtypes are made from these, and the
+# library reports its own. kernels.h has the prototypes with their parameters' names.
+ENTRY_POINTS = {
+    "portachat_gemv": "i:ipppiiiipiipppiifip",
+    "portachat_decode_layers": "i:ppipiipppppqqpppiiiii",
+    "portachat_int_dot": "i:v",
+    "portachat_set_int_dot": "v:i",
+    "portachat_abi": "i:pi",
+}
+_CTYPES = {"i": ctypes.c_int, "q": ctypes.c_int64, "f": ctypes.c_float, "p": ctypes.c_void_p, "v": None}
 
 
 def cache_dir() -> Path:
@@ -76,7 +94,7 @@ def build(flags: tuple[str, ...] = FLAGS, out: Path | None = None) -> Path:
         return out
     cc = compiler()
     if cc is None:
-        raise RuntimeError("no C compiler found (install gcc, or set CC)")
+        raise RuntimeError(_("no C compiler found (install gcc, or set CC)"))
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=".kernels-", suffix=".so")
     os.close(fd)
@@ -84,7 +102,8 @@ def build(flags: tuple[str, ...] = FLAGS, out: Path | None = None) -> Path:
         command = [cc, *flags, "-o", tmp, *map(str, SOURCES), "-lm"]
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
-            raise RuntimeError(f"{cc} failed to build the CPU kernels: {done.stderr.strip()[-2000:]}")
+            message = _("{cc} failed to build the CPU kernels: {error}")
+            raise RuntimeError(message.format(cc=cc, error=done.stderr.strip()[-2000:]))
         os.replace(tmp, out)  # atomic: another process sees the old state or the whole library
     finally:
         if os.path.exists(tmp):
@@ -92,16 +111,56 @@ def build(flags: tuple[str, ...] = FLAGS, out: Path | None = None) -> Path:
     return out
 
 
+def _ctypes_of(signature: str) -> tuple[type | None, list[type]]:
+    result, arguments = signature.split(":")
+    return _CTYPES[result], [_CTYPES[code] for code in arguments if code != "v"]
+
+
+def expected_abi() -> dict[str, str]:
+    """What this module relies on, in the names and text kernels/abi.c reports them."""
+    want = dict(ENTRY_POINTS)
+    want |= {f"weight.{kind}": str(value) for kind, value in WEIGHT_KINDS.items()}
+    want["max_rows"] = str(MAX_ROWS)
+    want["sizeof.Product"] = str(ctypes.sizeof(_Product))
+    want |= {f"Product.{name}": str(getattr(_Product, name).offset) for name, _type in _Product._fields_}
+    return want
+
+
+def reported_abi(lib: ctypes.CDLL) -> dict[str, str]:
+    """The interface as the library was compiled (portachat_abi); {} for a library without one."""
+    try:
+        report = lib.portachat_abi
+    except AttributeError:
+        return {}
+    report.restype, report.argtypes = _ctypes_of("i:pi")  # how to ask never changes: no mirror to check
+    size = report(None, 0) + 1
+    if size < 2:  # snprintf failed: nothing reported, so nothing agrees
+        return {}
+    text = ctypes.create_string_buffer(size)
+    report(text, size)
+    return dict(item.split("=", 1) for item in text.value.decode().split(";") if item)
+
+
+def abi_differences(lib: ctypes.CDLL) -> list[str]:
+    """Each name whose value differs between the library and this module, as "name: library X,
+    portachat Y"; [] where they agree."""
+    got = reported_abi(lib)
+    return [f"{name}: library {got.get(name, '-')}, portachat {value}"
+            for name, value in expected_abi().items() if got.get(name) != value]  # fmt: skip
+
+
 def load(path: Path) -> ctypes.CDLL:
+    """The library at path with its entry points typed; RuntimeError (saying what differs) where its
+    interface is not the one this module mirrors."""
     lib = ctypes.CDLL(str(path))
-    p, i, f32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int64
-    lib.portachat_gemv.restype = i
-    lib.portachat_gemv.argtypes = [i, p, p, p, i, i, i, i, p, i, i, p, p, p, i, i, f32, i, p]
-    lib.portachat_decode_layers.restype = i
-    lib.portachat_int_dot.restype = i
-    lib.portachat_set_int_dot.argtypes = [i]
+    differences = abi_differences(lib)
+    if differences:
+        message = _("{path} does not have the interface portachat expects ({differences})")
+        raise RuntimeError(message.format(path=path, differences="; ".join(differences)))
+    for name, signature in ENTRY_POINTS.items():
+        function = getattr(lib, name)
+        function.restype, function.argtypes = _ctypes_of(signature)
     lib.portachat_set_int_dot(os.environ.get("PORTACHAT_CPU_INT_DOT", "1") != "0")
-    lib.portachat_decode_layers.argtypes = [p, p, i, p, i, i, p, p, p, p, p, i64, i64, p, p, p, i, i, i, i, i]
     return lib
 
 
@@ -113,7 +172,8 @@ def library() -> ctypes.CDLL | None:
     try:
         return load(build())
     except (OSError, RuntimeError) as e:
-        print(f"[portachat] CPU kernels unavailable, using PyTorch's: {e}", file=sys.stderr)
+        reason = _("[portachat] CPU kernels unavailable, using PyTorch's: {reason}").format(reason=e)
+        print(reason, file=sys.stderr)
         return None
 
 
@@ -205,6 +265,7 @@ class SmallBatchLinear:
 
 
 class _Product(ctypes.Structure):  # decode_step.c's Product (a Weight, then in_scale and bias)
+    # its fields' offsets and size are checked against the compiled struct (expected_abi)
     _fields_ = [("kind", ctypes.c_int), ("w", ctypes.c_void_p), ("scale", ctypes.c_void_p),
                 ("zero", ctypes.c_void_p), ("group", ctypes.c_int), ("n", ctypes.c_int), ("k", ctypes.c_int),
                 ("block", ctypes.c_int), ("in_scale", ctypes.c_void_p), ("bias", ctypes.c_void_p)]  # fmt: skip
@@ -251,9 +312,9 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(
         prog="python -m portachat.ops.cpu_kernels",
-        description="Build portachat's CPU kernels for this machine (scripts/setup.sh runs this).",
+        description=_("Build portachat's CPU kernels for this machine (scripts/setup.sh runs this)."),
     )
-    parser.add_argument("--build", action="store_true", help="compile now (skipped when a build exists)")
+    parser.add_argument("--build", action="store_true", help=_("compile now (skipped when a build exists)"))
     args = parser.parse_args(argv)
     if not args.build:
         parser.print_help()
@@ -262,10 +323,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0  # quiet when up to date, as setup is
     try:
         path = build()
-    except RuntimeError as e:
-        print(f"[setup] CPU kernels not built ({e}); portachat will use PyTorch's kernels", file=sys.stderr)
+        load(path)  # the interface check too: setup says so now rather than the first use
+    except (OSError, RuntimeError) as e:
+        message = _("[setup] CPU kernels not built ({reason}); portachat will use PyTorch's kernels")
+        print(message.format(reason=e), file=sys.stderr)
         return 0  # optional: a machine without a compiler still installs and runs
-    print(f"[setup] built portachat's CPU kernels for this CPU: {path}")
+    print(_("[setup] built portachat's CPU kernels for this CPU: {path}").format(path=path))
     return 0
 
 

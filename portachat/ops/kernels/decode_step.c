@@ -11,12 +11,6 @@
 
 #include "kernels.h"
 
-typedef struct {
-    Weight weight;
-    const float *in_scale;  /* the norm's weight (qkv, gate_up) or NULL */
-    const float *bias;      /* q/k/v biases (Qwen2) or NULL */
-} Product;
-
 int portachat_decode_layers(const Product *products, const float *norm_eps, int layers, void *x, int x_bf16,
                             int M, const int64_t *positions, const float *cos, const float *sin_signed,
                             float *k_cache, float *v_cache, int64_t layer_stride, int64_t num_slots,

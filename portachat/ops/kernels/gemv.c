@@ -395,7 +395,7 @@ int gemv_run(const Weight *Wp, const void *x, int x_bf16, int M, const float *in
         int n0 = b * block, rows = N - n0 < block ? N - n0 : block;
         Int4Tile tile_at;
         const Int4Tile *tile = kind == WEIGHT_INT4 && int4_tile(&W, b, &tile_at) ? &tile_at : NULL;
-        float out[32 * 64];
+        float out[32 * MAX_ROWS];
         block_rows(&W, tile, n0, rows, xf, &xq, M, xsum, out, block, scratch);
         for (int m = 0; m < M; m++)
             for (int j = 0; j < rows; j++) {

@@ -6,6 +6,8 @@
 
 enum { WEIGHT_F32 = 0, WEIGHT_BF16 = 1, WEIGHT_INT8 = 2, WEIGHT_INT4 = 3 };
 
+#define MAX_ROWS 64 /* rows of x per gemv_run (its per-thread output tile) */
+
 typedef struct {
     int kind;
     const void *w;       /* [N, K] (int4: N * K / 2 bytes in PyTorch's packed layout, see gemv.c) */
@@ -15,6 +17,14 @@ typedef struct {
     int N, K;
     int block;           /* int4: rows per packing block, 32 or 64 (PyTorch's AVX2 or AVX-512 build) */
 } Weight;
+
+/* A product of decode_step.c: its weight, the norm's weight (qkv, gate_up) or NULL, and the q/k/v
+   biases (Qwen2) or NULL. */
+typedef struct {
+    Weight weight;
+    const float *in_scale;
+    const float *bias;
+} Product;
 
 /* 32 rows of an int4 weight inside one full packing block: the codes of input k are the 16 bytes at
    p + k * stride, low nibbles rows lo..lo+15, high nibbles rows hi..hi+15 (gemv.c's int4_tile). */
@@ -27,7 +37,7 @@ typedef struct {
 static inline int int4_tile_row(const Int4Tile *t, int j) { return j < 16 ? t->lo + j : t->hi + j - 16; }
 
 /* y [M, N] = W (x's rows read as gemv.c's read_row says) + bias (+ residual, in y's dtype). x_bf16 /
-   y_bf16: whether x and y are bf16 (else fp32). M <= 64. Returns 0, or -1 when out of memory. */
+   y_bf16: whether x and y are bf16 (else fp32). M <= MAX_ROWS. Returns 0, or -1 when out of memory. */
 int gemv_run(const Weight *W, const void *x, int x_bf16, int M, const float *in_scale, const float *bias,
              void *y, int y_bf16, int threads, float norm_eps, int swiglu, const void *residual);
 
@@ -42,5 +52,19 @@ int portachat_decode_attention(float *qkv, const int64_t *positions, const float
                                float *k_cache, float *v_cache, int64_t num_slots, const int64_t *slot_mapping,
                                const int64_t *slots, const uint8_t *mask, int B, int L, int H, int H_kv, int D,
                                float *y, int threads);
+
+/* The entry points Python calls (portachat.ops.cpu_kernels.ENTRY_POINTS mirrors them; abi.c reports
+   their signatures, checked against these prototypes when it compiles). */
+int portachat_gemv(int kind, const void *w, const float *scale, const float *zero, int group, int N, int K,
+                   int block, const void *x, int x_bf16, int M, const float *in_scale, const float *bias, void *y,
+                   int y_bf16, int threads, float norm_eps, int swiglu, const void *residual);
+int portachat_decode_layers(const Product *products, const float *norm_eps, int layers, void *x, int x_bf16,
+                            int M, const int64_t *positions, const float *cos, const float *sin_signed,
+                            float *k_cache, float *v_cache, int64_t layer_stride, int64_t num_slots,
+                            const int64_t *slot_mapping, const int64_t *slots, const uint8_t *mask, int L, int H,
+                            int H_kv, int D, int threads);
+int portachat_int_dot(void);
+void portachat_set_int_dot(int on);
+int portachat_abi(char *out, int size);
 
 #endif
