@@ -8,6 +8,7 @@ import re
 from portachat.commands.common import EPILOG, device_from_args, flag, int_at_least, nonneg_int, positive_int
 from portachat.commands.launch import add_launch_flags, maybe_launch
 from portachat.i18n import _
+from portachat.speedrun.presets import training_defaults
 
 
 def _batch_size(text: str) -> int | str:
@@ -76,7 +77,7 @@ def train_config(args: argparse.Namespace, dev) -> object:
     from portachat.train.optim import OptimConfig
     from portachat.train.trainer import TrainConfig
 
-    defaults = dev.training_defaults
+    defaults = training_defaults(dev)
     return TrainConfig(
         run=args.run,
         runs_root=args.runs_root,
@@ -127,7 +128,7 @@ def cmd_train_base(args: argparse.Namespace) -> int:
         tokenizer=args.tokenizer,
         vocab_size=args.vocab_size,
         tokenizer_max_chars=args.tokenizer_max_chars,
-        depth=args.depth if args.depth is not None else dev.training_defaults.depth,
+        depth=args.depth if args.depth is not None else training_defaults(dev).depth,
         target_param_data_ratio=args.target_param_data_ratio,
         num_iterations=args.num_iterations,
         resume=args.resume,
@@ -257,7 +258,7 @@ def cmd_train_rl(args: argparse.Namespace) -> int:
     dev = device_from_args(args)
     cfg = train_config(args, dev)
     if args.device_batch_size is None:
-        cfg.device_batch_size = args.num_samples * dev.training_defaults.rl_groups_per_row_batch
+        cfg.device_batch_size = args.num_samples * training_defaults(dev).rl_groups_per_row_batch
     elif args.device_batch_size == "auto":
         from portachat.train.trainer import TrainingError
 

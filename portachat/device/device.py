@@ -6,7 +6,6 @@ import contextlib
 import os
 import threading
 import time
-from dataclasses import dataclass
 
 import torch
 
@@ -37,14 +36,6 @@ from portachat.device.telemetry import Telemetry, read_telemetry
 from portachat.i18n import _
 
 DEVICE_KINDS_ENV = ("cpu", "cuda", "rocm", "dcu", "npu", "xpu", "mps")
-
-
-@dataclass(frozen=True)
-class TrainingDefaults:
-    depth: int
-    device_batch_size: int
-    max_seq_len: int
-    rl_groups_per_row_batch: int  # RL micro-batch = this many groups of --num-samples replies
 
 
 class Device:
@@ -313,18 +304,6 @@ class Device:
     def allocator_tracks_peaks(self) -> bool:
         """Whether the device's allocator reports a high-water mark (the CPU's does not: count tensors)."""
         return self.type != "cpu"
-
-    @property
-    def training_defaults(self) -> TrainingDefaults:
-        """Model and batch sizes a command uses when the user gives none."""
-        if self.type == "cpu":
-            return TrainingDefaults(depth=4, device_batch_size=4, max_seq_len=256, rl_groups_per_row_batch=1)
-        return TrainingDefaults(depth=20, device_batch_size=32, max_seq_len=2048, rl_groups_per_row_batch=4)
-
-    @property
-    def price_per_device_hour(self) -> float:
-        """A rough rental price (USD) for cost estimates in reports: a cloud accelerator, or a CPU machine."""
-        return 0.05 if self.type == "cpu" else 2.0
 
     def describe(self) -> dict:
         """JSON-able summary for doctor and training logs."""

@@ -20,7 +20,7 @@ from portachat.checkpoint import latest_checkpoint, stage_dir
 from portachat.checkpoint.replicate import rank0_decides
 from portachat.device import Device, DistEnv, get_device, init_distributed
 from portachat.i18n import N_, _, gettext
-from portachat.speedrun.presets import Preset, StagePlan, choose_preset
+from portachat.speedrun.presets import Preset, StagePlan, choose_preset, price_per_device_hour
 from portachat.speedrun.report import hardware_summary, write_report
 from portachat.storage.runs import list_steps
 
@@ -149,7 +149,7 @@ def run_speedrun(opts: SpeedrunOptions, dev: Device | None = None, print_fn: Cal
     base_data, chat_data, data_note = _data_source(opts, say)
     price = opts.price_per_device_hour
     if price is None:
-        price = dev.price_per_device_hour
+        price = price_per_device_hour(dev)
     state.update(run=opts.run, preset=preset.name, preset_reason=why, data_note=data_note,
                  world_size=env.world_size, price_per_device_hour=price)
     state.setdefault("stages", {})
