@@ -30,6 +30,7 @@ def parse_bytes(text: str) -> int:
 def cmd_tune_batch_size(args: argparse.Namespace) -> int:
     from portachat.device import DeviceError
     from portachat.model import ConfigError, GPTConfig
+    from portachat.train.accumulation import TrainingError
     from portachat.train.batch_size import find_batch_size
 
     try:
@@ -48,10 +49,16 @@ def cmd_tune_batch_size(args: argparse.Namespace) -> int:
                                  activation_checkpointing=args.activation_checkpointing, say=say)
     except ValueError as e:
         return usage_error(e)
-    accum = result.grad_accum_for(args.total_batch_size, args.max_seq_len) if args.total_batch_size else None
+    batch_for_total = accum = None
+    if args.total_batch_size and result.batch_size:
+        try:
+            batch_for_total, accum = result.batch_for_total(args.total_batch_size, args.max_seq_len)
+        except TrainingError as e:
+            return usage_error(e)
     if args.json:
         print(json.dumps({"device_batch_size": result.batch_size, "limit_bytes": result.limit_bytes,
                           "safety": result.safety, "grad_accum_steps": accum,
+                          "device_batch_size_for_total": batch_for_total,
                           "probes": [vars(p) for p in result.probes]}))
     elif result.batch_size == 0:
         print("[tune] " + _("not even batch size 1 fits: use a smaller --depth or --max-seq-len, "

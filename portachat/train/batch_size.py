@@ -9,7 +9,6 @@ double until one fails, then a binary search narrows the gap. Everything is free
 from __future__ import annotations
 
 import gc
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -20,6 +19,7 @@ from portachat.device.errors import diagnose
 from portachat.device.memtrack import LiveTensorBytes
 from portachat.i18n import _
 from portachat.model import GPT, GPTConfig
+from portachat.train.accumulation import grad_accum_steps, largest_dividing_batch
 from portachat.train.activation_checkpointing import apply_activation_checkpointing
 from portachat.train.optim import OptimConfig, build_optimizers
 
@@ -39,16 +39,11 @@ class BatchSizeResult:
     safety: float
     probes: list[Probe] = field(default_factory=list)
 
-    def grad_accum_for(self, total_batch_tokens: int, seq_len: int, world_size: int = 1) -> int:
-        return grad_accum_steps(total_batch_tokens, self.batch_size, seq_len, world_size)
-
-
-def grad_accum_steps(total_batch_tokens: int, device_batch_size: int, seq_len: int, world_size: int = 1) -> int:
-    """Micro-steps per optimizer step so that all devices together see about `total_batch_tokens`."""
-    per_step = device_batch_size * seq_len * world_size
-    if per_step <= 0:
-        raise ValueError("device batch size, sequence length and world size must be positive")
-    return max(1, math.ceil(total_batch_tokens / per_step))
+    def batch_for_total(self, total_batch_tokens: int, seq_len: int, world_size: int = 1) -> tuple[int, int]:
+        """(device batch, accumulation steps) for an exact `total_batch_tokens`: the largest batch that fits
+        and divides the total (what `--device-batch-size auto` trains with)."""
+        batch = largest_dividing_batch(self.batch_size, total_batch_tokens, seq_len, world_size)
+        return batch, grad_accum_steps(total_batch_tokens, batch, seq_len, world_size)
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -210,7 +205,7 @@ def auto_device_batch_size(
             _("not even --device-batch-size 1 fits in {gib} GiB at --max-seq-len {seq_len}; "
               "use a smaller --depth or --max-seq-len").format(gib=f"{found.limit_bytes / 2**30:.2f}", seq_len=seq_len)
         )
-    batch = found.batch_size
-    accum = grad_accum_steps(total_batch_tokens, batch, seq_len, world_size) if total_batch_tokens else 1
+    batch = largest_dividing_batch(found.batch_size, total_batch_tokens, seq_len, world_size)
+    accum = grad_accum_steps(total_batch_tokens, batch, seq_len, world_size)
     say(_("--device-batch-size auto: {batch} per device, {accum} accumulation step(s)").format(batch=batch, accum=accum))
     return batch, accum

@@ -37,16 +37,13 @@ from portachat.i18n import _
 from portachat.model import GPT
 from portachat.model.model_dir import check_tokenizer_matches, load_weights_into, read_config, read_meta
 from portachat.tokenizer import Tokenizer
+from portachat.train.accumulation import TrainingError, grad_accum_steps
 from portachat.train.logger import RunLogger, format_progress
 from portachat.train.optim import OptimConfig, build_optimizers
 from portachat.train.parallel import choose_parallel, grad_sync_paused, load_weights, shard_model
 from portachat.train.samples import greedy_samples
 from portachat.train.schedule import lr_multiplier, muon_momentum
 from portachat.train.signals import StopRequest
-
-
-class TrainingError(RuntimeError):
-    """Training cannot go on; the message says what happened and what to do."""
 
 
 class BatchStream(Protocol):
@@ -118,16 +115,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
 
     def grad_accum_steps(self, world_size: int) -> int:
-        per_step = self.device_batch_size * self.max_seq_len * world_size
-        total = self.total_batch_size or per_step
-        if total % per_step:
-            raise TrainingError(
-                _("--total-batch-size {total} is not a multiple of device batch x sequence x devices "
-                  "= {batch} x {seq} x {world} = {per_step}. Use a multiple of {per_step}, e.g. {example}.").format(
-                    total=total, batch=self.device_batch_size, seq=self.max_seq_len, world=world_size,
-                    per_step=per_step, example=per_step * max(1, round(total / per_step)))
-            )
-        return total // per_step
+        return grad_accum_steps(self.total_batch_size, self.device_batch_size, self.max_seq_len, world_size)
 
 
 @dataclass
@@ -628,9 +616,6 @@ def resolve_device_batch_size(cfg: TrainConfig, model: GPT, dev: Device, env: Di
         t = torch.tensor([batch], device=dev.torch_device if dist.get_backend() != "gloo" else "cpu")
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
         batch = int(t.item())
-    if cfg.total_batch_size:
-        while batch > 1 and cfg.total_batch_size % (batch * cfg.max_seq_len * env.world_size):
-            batch -= 1
     cfg.device_batch_size = batch
     say("[portachat] " + _("--device-batch-size auto: {batch} rows per device, {accum} accumulation step(s)").format(
         batch=batch, accum=cfg.grad_accum_steps(env.world_size)))

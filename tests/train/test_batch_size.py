@@ -10,10 +10,10 @@ import torch
 from portachat.cli import main
 from portachat.device import get_device, reset_device_cache
 from portachat.model import GPT, GPTConfig
+from portachat.train.accumulation import TrainingError, grad_accum_steps, largest_dividing_batch
 from portachat.train.activation_checkpointing import apply_activation_checkpointing
 from portachat.train.batch_size import (
     find_batch_size,
-    grad_accum_steps,
     is_out_of_memory,
     measure_training_peak,
 )
@@ -57,7 +57,12 @@ def test_vendor_out_of_memory_errors_are_recognised():
 def test_grad_accum_from_total_batch():
     assert grad_accum_steps(524288, 32, 2048, world_size=8) == 1
     assert grad_accum_steps(524288, 8, 2048, world_size=2) == 16
-    assert grad_accum_steps(1000, 4, 256) == 1
+    # One rule for the trainer and the finder (the trainer's won: a step sees exactly the total asked for;
+    # the finder's old round-up trained on a different batch than the learning rate was set for).
+    with pytest.raises(TrainingError, match="not a multiple"):
+        grad_accum_steps(1000, 4, 256)
+    assert grad_accum_steps(None, 4, 256) == 1
+    assert largest_dividing_batch(7, 4096, 64) == 4 and largest_dividing_batch(7, None, 64) == 7
 
 
 def test_activation_checkpointing_same_gradients_less_memory():
@@ -87,7 +92,9 @@ def test_cli_tune_with_memory_limit(capsys):
     assert out["limit_bytes"] == 8 * 2**20 and 1 <= out["device_batch_size"] < 32
     fitting = [p for p in out["probes"] if p["batch_size"] == out["device_batch_size"]]
     assert fitting[0]["peak_bytes"] <= 0.9 * 8 * 2**20
-    assert out["grad_accum_steps"] == -(-4096 // (out["device_batch_size"] * 64))
+    batch = out["device_batch_size_for_total"]
+    assert batch <= out["device_batch_size"] and 4096 % (batch * 64) == 0
+    assert out["grad_accum_steps"] == 4096 // (batch * 64)
     with pytest.raises(SystemExit) as bad:
         main(["tune", "batch-size", "--memory-limit", "lots"])
     assert bad.value.code == 2 and "24GiB" in capsys.readouterr().err
