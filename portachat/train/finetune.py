@@ -24,16 +24,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from portachat.checkpoint import _agree, read_meta, stage_dir
+from portachat.checkpoint import read_meta, stage_dir
 from portachat.checkpoint.trainer_state import save_optimizers, save_rng
+from portachat.checkpoint.writer import gather_positions, gather_rngs, step_directory
 from portachat.data.chat_data import Conversation
 from portachat.data.chat_loader import ChatLoader, rows_to_batch
 from portachat.device import Device, DistEnv, get_device, init_distributed
 from portachat.model import GPT
 from portachat.model.load import is_portachat_dir, load_for_inference, resolve_model_source
 from portachat.model.model_dir import META, save_model_files
-from portachat.storage.atomic import commit_tmp, prepare_tmp, tmp_dir_for
-from portachat.storage.runs import prune_old, set_latest, step_dir_name
+from portachat.storage.atomic import commit_tmp, prepare_tmp
 from portachat.tokenizer import Tokenizer, render_conversation
 from portachat.tokenizer.template_masks import render_template_conversation, render_template_prompt
 from portachat.train.chat_stage import ChatOptions, prepare_stage_dir, split_conversations
@@ -237,45 +237,25 @@ class FinetuneTrainer(Trainer):
         return self._save_adapter(step, final)
 
     def _save_adapter(self, step: int, final: bool) -> Path:
-        """<stage>/step_N/ with the adapter (PEFT format), the tokenizer, portachat.json and trainer state;
-        atomic as save_checkpoint: every rank agrees before `latest` moves."""
-        env, path = self.env, self.stage_path
+        """<stage>/step_N/ with the adapter (PEFT format), the tokenizer, portachat.json and trainer state,
+        through the one step-directory writer (every rank agrees before `latest` moves)."""
+        env = self.env
         meta = dict(self.meta_base)
         metrics = {**self.metrics, "train_loss": self.last_loss, "total_training_time_s": self.total_time}
         meta.update(step=step, final=final, metrics=metrics, lora=vars(self.lora))
-        positions = {str(env.rank * self.accum + i): s.state_dict() for i, s in enumerate(self.streams)}
-        if self.world > 1:
-            gathered: list[dict | None] = [None] * self.world
-            dist.all_gather_object(gathered, positions)
-            positions = {k: v for part in gathered for k, v in (part or {}).items()}
-        meta["data_position"] = {"num_streams": self.num_streams, "streams": positions}
-        final_dir = path / step_dir_name(step)
-        tmp = tmp_dir_for(final_dir)
-        error: BaseException | None = None
-        try:
+        meta["data_position"] = gather_positions(self.streams, env.rank * self.accum, self.num_streams)
+        rngs = gather_rngs(env.rank, self.dev.get_rng_state())
+        with step_directory(self.stage_path, step, is_main=env.is_main, device=self.dev.torch_device,
+                            keep_last=self.cfg.keep_last) as out:
             if env.is_main:
-                final_dir.parent.mkdir(parents=True, exist_ok=True)
-                prepare_tmp(final_dir)
-        except BaseException as exc:  # noqa: BLE001 - every rank hears of it below
-            error = exc
-        _agree(error, device=self.dev.torch_device)
-        try:
-            save_rng(tmp, env.rank, self.dev.get_rng_state())
-            if env.is_main:
-                save_adapter(tmp, self.model, self.lora, base_model=str(self.base.path))
-                self.tokenizer.save(tmp, model_max_length=self.model.config.max_seq_len)
+                save_adapter(out.tmp, self.model, self.lora, base_model=str(self.base.path))
+                self.tokenizer.save(out.tmp, model_max_length=self.model.config.max_seq_len)
                 meta.update(model_config=self.model.config.to_dict(), tokenizer_fingerprint=self.tokenizer.fingerprint())
-                (tmp / META).write_text(_json(meta), encoding="utf-8")
-                save_optimizers(tmp, self.model, self.optimizers, None)
-        except BaseException as exc:  # noqa: BLE001
-            error = exc
-        _agree(error, device=self.dev.torch_device, cleanup=tmp if env.is_main else None, final=final_dir)
-        if env.is_main:
-            commit_tmp(tmp, final_dir)
-            set_latest(path, final_dir)
-            prune_old(path, self.cfg.keep_last)
-        if self.world > 1:
-            dist.barrier()
+                (out.tmp / META).write_text(_json(meta), encoding="utf-8")
+                save_optimizers(out.tmp, self.model, self.optimizers, None)
+                for r, state in rngs.items():
+                    save_rng(out.tmp, r, state)
+        final_dir = out.final
         self.say(f"[portachat] saved LoRA adapter {final_dir}")
         return final_dir
 
