@@ -15,8 +15,8 @@ from portachat.serve.api.documents import ground_chat, with_citations
 from portachat.serve.api.errors import APIError
 from portachat.serve.api.prompt import chat_prompt, completion_prompt
 from portachat.serve.api.protocol import ChatCompletionRequest, CompletionRequest, check_supported, parse_body
+from portachat.serve.api.reply_shapes import chat_logprobs, completion_logprobs, usage
 from portachat.serve.api.request_params import compile_constraint, output_constraint, sampling_params
-from portachat.serve.api.responses import chat_logprobs, completion_logprobs, usage
 from portachat.serve.api.sse import GuardedStream
 from portachat.serve.api.state import ModelLease
 from portachat.serve.api.streaming import chat_stream, completion_stream

@@ -10,7 +10,7 @@ from typing import Any
 from portachat.engine.async_engine import RequestStream
 from portachat.engine.types import RequestOutput
 from portachat.serve.api.errors import error_body
-from portachat.serve.api.responses import chat_logprobs, completion_logprobs, logprobs_of, tops_of, usage
+from portachat.serve.api.reply_shapes import chat_logprobs, completion_logprobs, logprobs_of, tops_of, usage
 from portachat.serve.api.sse import SSE_DONE, sse_event
 from portachat.serve.api.state import ModelLease
 from portachat.serve.api.tool_calls import StreamingToolParser

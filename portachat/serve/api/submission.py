@@ -4,6 +4,7 @@ replies unless the client leaves, and hold the model's lease for as long as the 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -14,7 +15,7 @@ from portachat.engine.async_engine import EngineShutdown, RequestStream
 from portachat.engine.types import EngineError, RequestOutput, SamplingParams
 from portachat.serve.api.errors import APIError
 from portachat.serve.api.owner import request_is_admin
-from portachat.serve.api.responses import logprobs_of, tops_of
+from portachat.serve.api.reply_shapes import logprobs_of, tops_of
 from portachat.serve.api.sse import GuardedStream
 from portachat.serve.api.state import ModelLease, ServerState
 
@@ -62,7 +63,9 @@ async def submit_n(state: ModelLease, prompt_ids: list[int], params: SamplingPar
     return handles
 
 
-def abort_all(handles: list[RequestStream]):
+def abort_all(handles: list[RequestStream]) -> Callable[[], None]:
+    """A callback that aborts every choice (a stream's on_close, the end of a collected reply)."""
+
     def abort() -> None:
         for handle in handles:
             handle.abort()
@@ -142,7 +145,8 @@ async def finished_results(request: Request, handles: list[RequestStream]) -> li
 def _error_for(output_error: str | None) -> APIError:
     return APIError(500, output_error or "the engine failed on this request", code="engine_error")
 
-async def with_lease(request: Request, req: Any, respond) -> Response:
+async def with_lease(request: Request, req: Any,
+                     respond: Callable[[Request, ModelLease, Any], Awaitable[Response]]) -> Response:
     """Run `respond(request, state, req)` holding a lease on the model the request names; a streamed
     response releases it when the stream closes, anything else when `respond` returns or raises."""
     server: ServerState = request.app.state.server
