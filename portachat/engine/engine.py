@@ -32,6 +32,7 @@ from portachat.engine.config import EngineConfig
 from portachat.engine.detokenizer import Detokenizer
 from portachat.engine.runner import make_runner
 from portachat.engine.sampler import sample
+from portachat.engine.sampling_params import check_params
 from portachat.engine.scheduler import Scheduler
 from portachat.engine.sequence import Sequence
 from portachat.engine.speculative import Speculator
@@ -45,8 +46,7 @@ from portachat.ops.kv_quant import bytes_per_token
 from portachat.quant import model_dtype
 from portachat.tokenizer.protocol import ChatTokenizer
 
-MAX_TOOL_EXPRESSION_TOKENS = 128
-MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs  # a tool call longer than this is abandoned (no output forced)
+MAX_TOOL_EXPRESSION_TOKENS = 128  # a tool call longer than this is abandoned (no output forced)
 
 
 @dataclass
@@ -60,37 +60,6 @@ class Completion:
     prompt_tokens: int
     completion_tokens: int
     error: str | None = None
-
-
-def validate_params(p: SamplingParams, vocab_size: int) -> None:
-    problems = []
-    if not isinstance(p.max_tokens, int) or p.max_tokens < 1:
-        problems.append(f"max_tokens must be a positive integer, got {p.max_tokens!r}")
-    if p.temperature < 0:
-        problems.append(f"temperature must be >= 0, got {p.temperature}")
-    if p.top_k < 0:
-        problems.append(f"top_k must be >= 0 (0 = off), got {p.top_k}")
-    if not 0.0 < p.top_p <= 1.0:
-        problems.append(f"top_p must be in (0, 1], got {p.top_p}")
-    if p.repetition_penalty <= 0:
-        problems.append(f"repetition_penalty must be > 0, got {p.repetition_penalty}")
-    if not -2.0 <= p.presence_penalty <= 2.0 or not -2.0 <= p.frequency_penalty <= 2.0:
-        problems.append("presence_penalty and frequency_penalty must be in [-2, 2]")
-    if any(not isinstance(s, str) for s in p.stop):
-        problems.append("stop must be a list of strings")
-    if any(not isinstance(t, int) or not 0 <= t < vocab_size for t in p.stop_token_ids):
-        problems.append(f"stop_token_ids must be token ids in [0, {vocab_size})")
-    if not isinstance(p.top_logprobs, int) or not 0 <= p.top_logprobs <= MAX_TOP_LOGPROBS:
-        problems.append(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {p.top_logprobs!r}")
-    for token, bias in p.logit_bias.items():
-        if not isinstance(token, int) or not 0 <= token < vocab_size:
-            problems.append(f"logit_bias keys must be token ids in [0, {vocab_size}), got {token!r}")
-            break
-        if not -100.0 <= bias <= 100.0:
-            problems.append(f"logit_bias values must be in [-100, 100], got {bias!r} for token {token}")
-            break
-    if problems:
-        raise EngineError("; ".join(problems), kind="invalid")
 
 
 class LLMEngine:
@@ -184,7 +153,7 @@ class LLMEngine:
         self, prompt_ids: list[int], params: SamplingParams | None = None, request_id: str | None = None
     ) -> str:
         params = params or SamplingParams()
-        validate_params(params, self.model.config.vocab_size)
+        check_params(params, self.model.config.vocab_size)
         if not prompt_ids:
             raise EngineError(
                 "the prompt is empty: give at least one token (e.g. the BOS token)", kind="invalid"

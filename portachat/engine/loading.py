@@ -44,22 +44,6 @@ class LoadOptions:
     grammar_cache_mb: int = 256  # compiled structured-output grammars kept (EngineConfig.grammar_cache_bytes)
 
 
-def generation_defaults(generation: Any) -> dict[str, Any]:
-    """The model authors' sampling defaults (generation_config.json) for fields a request leaves unset."""
-    out: dict[str, Any] = {}
-    if generation is None:
-        return out
-    if getattr(generation, "do_sample", None) is False:
-        out["temperature"] = 0.0  # the authors chose greedy decoding
-    elif getattr(generation, "temperature", None) is not None:
-        out["temperature"] = generation.temperature
-    for name in ("top_p", "top_k", "repetition_penalty"):
-        value = getattr(generation, name, None)
-        if value is not None:
-            out[name] = value
-    return out
-
-
 def default_model_name(model: str) -> str:
     """The name /v1/models shows when --served-model-name is not given (known before loading)."""
     from portachat.model.load import display_name, resolve_model_source
@@ -150,7 +134,7 @@ def load_served_model(options: LoadOptions, embedding_models: bool = False,
         engine=engine,
         tokenizer=tokenizer,
         max_model_len=engine.max_model_len,
-        generation_defaults=generation_defaults(loaded.generation),
+        generation_defaults=loaded.generation,
         description=description,
         bos_for_completions=loaded.bos_for_completions,
         replicas=[e for e, *_ in replicas[1:]],

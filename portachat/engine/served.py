@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from portachat.engine.async_engine import EngineLike
 from portachat.engine.embeddings import Embedder
+from portachat.model.load import GenerationDefaults
 from portachat.tokenizer.protocol import ChatTokenizer
 
 
@@ -20,7 +20,7 @@ class ServedModel:
     engine: EngineLike | None
     tokenizer: ChatTokenizer | None
     max_model_len: int
-    generation_defaults: dict[str, Any] = field(default_factory=dict)  # temperature, top_p, top_k, ...
+    generation_defaults: GenerationDefaults = field(default_factory=GenerationDefaults)  # generation_config.json
     description: str = ""
     bos_for_completions: bool = False  # our own models were trained on BOS-led documents
     replicas: list[EngineLike] = field(default_factory=list)  # --data-parallel-size: engines beside `engine`

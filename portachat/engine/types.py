@@ -6,11 +6,14 @@ no torch, so the server and the tests can build them cheaply.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    from portachat.engine.sampling_params import SamplingFallback
     from portachat.engine.structured.spec import StructuredSpec
+    from portachat.model.load import GenerationDefaults
 
 
 class EngineError(RuntimeError):
@@ -42,6 +45,15 @@ class SamplingParams:
     use_tools: bool = True  # run the calculator when the model emits a tool call (our chat format)
     adapter: str | None = None  # a LoRA adapter loaded in the engine (LLMEngine.add_adapter); None = base
     structured: StructuredSpec | None = None  # constrain the output to a schema/regex/choice/grammar
+
+    @classmethod
+    def from_request(cls, request: Mapping[str, Any], defaults: GenerationDefaults | None,
+                     fallback: SamplingFallback, vocab_size: int | None = None) -> SamplingParams:
+        """request > the model's generation_config > the interface's fallback, checked (see
+        engine/sampling_params.py, which imports this module: hence the import here)."""
+        from portachat.engine.sampling_params import from_request
+
+        return from_request(request, defaults, fallback, vocab_size)
 
 
 FinishReason = Literal["stop", "length", "abort", "error"]

@@ -21,12 +21,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from portachat.engine.sampling_params import SamplingError, SamplingFallback, with_fields
 from portachat.engine.structured import StructuredError
 from portachat.engine.structured.fields import structured_spec
 from portachat.engine.types import EngineError, SamplingParams
 from portachat.tokenizer.protocol import ChatTokenizer
 
 ROW_PARAMS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+
+# `generate`'s own defaults for what neither a row, the flags nor the model's generation_config
+# set: greedy, so a batch run is reproducible unless it asks for sampling.
+GENERATE_FALLBACK = SamplingFallback(temperature=0.0, max_tokens=256)
 
 
 class BatchInputError(ValueError):
@@ -92,19 +97,16 @@ def _parse_row(
         prompt_ids = bos + tokenizer.encode(obj["prompt"])
     else:
         raise BatchInputError(f"{where}: each row needs a non-empty 'prompt' string or a 'messages' list")
-    overrides = {k: obj[k] for k in ROW_PARAMS if k in obj}
-    if isinstance(overrides.get("stop"), str):
-        overrides["stop"] = [overrides["stop"]]
     try:
         constraint = structured_spec(obj)
     except StructuredError as exc:
         raise BatchInputError(f"{where}: {exc}") from None
+    try:  # the row's fields over the command's (flags > the model's generation_config > GENERATE_FALLBACK)
+        params = with_fields(defaults, {k: obj[k] for k in ROW_PARAMS if k in obj})
+    except SamplingError as exc:
+        raise BatchInputError(f"{where}: {exc}") from None
     if constraint is not None:
-        overrides["structured"] = constraint
-    try:
-        params = replace(defaults, **overrides)
-    except TypeError as exc:
-        raise BatchInputError(f"{where}: bad sampling field: {exc}") from None
+        params = replace(params, structured=constraint)
     return BatchRow(line=n, row_id=row_id, prompt_ids=prompt_ids, params=params)
 
 

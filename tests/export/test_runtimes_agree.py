@@ -76,7 +76,7 @@ def _check_agree(loaded, hf_dir: Path, gguf: Path, text: str, messages: list[dic
     hf_tok = transformers.AutoTokenizer.from_pretrained(str(hf_dir), local_files_only=True)
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
     llama = LlamaCpp(gguf)
-    # What `portachat serve` feeds the model (serve/api/completions.py, chat: render_prompt).
+    # What `portachat serve` feeds the model (serve/api/prompt.py, chat: render_prompt).
     ours = {
         "completion": ([tok.bos_id] if loaded.bos_for_completions else []) + tok.encode(text),
         "chat": tok.render_prompt(messages),

@@ -161,5 +161,5 @@ def test_terminal_chat_commands_in_chinese(monkeypatch):
     assert handle_command("/temperature hot", session, out) and handle_command("/help", session, out)
     assert handle_command("/nope", session, out) and not handle_command("/quit", session, out)
     text = out.getvalue()
-    assert "/temperature 需要一个 >= 0 的数，例如 /temperature 0.7（当前为 0.5）" in text
+    assert "/temperature 需要一个 0 到 2 之间的数，例如 /temperature 0.7（当前为 0.5）" in text
     assert "命令：" in text and "/max-tokens N     最长回复的 token 数" in text and "未知命令 /nope" in text

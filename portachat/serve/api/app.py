@@ -18,7 +18,7 @@ from starlette.middleware.cors import CORSMiddleware
 from portachat import __version__
 from portachat.i18n import _
 from portachat.serve.api.anthropic import messages
-from portachat.serve.api.completions import ClientGone, chat_completions, completions
+from portachat.serve.api.completions import chat_completions, completions
 from portachat.serve.api.documents import add_routes as add_document_routes
 from portachat.serve.api.embeddings import embeddings
 from portachat.serve.api.errors import APIError, api_error_response, error_response
@@ -28,6 +28,7 @@ from portachat.serve.api.openapi import openapi_schema
 from portachat.serve.api.origin import RequestGuard
 from portachat.serve.api.protocol import json_body
 from portachat.serve.api.state import ServedModel, ServerSettings, ServerState
+from portachat.serve.api.submission import ClientGone
 from portachat.serve.registry import ModelRegistry, ModelSpec, RegistryEntry
 from portachat.serve.registry.keep_alive import describe_keep_alive
 from portachat.serve.registry.registry import LoadFailed, NoRoom
