@@ -22,7 +22,6 @@ from portachat.storage.atomic import (
 from portachat.storage.runs import (
     latest_checkpoint,
     prune_old,
-    resolve_model_path,
     set_latest,
     stage_dir,
     step_dir_name,
@@ -34,7 +33,6 @@ __all__ = [
     "latest_checkpoint",
     "load_model_dir",
     "read_meta",
-    "resolve_model_path",
     "save_checkpoint",
     "stage_dir",
 ]

@@ -18,8 +18,10 @@ from torch import nn
 
 from portachat.device import Device, get_device
 from portachat.device.device import device_holding
+from portachat.engine.build import build_engine
 from portachat.engine.config import EngineConfig
-from portachat.engine.engine import Completion, LLMEngine
+from portachat.engine.engine import LLMEngine
+from portachat.engine.offline import Completion
 from portachat.engine.types import EngineError, SamplingParams
 from portachat.model.gpt import GPT
 from portachat.quant import model_device
@@ -111,8 +113,8 @@ def engine_for(
     if max_num_batched_tokens is not None:
         config.max_num_batched_tokens = max_num_batched_tokens
     with eval_mode(model):  # the engine leaves the model in eval mode; give it back as it was
-        return LLMEngine(model, tokenizer or TokenIdsOnly(model.config.vocab_size), config,
-                         device=device or device_of(model))
+        return build_engine(model, tokenizer or TokenIdsOnly(model.config.vocab_size), config,
+                            device or device_of(model))
 
 
 def generate_once(

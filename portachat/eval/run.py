@@ -122,14 +122,9 @@ def run_evals(opts: EvalOptions, log: Callable[[str], None] = print) -> list[Eva
     if opts.tensor_parallel_size > 1:
         return _run_tensor_parallel(opts, tasks, data, log)
     loaded = load_for_inference(opts.model, device=opts.device, dtype=opts.dtype)
-    log(f"[eval] model: {loaded.description}")
-    if opts.quantize:
-        from portachat.device import get_device
-        from portachat.quant import quantize_model
-
-        log(f"[eval] {quantize_model(loaded.model, opts.quantize, get_device(kind=opts.device)).summary()}")
+    complete, description = _make_complete(loaded, opts)  # quantizes the model in place with --quantize
+    log(f"[eval] model: {description}")
     model, tokenizer = loaded.model, loaded.tokenizer
-    complete = _make_complete(loaded, opts)
     results: list[EvalResult] = []
     for task in tasks:
         if task not in data:
@@ -170,18 +165,20 @@ def _run_tensor_parallel(opts: EvalOptions, tasks: list[str], data: dict[str, Pa
             served.close()
 
 
-def _make_complete(loaded: Any, opts: EvalOptions):
+def _make_complete(loaded: Any, opts: EvalOptions) -> tuple[Callable, str]:
+    """The generative tasks' complete function over the loaded model, through the engine builder
+    the server uses, and the model's description."""
     from portachat.device import get_device
-    from portachat.engine.config import EngineConfig
-    from portachat.engine.engine import LLMEngine
+    from portachat.engine.loading import LoadOptions, engine_for_model
     from portachat.eval.generation import engine_complete
 
     dev = get_device(kind=opts.device, dtype=opts.dtype)
     # Eval prompts are short (HumanEval's longest ~1k tokens with its reply): no need to reserve a KV
     # cache for a model's full context (8k for SmolLM2) times the batch.
-    max_len = min(loaded.model.config.max_seq_len, MAX_EVAL_CONTEXT)
-    engine = LLMEngine(loaded.model, loaded.tokenizer, EngineConfig(dtype="model", max_model_len=max_len), device=dev)
-    return engine_complete(engine, loaded.tokenizer, seed=opts.seed)
+    options = LoadOptions(model=opts.model, device=opts.device, dtype=opts.dtype, quantize=opts.quantize,
+                          max_model_len=min(loaded.model.config.max_seq_len, MAX_EVAL_CONTEXT))
+    engine, tokenizer, description = engine_for_model(loaded, options, dev)
+    return engine_complete(engine, tokenizer, seed=opts.seed), description
 
 
 def _run_one(task: str, data: Path | None, model, tokenizer, complete, opts: EvalOptions) -> EvalResult:
