@@ -7,13 +7,19 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from portachat.device import Device, get_device
+from portachat.device.dist import shard_device_index
+from portachat.device.dtypes import parse_dtype
 from portachat.engine.build import build_engine
 from portachat.engine.config import EngineConfig
 from portachat.engine.engine import LLMEngine
 from portachat.engine.served import ServedModel
 from portachat.engine.types import EngineError
+from portachat.model.estimate import ModelShape, load_hf_config
 from portachat.model.load import InferenceModel, load_for_inference
+from portachat.model.serve_memory import check_fits
 from portachat.model.source import EMBEDDING, ModelSource, resolve
+from portachat.ops.inference_dtype import inference_dtype
+from portachat.quant import quantize_model
 from portachat.tokenizer.protocol import ChatTokenizer
 
 
@@ -105,7 +111,6 @@ def load_served_model(options: LoadOptions, embedding_models: bool = False,
     workers = None
     if options.tensor_parallel_size > 1:
         from portachat.engine.workers import start_workers
-        from portachat.ops.inference_dtype import inference_dtype
 
         # Every rank must compute in one dtype (the all-reduces add their partial sums) and run the
         # same eager step: rank 0 decides for all of them. The workers load the path rank 0 resolved
@@ -174,11 +179,6 @@ def speculative_config(options: SpeculativeOptions, target: Any, device: Any):
 def _check_fits(options: LoadOptions, device, source: ModelSource) -> None:
     """A model too big for the devices fails here, before any weight is read (a directory with a
     config.json; GGUF files and quantized loads are left to the load itself)."""
-    from portachat.device.dtypes import parse_dtype
-    from portachat.model.estimate import ModelShape, load_hf_config
-    from portachat.model.serve_memory import check_fits
-    from portachat.ops.inference_dtype import inference_dtype
-
     if options.quantize or options.lora:
         return
     try:
@@ -198,8 +198,6 @@ def _check_fits(options: LoadOptions, device, source: ModelSource) -> None:
 
 def _load_engine(options: LoadOptions, source: ModelSource, replica: int | None, group=None):
     """Replica `replica`'s engine (None: the only one); with -tp, its shard 0 over the replica's `group`."""
-    from portachat.device.dist import shard_device_index
-
     tp = options.tensor_parallel_size
     index = None if replica is None else shard_device_index(replica, 0, tp)
     device = get_device(kind=options.device, dtype=None, compile=options.compile, replica=index)
@@ -226,7 +224,6 @@ def engine_for_model(loaded: InferenceModel, options: LoadOptions, device: Devic
         tokenizer = tokenizer.with_chat_template(options.chat_template)
         description += "; chat template from --chat-template"
     if options.quantize and options.tensor_parallel_size == 1:  # shards are quantized by load_shard
-        from portachat.quant import quantize_model
 
         report = quantize_model(loaded.model, options.quantize, device, compiled=options.compile)
         description += f"; {report.summary()}"

@@ -1,11 +1,11 @@
 """An engine over a model someone else owns, for one batch of generations (samples, evals, checks).
 
-Training samples, `model_complete`, decode profiling and parity tests generate from a model that is
-not the engine's to change (RL rollouts do too, through the same kind of engine). The engine built
-here therefore keeps the weights in their dtype and on their device, gives the model back in the
-train/eval mode it had, holds a KV cache sized for exactly the batch, and runs with prefix caching
-off (cached keys/values would outlive an in-place weight update) and uncompiled (one batch never
-pays a compilation back).
+Training samples, RL rollouts, training evals, `model_complete`, decode profiling and parity tests
+generate from a model that is not the engine's to change. The engine built here (by
+portachat.engine.build, as every engine is) therefore keeps the weights in their dtype and on
+their device, gives the model back in the train/eval mode it had, holds a KV cache sized for
+exactly the batch, and runs with prefix caching off (cached keys/values would outlive an in-place
+weight update) and uncompiled (one batch never pays a compilation back).
 """
 
 from __future__ import annotations

@@ -16,8 +16,12 @@ from typing import Any
 
 import torch
 
+from portachat.data.sources import open_source
+from portachat.device import get_device
+from portachat.engine.loading import LoadOptions, engine_for_model, load_served_model
 from portachat.eval.data_files import EvalDataError, default_data_path, resolve_data
 from portachat.eval.report import EvalResult
+from portachat.model.load import load_for_inference
 
 TASKS = ("bpb", "synthetic", "gsm8k", "arc", "mmlu", "ceval", "cmmlu", "humaneval")
 CHOICES = (*TASKS, "core", "all")
@@ -64,7 +68,6 @@ def token_bytes_tensor(tokenizer: Any, vocab_size: int) -> torch.Tensor:
 def text_bpb(model: torch.nn.Module, tokenizer: Any, data: str | None, limit: int | None,
              batch_size: int = 8) -> EvalResult:
     """Bits per byte on the validation split of `data` (default: the built-in synthetic curriculum)."""
-    from portachat.data.sources import open_source
     from portachat.eval.bpb import evaluate_bpb
 
     seq_len = min(512, model.config.max_seq_len)
@@ -96,8 +99,6 @@ def text_bpb(model: torch.nn.Module, tokenizer: Any, data: str | None, limit: in
 
 
 def run_evals(opts: EvalOptions, log: Callable[[str], None] = print) -> list[EvalResult]:
-    from portachat.model.load import load_for_inference
-
     tasks = _task_list(opts)
     single = len(tasks) == 1
     data: dict[str, Path | None] = {}
@@ -141,7 +142,6 @@ def run_evals(opts: EvalOptions, log: Callable[[str], None] = print) -> list[Eva
 def _run_tensor_parallel(opts: EvalOptions, tasks: list[str], data: dict[str, Path | None],
                          log: Callable[[str], None]) -> list[EvalResult]:  # fmt: skip
     """Generative tasks through an engine split over -tp N worker processes (started and stopped here)."""
-    from portachat.engine.loading import LoadOptions, load_served_model
     from portachat.eval.generation import engine_complete
 
     forward = [t for t in tasks if t in FORWARD_TASKS and t in data]
@@ -168,8 +168,6 @@ def _run_tensor_parallel(opts: EvalOptions, tasks: list[str], data: dict[str, Pa
 def _make_complete(loaded: Any, opts: EvalOptions) -> tuple[Callable, str]:
     """The generative tasks' complete function over the loaded model, through the engine builder
     the server uses, and the model's description."""
-    from portachat.device import get_device
-    from portachat.engine.loading import LoadOptions, engine_for_model
     from portachat.eval.generation import engine_complete
 
     dev = get_device(kind=opts.device, dtype=opts.dtype)

@@ -17,13 +17,17 @@ from typing import Any
 import torch
 
 from portachat.device import Device, get_device
+from portachat.device.dtypes import parse_dtype
 from portachat.i18n import _
 from portachat.model.config import GPTConfig
 from portachat.model.gpt import GPT
 from portachat.model.hf import from_hf_config
 from portachat.model.hf_dir import ModelParts, read_hf_dir, read_json
 from portachat.model.source import GGUF, PEFT, PORTACHAT, ModelSource, display_name, resolve
+from portachat.ops.inference_dtype import inference_dtype
 from portachat.storage.atomic import CheckpointError
+from portachat.tokenizer.bpe import Tokenizer
+from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer, TemplateChatTokenizer
 from portachat.tokenizer.protocol import ChatTokenizer
 
 # Rotary tables are built for at most this many positions up front and grow on demand: a model
@@ -155,8 +159,6 @@ def build_from_parts(
 ) -> tuple[GPT, ChatTokenizer, GenerationDefaults]:
     """Model, chat tokenizer and generation defaults from in-memory parts (an HF directory's or a
     GGUF's: anything with ModelParts' fields). The chat tokenizer is the template one."""
-    from portachat.tokenizer.chat_tokenizer import TemplateChatTokenizer
-
     cfg = from_hf_config(parts.config)
     model = build_model(cfg, parts.state_dict, device, dtype, where)
     eos = _eos_ids(parts.generation_config.get("eos_token_id"), parts.config.get("eos_token_id"))
@@ -183,9 +185,6 @@ def _describe(cfg: GPTConfig, model: GPT, dtype: torch.dtype, source: str, path:
 
 def _resolve_device(device: Device | torch.device | str | None, dtype: torch.dtype | str | None
                     ) -> tuple[torch.device, torch.dtype]:  # fmt: skip
-    from portachat.device.dtypes import parse_dtype
-    from portachat.ops.inference_dtype import inference_dtype
-
     dev = get_device() if device is None else device if isinstance(device, Device) else None
     torch_device = dev.torch_device if dev is not None else torch.device(device)
     if isinstance(dtype, str):
@@ -240,8 +239,6 @@ def load_for_inference(
 
 def _load_ours(path: Path, parts: ModelParts, device: torch.device, dtype: torch.dtype) -> InferenceModel:
     from portachat.model.model_dir import check_tokenizer_matches, read_meta
-    from portachat.tokenizer.bpe import Tokenizer
-    from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
 
     cfg = from_hf_config(parts.config)
     tokenizer = Tokenizer(parts.tokenizer)
