@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 from gpt_testing import randomized, tiny_config
 
 from portachat.model import GPT, UnsupportedConfigError
@@ -23,7 +22,6 @@ from portachat.model.source import (
     HUGGINGFACE,
     PEFT,
     PORTACHAT,
-    ModelSource,
     resolve,
 )
 from portachat.serve.registry import discover_models
@@ -162,5 +160,4 @@ def test_a_load_is_handed_its_source(tmp_path, our_tokenizer, monkeypatch):
     monkeypatch.setattr(source_module, "_locate", lambda spec: pytest.fail(f"resolved {spec} again"))
     served = load_served_model(LoadOptions(model="ignored: the source says", device="cpu", dtype="fp32",
                                            max_model_len=64), source=source)
-    assert served.engine.model.config.vocab_size == 320
-    assert isinstance(source, ModelSource) and torch.is_tensor(next(served.engine.model.parameters()))
+    assert served.engine.model.config.vocab_size == 320 and str(step) in served.description
