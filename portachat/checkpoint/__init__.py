@@ -12,7 +12,7 @@ from portachat.checkpoint.trainer_state import collect_optimizers, save_rng, wri
 from portachat.checkpoint.writer import gather_positions, gather_rngs, step_directory
 from portachat.model.model_dir import LoadedModel, load_model_dir, read_meta, save_model_files
 from portachat.storage.atomic import CheckpointError
-from portachat.storage.runs import latest_checkpoint, resolve_model_path, stage_dir
+from portachat.storage.runs import latest_checkpoint, stage_dir
 
 __all__ = [
     "CheckpointError",
@@ -20,7 +20,6 @@ __all__ = [
     "latest_checkpoint",
     "load_model_dir",
     "read_meta",
-    "resolve_model_path",
     "save_checkpoint",
     "step_directory",
     "stage_dir",

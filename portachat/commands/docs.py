@@ -24,13 +24,13 @@ def _model(args: argparse.Namespace, recorded: str | None):
     """The embedding model, named as the collection records it (so the server and the CLI share collections)."""
     from portachat.device import get_device
     from portachat.engine.embeddings import load_embedding_model
-    from portachat.model.load import display_name, resolve_model_source
+    from portachat.model.source import display_name, resolve
     from portachat.serve.docs.ingest import text_embedder
 
     if not args.embedding_model:
         raise SystemExit("portachat docs: error: give --embedding-model PATH (an embedding model directory, e.g. "
                          "all-MiniLM-L6-v2; the server's --model NAME=PATH for it names the same directory)")
-    path = resolve_model_source(args.embedding_model)
+    path = resolve(args.embedding_model).path
     print(f"[portachat] loading {path} ...", file=sys.stderr, flush=True)
     embedder = load_embedding_model(path, get_device(kind=args.device), args.dtype)
     # A package's "model" folder says nothing: name it after the folder above.

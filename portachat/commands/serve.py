@@ -77,15 +77,14 @@ def _keep_alive(text: str) -> str:
 
 def model_specs(args: argparse.Namespace) -> list:
     """`--model [NAME=]PATH` (repeatable, loaded at start-up) and `--models-dir` (loaded on demand)."""
-    from portachat.engine.loading import default_model_name
-    from portachat.serve.registry import ModelSpec, discover_models, parse_model_arg
+    from portachat.serve.registry import discover_models, parse_model_arg
+    from portachat.serve.registry.catalog import given_model
 
     given = [parse_model_arg(text) for text in args.model or []]
     if args.served_model_name and len(given) != 1:
         raise SystemExit("portachat serve: " + _("error: {message}").format(message=_(
             "--served-model-name names the one --model; with several models use --model NAME=PATH for each")))
-    specs = [ModelSpec(args.served_model_name or name or default_model_name(path), path, pinned=True)
-             for name, path in given]
+    specs = [given_model(path, args.served_model_name or name) for name, path in given]
     if args.models_dir:
         try:
             found = discover_models(args.models_dir)
@@ -189,7 +188,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print("[portachat] " + _("loading {name} from {path} ...").format(name=spec.name, path=spec.path),
               file=sys.stderr, flush=True)
         served = load_served_model(dataclasses.replace(options, model=spec.path), embedding_models=True,
-                                   on_worker_failure=on_worker_failure)
+                                   on_worker_failure=on_worker_failure, source=spec.source)
         print("[portachat] " + _("{name} ready: {description}").format(name=spec.name,
                                                                         description=served.description),
               file=sys.stderr, flush=True)

@@ -16,50 +16,34 @@ import threading
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch.distributed.tensor import DTensor
 
 from portachat.device import Device, diagnose, get_device
-from portachat.device.dtypes import parse_dtype
 from portachat.device.graphs import GraphCapturer
-from portachat.device.inference import choose_kv_cache_dtype, decode_compile, decode_graphs, kv_cache_budget
+from portachat.device.inference import choose_kv_cache_dtype, decode_compile, decode_graphs
 from portachat.engine.block_manager import BlockManager
 from portachat.engine.calculator import calculate
 from portachat.engine.config import EngineConfig
 from portachat.engine.detokenizer import Detokenizer
-from portachat.engine.runner import make_runner
+from portachat.engine.offline import Completion, generate
+from portachat.engine.runner import ModelRunner
 from portachat.engine.sampler import sample
 from portachat.engine.sampling_params import check_params
 from portachat.engine.scheduler import Scheduler
 from portachat.engine.sequence import Sequence
+from portachat.engine.setup import kv_blocks, weights_dtype
 from portachat.engine.speculative import Speculator
 from portachat.engine.structured import TokenMasks, allocate_bitmask
 from portachat.engine.types import EngineError, RequestOutput, SamplingParams
 from portachat.model.gpt import GPT
 from portachat.model.lora import LoraWeights, load_lora
 from portachat.model.lora_batch import AdapterSet
-from portachat.ops.inference_dtype import inference_dtype
-from portachat.ops.kv_quant import bytes_per_token
-from portachat.quant import model_dtype
 from portachat.tokenizer.protocol import ChatTokenizer
 
 MAX_TOOL_EXPRESSION_TOKENS = 128  # a tool call longer than this is abandoned (no output forced)
-
-
-@dataclass
-class Completion:
-    """A finished request, as `generate` returns it."""
-
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None
-    logprobs: list[float] | None
-    prompt_tokens: int
-    completion_tokens: int
-    error: str | None = None
 
 
 class LLMEngine:
@@ -69,22 +53,15 @@ class LLMEngine:
         tokenizer: ChatTokenizer,
         config: EngineConfig | None = None,
         device: Device | None = None,
+        runner_cls: type[ModelRunner] = ModelRunner,
     ) -> None:
+        """`runner_cls` runs the forward (portachat.engine.build picks the tensor-parallel one for a shard)."""
         self.config = config = config or EngineConfig()
         self.device = device = device or get_device()
         self.tokenizer = tokenizer
         cfg = model.config
-        # Weights: the inference dtype, cast in place (the engine owns a frozen model it is given).
-        # A model that is still training (RL rollouts) is never cast behind the trainer's back.
-        training = any(p.requires_grad for p in model.parameters())
-        if config.dtype == "model" or (config.dtype is None and training):
-            dtype = model_dtype(model)  # not lm_head.weight: a quantized head has none
-            self.dtype_reason = "kept the model's dtype" + (" (its weights are training)" if training else "")
-        elif config.dtype is not None:
-            dtype, self.dtype_reason = parse_dtype(config.dtype), f"requested ({config.dtype})"
-        else:
-            choice = inference_dtype(device)
-            dtype, self.dtype_reason = choice.value, choice.reason
+        # Weights: cast in place (the engine owns a frozen model it is given).
+        dtype, self.dtype_reason = weights_dtype(model, config, device)
         self.dtype = dtype
         model.to(device=device.torch_device, dtype=dtype).eval()
         self.model = model
@@ -97,7 +74,7 @@ class LLMEngine:
         except ValueError as exc:
             raise EngineError(str(exc), kind="invalid") from exc
         self.kv_dtype, self.kv_dtype_reason = kv_choice.value, kv_choice.reason
-        num_blocks, self.kv_reason = self._num_blocks(cfg, self.kv_dtype)
+        num_blocks, self.kv_reason = kv_blocks(cfg, config, device, self.kv_dtype, self.max_model_len)
         min_blocks = -(-self.max_model_len // config.block_size)
         if num_blocks < min_blocks:
             raise EngineError(
@@ -107,7 +84,7 @@ class LLMEngine:
             )
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)
-        self.runner = make_runner(
+        self.runner = runner_cls(
             model, num_blocks, config.block_size, self.max_model_len, device.torch_device, dtype, self.kv_dtype
         )
         compile_choice = decode_compile(device, config.compile, packed=self.runner.packed is not None)
@@ -134,18 +111,6 @@ class LLMEngine:
         self._constraints = None  # structured.compile.Constraints, built on the first constrained request
         self._mask_thread: ThreadPoolExecutor | None = None
         self._structured_lock = threading.Lock()
-
-    def _num_blocks(self, cfg, kv_dtype: torch.dtype) -> tuple[int, str]:
-        c = self.config
-        per_token = bytes_per_token(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, kv_dtype)
-        per_block = per_token * c.block_size
-        if c.num_blocks is not None:
-            return c.num_blocks, f"{c.num_blocks} blocks requested"
-        if c.kv_cache_gb is not None:
-            return int(c.kv_cache_gb * 2**30) // per_block, f"--kv-cache-gb {c.kv_cache_gb}"
-        wanted = c.max_num_seqs * -(-self.max_model_len // c.block_size) * per_block
-        choice = kv_cache_budget(self.device, c.gpu_memory_utilization, wanted)
-        return int(choice.value) // per_block, choice.reason
 
     # ------------------------------------------------------------------ requests
 
@@ -497,54 +462,4 @@ class LLMEngine:
         """Run prompts to completion (queued as the queue bound allows) and return them in order.
         A prompt the engine refuses (too long, bad parameters) comes back with finish_reason
         "error" and the reason in `error`; the others run normally."""
-        params = params or SamplingParams()
-        plist = params if isinstance(params, list) else [params] * len(prompts)
-        if len(plist) != len(prompts):
-            raise EngineError(f"{len(prompts)} prompts but {len(plist)} sampling params", kind="invalid")
-        results: dict[str, dict] = {}
-        order: list[str] = []
-        pending = list(zip(prompts, plist, strict=True))
-        done = 0
-        while pending or self.has_unfinished():
-            while pending and len(self.scheduler.waiting) < self.config.max_waiting:
-                prompt, p = pending.pop(0)
-                try:
-                    rid = self.add_request(prompt, p)
-                except EngineError as exc:  # one bad prompt (e.g. too long) fails alone, not the batch
-                    rid = f"rejected-{len(order)}"
-                    refused = RequestOutput(rid, "", [], None, True, "error", str(exc), len(prompt), 0)
-                    results[rid] = {"text": [], "ids": [], "logprobs": None, "out": refused}
-                    order.append(rid)
-                    done += 1
-                    continue
-                order.append(rid)
-                results[rid] = {"text": [], "ids": [], "logprobs": [] if p.logprobs else None, "out": None}
-            for out in self.step():
-                r = results.get(out.request_id)
-                if r is None:
-                    continue
-                r["text"].append(out.text)
-                r["ids"].extend(out.token_ids)
-                if r["logprobs"] is not None and out.logprobs:
-                    r["logprobs"].extend(out.logprobs)
-                if out.finished:
-                    r["out"] = out
-                    done += 1
-                    if progress is not None:
-                        progress(done, len(prompts))
-        completions = []
-        for rid in order:
-            r = results[rid]
-            out = r["out"]
-            completions.append(
-                Completion(
-                    text="".join(r["text"]),
-                    token_ids=r["ids"],
-                    finish_reason=out.finish_reason,
-                    logprobs=r["logprobs"],
-                    prompt_tokens=out.prompt_tokens,
-                    completion_tokens=out.completion_tokens,
-                    error=out.error,
-                )
-            )
-        return completions
+        return generate(self, prompts, params, progress)

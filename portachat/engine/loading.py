@@ -4,10 +4,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
+from portachat.device import Device, get_device
+from portachat.device.dist import shard_device_index
+from portachat.device.dtypes import parse_dtype
+from portachat.engine.build import build_engine
+from portachat.engine.config import EngineConfig
+from portachat.engine.engine import LLMEngine
 from portachat.engine.served import ServedModel
+from portachat.engine.types import EngineError
+from portachat.model.estimate import ModelShape, load_hf_config
+from portachat.model.load import InferenceModel, load_for_inference
+from portachat.model.serve_memory import check_fits
+from portachat.model.source import EMBEDDING, ModelSource, resolve
+from portachat.ops.inference_dtype import inference_dtype
+from portachat.quant import quantize_model
+from portachat.tokenizer.protocol import ChatTokenizer
 
 
 @dataclass
@@ -44,43 +57,23 @@ class LoadOptions:
     grammar_cache_mb: int = 256  # compiled structured-output grammars kept (EngineConfig.grammar_cache_bytes)
 
 
-def default_model_name(model: str) -> str:
-    """The name /v1/models shows when --served-model-name is not given (known before loading)."""
-    from portachat.model.load import display_name, resolve_model_source
-
-    try:
-        return display_name(resolve_model_source(model))
-    except Exception:  # noqa: BLE001 - a missing model fails properly when it loads; any name will do here
-        return Path(model).name or str(model)
-
-
-def load_embedding_served(options: LoadOptions, device) -> ServedModel:
+def load_embedding_served(options: LoadOptions, device, source: ModelSource) -> ServedModel:
     """An embedding model (BERT encoder or sentence-transformers directory): an embedder, no engine."""
     from portachat.engine.embeddings import load_embedding_model
-    from portachat.model.load import resolve_model_source
 
     for name in ("lora", "quantize", "chat_template"):
         if getattr(options, name):
             raise ValueError(f"--{name.replace('_', '-')} does not apply to an embedding model ({options.model})")
-    embedder = load_embedding_model(resolve_model_source(options.model), device, options.dtype, options.pooling)
+    embedder = load_embedding_model(source.path, device, options.dtype, options.pooling)
     if options.max_model_len is not None:
         embedder.max_tokens = min(embedder.max_tokens, options.max_model_len)
     return ServedModel(engine=None, tokenizer=None, max_model_len=embedder.max_tokens, embedder=embedder,
                        description=f"{embedder.description}; serves /v1/embeddings only")
 
 
-def _is_embedding_source(model: str) -> bool:
-    from portachat.engine.embeddings import is_embedding_model
-    from portachat.model.load import resolve_model_source
-
-    try:
-        return is_embedding_model(resolve_model_source(model))
-    except Exception:  # noqa: BLE001 - a missing model fails with its own message when it loads
-        return False
-
-
 def load_served_model(options: LoadOptions, embedding_models: bool = False,
-                      on_worker_failure: Callable[[str], None] | None = None) -> ServedModel:
+                      on_worker_failure: Callable[[str], None] | None = None,
+                      source: ModelSource | None = None) -> ServedModel:
     """Load the model and build its engine(s) (slow: run it off the event loop).
 
     With --data-parallel-size D the model loads once per replica, replica i on the i-th device.
@@ -88,31 +81,30 @@ def load_served_model(options: LoadOptions, embedding_models: bool = False,
     with both, it is rank 0 of each replica's group of N (D*N devices, replica i on devices i*N..);
     `on_worker_failure` hears of a worker that died (default: exit the process with status 1). An
     embedding model loads (without an engine) only with `embedding_models`: commands that generate
-    text refuse it."""
-    from portachat.device import get_device
+    text refuse it. `source`: options.model already resolved (else it is resolved here, once)."""
     from portachat.engine.embeddings import DEFAULT_POOLING, decoder_embedder, read_pooling_config
 
-    if _is_embedding_source(options.model):
+    source = resolve(source or options.model)
+    if source.kind == EMBEDDING:
         if not embedding_models:
             raise ValueError(f"{options.model} is an embedding model: it makes vectors, not text. Serve it with "
                              f"`portachat serve --model {options.model}` (POST /v1/embeddings).")
-        return load_embedding_served(options, get_device(kind=options.device, dtype=None, compile=options.compile))
+        return load_embedding_served(options, get_device(kind=options.device, dtype=None, compile=options.compile),
+                                     source)
     device = get_device(kind=options.device, dtype=None, compile=options.compile)
-    _check_fits(options, device)
+    _check_fits(options, device, source)
     workers = None
     if options.tensor_parallel_size > 1:
         from portachat.engine.workers import start_workers
-        from portachat.model.load import resolve_model_source
-        from portachat.ops.inference_dtype import inference_dtype
 
-        resolve_model_source(options.model)  # a wrong path fails here, before any worker starts
         # Every rank must compute in one dtype (the all-reduces add their partial sums) and run the
-        # same eager step: rank 0 decides for all of them.
+        # same eager step: rank 0 decides for all of them. The workers load the path rank 0 resolved
+        # (no hub lookup of their own, and `latest` cannot move between ranks).
         dtype = options.dtype or inference_dtype(device).value
         options = replace(options, dtype=str(dtype).removeprefix("torch."), compile=False, enforce_eager=True)
-        workers = start_workers(options, device, on_worker_failure)
+        workers = start_workers(replace(options, model=str(source.path)), device, on_worker_failure)
     try:
-        replicas = [_load_engine(options, replica=i if options.data_parallel_size > 1 else None,
+        replicas = [_load_engine(options, source, replica=i if options.data_parallel_size > 1 else None,
                                  group=workers.groups[i] if workers is not None and workers.groups else None)
                     for i in range(options.data_parallel_size)]  # fmt: skip
     except BaseException:
@@ -155,7 +147,6 @@ def speculative_config(options: SpeculativeOptions, target: Any, device: Any):
     from portachat.engine.speculative import SpeculativeConfig
     from portachat.engine.speculative.config import NGRAM_NAMES
     from portachat.engine.speculative.vocabulary import check_same_vocabulary
-    from portachat.model.load import load_for_inference
 
     # A lone --ngram-prompt-lookup-max below the default min lowers the min with it.
     lookup_min = min(options.prompt_lookup_min, options.prompt_lookup_max)
@@ -170,19 +161,13 @@ def speculative_config(options: SpeculativeOptions, target: Any, device: Any):
     return SpeculativeConfig(method="draft_model", draft=draft.model, **tuning)
 
 
-def _check_fits(options: LoadOptions, device) -> None:
+def _check_fits(options: LoadOptions, device, source: ModelSource) -> None:
     """A model too big for the devices fails here, before any weight is read (a directory with a
     config.json; GGUF files and quantized loads are left to the load itself)."""
-    from portachat.device.dtypes import parse_dtype
-    from portachat.model.estimate import ModelShape, load_hf_config
-    from portachat.model.load import resolve_model_source
-    from portachat.model.serve_memory import check_fits
-    from portachat.ops.inference_dtype import inference_dtype
-
     if options.quantize or options.lora:
         return
     try:
-        path = resolve_model_source(options.model)
+        path = source.path
         config = load_hf_config(path) if path.is_dir() and (path / "config.json").is_file() else None
         shape = ModelShape.from_hf_config(config, name=path.name) if config else None
     except Exception:  # noqa: BLE001 - a missing or odd model fails properly when it loads
@@ -196,22 +181,25 @@ def _check_fits(options: LoadOptions, device) -> None:
                device.type)  # fmt: skip
 
 
-def _load_engine(options: LoadOptions, replica: int | None, group=None):
+def _load_engine(options: LoadOptions, source: ModelSource, replica: int | None, group=None):
     """Replica `replica`'s engine (None: the only one); with -tp, its shard 0 over the replica's `group`."""
-    from portachat.device import get_device
-    from portachat.device.dist import shard_device_index
-    from portachat.engine import EngineConfig, EngineError, LLMEngine
-    from portachat.model.load import load_for_inference
-
     tp = options.tensor_parallel_size
     index = None if replica is None else shard_device_index(replica, 0, tp)
     device = get_device(kind=options.device, dtype=None, compile=options.compile, replica=index)
     if tp > 1:
         from portachat.engine.workers.load import load_shard
 
-        loaded = load_shard(options, device, 0, tp, group)
+        loaded = load_shard(replace(options, model=str(source.path)), device, 0, tp, group)
     else:
-        loaded = load_for_inference(options.model, device=device, dtype=options.dtype, lora=options.lora)
+        loaded = load_for_inference(source, device=device, dtype=options.dtype, lora=options.lora)
+    engine, tokenizer, description = engine_for_model(loaded, options, device)
+    return engine, tokenizer, loaded, description
+
+
+def engine_for_model(loaded: InferenceModel, options: LoadOptions, device: Device
+                     ) -> tuple[LLMEngine, ChatTokenizer, str]:  # fmt: skip
+    """The engine over a loaded model as `options` set it up (chat template, quantization, KV cache,
+    speculation), its tokenizer and a description: what serve, chat, generate and eval run."""
     description = loaded.description
     tokenizer = loaded.tokenizer
     if options.chat_template is not None:
@@ -221,7 +209,6 @@ def _load_engine(options: LoadOptions, replica: int | None, group=None):
         tokenizer = tokenizer.with_chat_template(options.chat_template)
         description += "; chat template from --chat-template"
     if options.quantize and options.tensor_parallel_size == 1:  # shards are quantized by load_shard
-        from portachat.quant import quantize_model
 
         report = quantize_model(loaded.model, options.quantize, device, compiled=options.compile)
         description += f"; {report.summary()}"
@@ -244,11 +231,11 @@ def _load_engine(options: LoadOptions, replica: int | None, group=None):
         config.speculative = speculative_config(options.speculative, loaded, device)
         description += f"; speculative decoding: {options.speculative.model}, " \
                        f"{options.speculative.num_speculative_tokens} tokens"
-    engine = LLMEngine(loaded.model, tokenizer, config, device=device)
+    engine = build_engine(loaded.model, tokenizer, config, device)
     description += f"; KV cache {str(engine.kv_dtype).removeprefix('torch.')} ({engine.kv_dtype_reason})"
     try:
         engine.prepare_structured()  # response_format / tool_choice masks ready before the first request
     except EngineError as exc:  # no llguidance: everything else serves; constrained requests say why they fail
         description += f"; structured output off ({exc})"
     description += f"; decode graphs {'on' if engine.uses_decode_graphs else 'off'} ({engine.graphs_reason})"
-    return engine, tokenizer, loaded, description
+    return engine, tokenizer, description

@@ -1,11 +1,11 @@
 """An engine over a model someone else owns, for one batch of generations (samples, evals, checks).
 
-Training samples, `model_complete`, decode profiling and parity tests generate from a model that is
-not the engine's to change (RL rollouts do too, through the same kind of engine). The engine built
-here therefore keeps the weights in their dtype and on their device, gives the model back in the
-train/eval mode it had, holds a KV cache sized for exactly the batch, and runs with prefix caching
-off (cached keys/values would outlive an in-place weight update) and uncompiled (one batch never
-pays a compilation back).
+Training samples, RL rollouts, training evals, `model_complete`, decode profiling and parity tests
+generate from a model that is not the engine's to change. The engine built here (by
+portachat.engine.build, as every engine is) therefore keeps the weights in their dtype and on
+their device, gives the model back in the train/eval mode it had, holds a KV cache sized for
+exactly the batch, and runs with prefix caching off (cached keys/values would outlive an in-place
+weight update) and uncompiled (one batch never pays a compilation back).
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ from torch import nn
 
 from portachat.device import Device, get_device
 from portachat.device.device import device_holding
+from portachat.engine.build import build_engine
 from portachat.engine.config import EngineConfig
-from portachat.engine.engine import Completion, LLMEngine
+from portachat.engine.engine import LLMEngine
+from portachat.engine.offline import Completion
 from portachat.engine.types import EngineError, SamplingParams
 from portachat.model.gpt import GPT
 from portachat.quant import model_device
@@ -111,8 +113,8 @@ def engine_for(
     if max_num_batched_tokens is not None:
         config.max_num_batched_tokens = max_num_batched_tokens
     with eval_mode(model):  # the engine leaves the model in eval mode; give it back as it was
-        return LLMEngine(model, tokenizer or TokenIdsOnly(model.config.vocab_size), config,
-                         device=device or device_of(model))
+        return build_engine(model, tokenizer or TokenIdsOnly(model.config.vocab_size), config,
+                            device or device_of(model))
 
 
 def generate_once(

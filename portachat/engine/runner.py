@@ -36,17 +36,6 @@ def rotary_tables(model: GPT, length: int, device: torch.device) -> tuple[torch.
     )
 
 
-def make_runner(model: GPT, num_blocks: int, block_size: int, max_model_len: int, device: torch.device,
-                dtype: torch.dtype, kv_dtype: torch.dtype | None = None) -> ModelRunner:  # fmt: skip
-    """The engine's runner; a tensor-parallel shard (portachat.model.tensor_parallel) gets the runner
-    that hands every step to the worker processes holding the other shards."""
-    if getattr(model, "tensor_parallel", None) is not None:
-        from portachat.engine.workers.tp_runner import TensorParallelRunner
-
-        return TensorParallelRunner(model, num_blocks, block_size, max_model_len, device, dtype, kv_dtype)
-    return ModelRunner(model, num_blocks, block_size, max_model_len, device, dtype, kv_dtype)
-
-
 def adapter_of(s: ScheduledSeq) -> str | None:
     """The LoRA adapter a scheduled sequence runs with (a draft model's sequences carry no params)."""
     params = getattr(s.seq, "params", None)

@@ -16,10 +16,14 @@ from typing import Any
 
 import torch
 
+from portachat.data.sources import open_source
+from portachat.device import get_device
+from portachat.engine.loading import LoadOptions, engine_for_model, load_served_model
 from portachat.eval.data_files import EvalDataError, default_data_path, resolve_data
 from portachat.eval.report import EvalResult
 from portachat.eval.sandbox import SandboxLimits, SandboxUnavailable, require_isolation
 from portachat.i18n import _
+from portachat.model.load import load_for_inference
 
 TASKS = ("bpb", "synthetic", "gsm8k", "arc", "mmlu", "ceval", "cmmlu", "humaneval")
 CHOICES = (*TASKS, "core", "all")
@@ -67,7 +71,6 @@ def token_bytes_tensor(tokenizer: Any, vocab_size: int) -> torch.Tensor:
 def text_bpb(model: torch.nn.Module, tokenizer: Any, data: str | None, limit: int | None,
              batch_size: int = 8) -> EvalResult:
     """Bits per byte on the validation split of `data` (default: the built-in synthetic curriculum)."""
-    from portachat.data.sources import open_source
     from portachat.eval.bpb import evaluate_bpb
 
     seq_len = min(512, model.config.max_seq_len)
@@ -99,8 +102,6 @@ def text_bpb(model: torch.nn.Module, tokenizer: Any, data: str | None, limit: in
 
 
 def run_evals(opts: EvalOptions, log: Callable[[str], None] = print) -> list[EvalResult]:
-    from portachat.model.load import load_for_inference
-
     tasks = _task_list(opts)
     single = len(tasks) == 1
     data: dict[str, Path | None] = {}
@@ -127,14 +128,9 @@ def run_evals(opts: EvalOptions, log: Callable[[str], None] = print) -> list[Eva
     if opts.tensor_parallel_size > 1:
         return _run_tensor_parallel(opts, tasks, data, log)
     loaded = load_for_inference(opts.model, device=opts.device, dtype=opts.dtype)
-    log(f"[eval] model: {loaded.description}")
-    if opts.quantize:
-        from portachat.device import get_device
-        from portachat.quant import quantize_model
-
-        log(f"[eval] {quantize_model(loaded.model, opts.quantize, get_device(kind=opts.device)).summary()}")
+    complete, description = _make_complete(loaded, opts)  # quantizes the model in place with --quantize
+    log(f"[eval] model: {description}")
     model, tokenizer = loaded.model, loaded.tokenizer
-    complete = _make_complete(loaded, opts)
     results: list[EvalResult] = []
     for task in tasks:
         if task not in data:
@@ -164,7 +160,6 @@ def _sandbox_ready(opts: EvalOptions, single: bool, log: Callable[[str], None]) 
 def _run_tensor_parallel(opts: EvalOptions, tasks: list[str], data: dict[str, Path | None],
                          log: Callable[[str], None]) -> list[EvalResult]:  # fmt: skip
     """Generative tasks through an engine split over -tp N worker processes (started and stopped here)."""
-    from portachat.engine.loading import LoadOptions, load_served_model
     from portachat.eval.generation import engine_complete
 
     forward = [t for t in tasks if t in FORWARD_TASKS and t in data]
@@ -188,18 +183,18 @@ def _run_tensor_parallel(opts: EvalOptions, tasks: list[str], data: dict[str, Pa
             served.close()
 
 
-def _make_complete(loaded: Any, opts: EvalOptions):
-    from portachat.device import get_device
-    from portachat.engine.config import EngineConfig
-    from portachat.engine.engine import LLMEngine
+def _make_complete(loaded: Any, opts: EvalOptions) -> tuple[Callable, str]:
+    """The generative tasks' complete function over the loaded model, through the engine builder
+    the server uses, and the model's description."""
     from portachat.eval.generation import engine_complete
 
     dev = get_device(kind=opts.device, dtype=opts.dtype)
     # Eval prompts are short (HumanEval's longest ~1k tokens with its reply): no need to reserve a KV
     # cache for a model's full context (8k for SmolLM2) times the batch.
-    max_len = min(loaded.model.config.max_seq_len, MAX_EVAL_CONTEXT)
-    engine = LLMEngine(loaded.model, loaded.tokenizer, EngineConfig(dtype="model", max_model_len=max_len), device=dev)
-    return engine_complete(engine, loaded.tokenizer, seed=opts.seed)
+    options = LoadOptions(model=opts.model, device=opts.device, dtype=opts.dtype, quantize=opts.quantize,
+                          max_model_len=min(loaded.model.config.max_seq_len, MAX_EVAL_CONTEXT))
+    engine, tokenizer, description = engine_for_model(loaded, options, dev)
+    return engine_complete(engine, tokenizer, seed=opts.seed), description
 
 
 def _run_one(task: str, data: Path | None, model, tokenizer, complete, opts: EvalOptions) -> EvalResult:

@@ -11,6 +11,7 @@ from portachat.storage.atomic import CheckpointError, write_text_atomic
 from portachat.storage.paths import portachat_home
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
+RUN_STAGES = ("rl", "sft", "mid", "base")  # furthest down the pipeline first
 
 
 def stage_dir(run: str, stage: str, runs_root: Path | None = None) -> Path:
@@ -66,18 +67,10 @@ def prune_old(stage_path: Path, keep_last: int) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
-def resolve_model_path(spec: str | Path) -> Path:
-    """A model directory, a stage directory (uses `latest`), or `run/stage` under the home."""
-    path = Path(spec).expanduser()
-    if not path.exists():
-        candidate = portachat_home() / "runs" / str(spec)
-        if candidate.exists():
-            path = candidate
-        else:
-            raise CheckpointError(_("no checkpoint at {spec} (also looked in {candidate})").format(spec=spec, candidate=candidate))
-    if (path / "config.json").is_file():
-        return path
-    latest = latest_checkpoint(path)
-    if latest is None:
-        raise CheckpointError(_("{path} holds no checkpoint (no config.json and no `latest` pointer)").format(path=path))
-    return latest
+def run_latest(run_path: Path) -> Path | None:
+    """The checkpoint a run directory stands for: the `latest` of its furthest stage, as speedrun's final model."""
+    for stage in RUN_STAGES:
+        found = latest_checkpoint(run_path / stage)
+        if found is not None:
+            return found
+    return None

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer as HFTokenizer
 
-from portachat.checkpoint import CheckpointError, latest_checkpoint, resolve_model_path, stage_dir
+from portachat.checkpoint import CheckpointError, latest_checkpoint, stage_dir
 from portachat.checkpoint.replicate import checkpoint_from_rank0
 from portachat.data.document_source import DocumentSource
 from portachat.data.loader import PackedLoader, iter_val_batches
@@ -27,6 +27,7 @@ from portachat.eval.bpb import unigram_bpb
 from portachat.i18n import _
 from portachat.model import GPT, GPTConfig, training_tokens
 from portachat.model.model_dir import read_meta
+from portachat.model.source import resolve
 from portachat.storage.atomic import atomic_directory
 from portachat.storage.runs import list_steps
 from portachat.tokenizer import Tokenizer, train_tokenizer
@@ -209,4 +210,4 @@ def _resume_target(opts: BaseOptions, path: Path) -> Path | None:
         if found is None:
             raise CheckpointError(_("--resume: no checkpoint to resume in {path} (no `latest` pointer yet)").format(path=path))
         return found
-    return resolve_model_path(opts.resume)
+    return resolve(opts.resume).path

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from portachat.checkpoint import CheckpointError, latest_checkpoint, resolve_model_path, stage_dir
+from portachat.checkpoint import CheckpointError, latest_checkpoint, stage_dir
 from portachat.checkpoint.replicate import checkpoint_from_rank0, rank0_decides
 from portachat.data.chat_data import (
     Conversation,
@@ -28,6 +28,7 @@ from portachat.device import Device, DistEnv, get_device, init_distributed
 from portachat.i18n import _
 from portachat.model import GPT
 from portachat.model.model_dir import read_config, read_meta
+from portachat.model.source import resolve
 from portachat.storage.runs import list_steps
 from portachat.tokenizer import Tokenizer, render_conversation
 from portachat.train.chat_eval import answer_accuracy_evaluator
@@ -80,7 +81,7 @@ class ChatOptions:
 def resolve_init(stage: str, init: str | None, run: str, runs_root: Path | None) -> Path:
     """The checkpoint a stage starts from: --init, or the run's previous stage's latest checkpoint."""
     if init is not None:
-        return resolve_model_path(init)
+        return resolve(init).path
     previous = PREVIOUS_STAGE[stage]
     where = stage_dir(run, previous, runs_root)
     found = latest_checkpoint(where)
@@ -112,7 +113,7 @@ def prepare_stage_dir(path: Path, resume: str | None, overwrite: bool, stage: st
             raise CheckpointError(_("--resume: no checkpoint to resume in {path} (no `latest` pointer yet)").format(path=path))
         return found
     if resume:
-        return resolve_model_path(resume)
+        return resolve(resume).path
     if list_steps(path):
         if not overwrite:
             raise TrainingError(

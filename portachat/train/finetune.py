@@ -31,8 +31,9 @@ from portachat.data.chat_data import Conversation
 from portachat.data.chat_loader import ChatLoader, rows_to_batch
 from portachat.device import Device, DistEnv, get_device, init_distributed
 from portachat.model import GPT
-from portachat.model.load import is_portachat_dir, load_for_inference, resolve_model_source
+from portachat.model.load import load_for_inference
 from portachat.model.model_dir import META, save_model_files
+from portachat.model.source import PEFT, PORTACHAT, is_portachat_dir, resolve
 from portachat.storage.atomic import commit_tmp, prepare_tmp
 from portachat.tokenizer import Tokenizer, render_conversation
 from portachat.tokenizer.template_masks import render_template_conversation, render_template_prompt
@@ -84,8 +85,9 @@ class BaseModel:
 
 def load_base(spec: str | Path, dev: Device) -> BaseModel:
     """The model to fine-tune, in fp32 on the device (autocast gives the compute dtype), with its tokenizer."""
-    path = resolve_model_source(spec)
-    loaded = load_for_inference(path, device=dev.torch_device, dtype=torch.float32)
+    source = resolve(spec)
+    path = source.path
+    loaded = load_for_inference(source, device=dev.torch_device, dtype=torch.float32)
     model = loaded.model
     model.requires_grad_(True)
     if model.config.tie_embeddings:
@@ -93,7 +95,7 @@ def load_base(spec: str | Path, dev: Device) -> BaseModel:
     model.train()
     gen = loaded.generation
     generation = {k: v for k, v in vars(gen).items() if v is not None and k != "max_new_tokens"}
-    if path.is_dir() and is_portachat_dir(path):
+    if source.format == PORTACHAT or (source.format == PEFT and is_portachat_dir(path)):  # a LoRA run of ours
         from portachat.tokenizer.chat import render_for_completion
 
         tok = Tokenizer.load(path)
@@ -159,7 +161,8 @@ def val_loss_evaluator(convs: Sequence[Conversation], render: Render, pad: int, 
 def answer_evaluator(convs: Sequence[Conversation], base: BaseModel, dev: Device, max_tokens: int
                      ) -> Callable[[GPT, int], dict[str, float]]:  # fmt: skip
     """Fraction of held-out questions answered right (greedy, through the inference engine)."""
-    from portachat.engine import EngineConfig, LLMEngine, SamplingParams
+    from portachat.engine import SamplingParams
+    from portachat.engine.oneshot import engine_for
     from portachat.eval.generation import reply_text
     from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
     from portachat.train.chat_eval import is_correct
@@ -174,8 +177,8 @@ def answer_evaluator(convs: Sequence[Conversation], base: BaseModel, dev: Device
         right = 0
         if mine:
             was_training = model.training
-            engine = LLMEngine(model, chat_tok, EngineConfig(max_num_seqs=min(len(mine), 16), enable_prefix_caching=False,
-                                                             dtype="model", compile=False, max_model_len=2048), device=dev)
+            engine = engine_for(model, chat_tok, dev, max_num_seqs=min(len(mine), 16), max_model_len=2048)
+            model.eval()  # engine_for gives the model back in its mode: no LoRA dropout while answering
             try:
                 prompts = [base.prompt(c["messages"]) for c in mine]
                 params = [SamplingParams(max_tokens=max_tokens, temperature=0.0, seed=0) for _ in prompts]
@@ -364,8 +367,7 @@ def wants_finetune(args: Any) -> bool:
         return True
     if not getattr(args, "init", None):
         return False
-    path = resolve_model_source(args.init)
-    return path.is_file() or not is_portachat_dir(path)
+    return resolve(args.init).format != PORTACHAT
 
 
 def finetune_options(args: Any, chat: ChatOptions) -> FinetuneOptions:

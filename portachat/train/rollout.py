@@ -15,8 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from portachat.device import Device
-from portachat.engine import EngineConfig, LLMEngine, SamplingParams
+from portachat.engine import LLMEngine, SamplingParams
 from portachat.engine.calculator import calculate
+from portachat.engine.oneshot import engine_for
 from portachat.model import GPT
 from portachat.tokenizer import Tokenizer
 from portachat.tokenizer.bpe import ASSISTANT_END, OUTPUT_END, OUTPUT_START, PYTHON_END, PYTHON_START
@@ -62,19 +63,9 @@ class RolloutEngine:
         self._engine: LLMEngine | None = None
 
     def engine(self) -> LLMEngine:
-        if self._engine is None:
-            cfg = self.model.config
-            block = 16
-            blocks = self.max_num_seqs * -(-cfg.max_seq_len // block) + 1
-            was_training = self.model.training
-            self._engine = LLMEngine(
-                self.model,
-                PortachatChatTokenizer(self.tokenizer),
-                EngineConfig(max_num_seqs=self.max_num_seqs, block_size=block, num_blocks=blocks,
-                             enable_prefix_caching=False, dtype="model", compile=False),
-                device=self.dev,
-            )
-            self.model.train(was_training)  # the engine puts the model in eval mode
+        if self._engine is None:  # room for max_num_seqs sequences of the model's context; mode kept
+            self._engine = engine_for(self.model, PortachatChatTokenizer(self.tokenizer), self.dev,
+                                      max_num_seqs=self.max_num_seqs)
         return self._engine
 
     def sample(self, prompts: Sequence[list[int]], max_tokens: int, temperature: float, seeds: Sequence[int]) -> list[Reply]:

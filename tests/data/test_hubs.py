@@ -153,7 +153,8 @@ def tiny_model_files(small_tokenizer, tmp_path) -> dict[str, bytes]:
 def test_models_for_serve_and_init_come_from_either_hub(online, monkeypatch, tiny_model_files):
     import torch
 
-    from portachat.model.load import load_for_inference, resolve_model_source
+    from portachat.model.load import load_for_inference
+    from portachat.model.source import resolve
     from portachat.storage.atomic import CheckpointError
 
     extra = {"pytorch_model.bin": b"never fetched", "onnx/model.onnx": b"never fetched"}
@@ -161,8 +162,8 @@ def test_models_for_serve_and_init_come_from_either_hub(online, monkeypatch, tin
     with FakeHF(repos) as hf, FakeModelScope(repos) as ms:
         monkeypatch.setenv("HF_ENDPOINT", hf.url)
         monkeypatch.setenv("MODELSCOPE_ENDPOINT", ms.url)
-        from_hf = resolve_model_source("hf:someone/tiny")
-        from_ms = resolve_model_source("modelscope:someone/tiny")
+        from_hf = resolve("hf:someone/tiny").path
+        from_ms = resolve("modelscope:someone/tiny").path
         assert from_hf != from_ms
         for path in (from_hf, from_ms):
             assert {p.name for p in path.iterdir() if p.is_file()} >= {"config.json", "model.safetensors",
@@ -173,12 +174,12 @@ def test_models_for_serve_and_init_come_from_either_hub(online, monkeypatch, tin
         ids = torch.tensor([[1, 2, 3]])
         assert torch.equal(a.model(ids), b.model(ids))
         monkeypatch.setenv(hubs.HUB_ENV, "modelscope")
-        assert resolve_model_source("someone/tiny") == from_ms  # bare ids go to the hub PORTACHAT_HUB names
+        assert resolve("someone/tiny").path == from_ms  # bare ids go to the hub PORTACHAT_HUB names
     monkeypatch.delenv(hubs.HUB_ENV)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the server is gone: the cached copy still resolves
-    assert resolve_model_source("hf:someone/tiny") == from_hf
+    assert resolve("hf:someone/tiny").path == from_hf
     with pytest.raises(CheckpointError, match="HF_HUB_OFFLINE is set and it is not in the cache"):
-        resolve_model_source("hf:someone/other")
+        resolve("hf:someone/other")
 
 
 def test_doctor_says_which_hub_answers_and_what_to_set(online, monkeypatch, tmp_path):

@@ -67,7 +67,7 @@ def test_options_outside_the_hf_mapping_are_refused_with_the_reason(tmp_path, sm
 def test_bad_inputs_say_what_to_do(tmp_path, checkpoint):
     with pytest.raises(ExportError, match="valid values: bf16, fp16"):
         export_hf(checkpoint[0], tmp_path / "x", dtype="int8")
-    with pytest.raises(ExportError, match="no checkpoint at"):
+    with pytest.raises(ExportError, match="no model at"):
         export_hf(tmp_path / "missing", tmp_path / "x")
     (tmp_path / "taken").mkdir()
     with pytest.raises(ExportError, match="already exists"):

@@ -4,13 +4,12 @@ whether shorter vectors are allowed, read from the sentence-transformers files n
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from portachat.model.bert import BERT_ARCHITECTURES
 from portachat.model.hf_dir import read_json
+from portachat.model.source import st_modules
 from portachat.storage.atomic import CheckpointError
 
 POOLING_MODES = ("mean", "cls", "last", "max", "mean_sqrt_len")
@@ -49,32 +48,6 @@ class PoolingConfig:
 DEFAULT_POOLING = PoolingConfig("mean", True, source="default")
 
 
-def _modules(directory: Path) -> list[dict[str, Any]] | None:
-    file = directory / "modules.json"
-    if not file.is_file():
-        return None
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{file} is not readable JSON: {exc}") from None
-    if not isinstance(data, list) or not all(isinstance(m, dict) for m in data):
-        raise CheckpointError(f"{file}: expected a list of modules (objects with a 'type')")
-    return data
-
-
-def is_embedding_model(path: str | Path) -> bool:
-    """Whether `path` is an embedding model: a sentence-transformers directory (modules.json with a
-    Pooling module) or a BERT encoder (which cannot generate text)."""
-    directory = Path(path)
-    if not directory.is_dir() or not (directory / "config.json").is_file():
-        return False
-    modules = _modules(directory) or []
-    if any(m.get("type") == _ST_POOLING_MODULE for m in modules):
-        return True
-    config = read_json(directory / "config.json")
-    return config.get("model_type") == "bert" or any(a in BERT_ARCHITECTURES for a in config.get("architectures") or [])
-
-
 def _matryoshka(config: dict[str, Any]) -> tuple[int, ...] | None:
     # vLLM's convention in config.json: `matryoshka_dimensions: [..]` or `is_matryoshka: true`.
     dims = config.get("matryoshka_dimensions")
@@ -89,7 +62,7 @@ def read_pooling_config(directory: str | Path, default_pooling: str = "mean") ->
     directory = Path(directory)
     config = read_json(directory / "config.json", required=False)
     matryoshka = _matryoshka(config)
-    modules = _modules(directory)
+    modules = st_modules(directory)
     if modules is None:
         return replace(DEFAULT_POOLING, pooling=default_pooling, matryoshka=matryoshka)
     kinds = [m.get("type") for m in modules]

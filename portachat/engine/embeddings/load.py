@@ -50,7 +50,7 @@ def load_embedding_model(path: str | Path, device: Device | None = None, dtype: 
     decoder family our GPT runs, pooled as its sentence-transformers files say (`pooling` overrides);
     inputs are wrapped in the special tokens its tokenizer's post-processor adds.
     `dtype` defaults to the device layer's inference dtype."""
-    from portachat.model.load import display_name
+    from portachat.model.source import display_name
     from portachat.ops.inference_dtype import inference_dtype
 
     directory = Path(path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from portachat.device import Device
 from portachat.model.load import InferenceModel, load_for_inference
 from portachat.model.tensor_parallel import shard_model
+from portachat.quant import quantize_model
 
 
 def load_shard(options, device: Device, rank: int, world_size: int, group=None) -> InferenceModel:
@@ -22,8 +23,6 @@ def load_shard(options, device: Device, rank: int, world_size: int, group=None) 
     loaded.description += (f"; tensor parallel {world_size} ranks (rank {rank}: q heads {plan.q_heads.start}-"
                            f"{plan.q_heads.stop - 1}, kv heads {plan.kv_heads.start}-{plan.kv_heads.stop - 1})")  # fmt: skip
     if options.quantize:
-        from portachat.quant import quantize_model
-
         report = quantize_model(loaded.model, options.quantize, device, compiled=False)
         loaded.description += f"; {report.summary()}"
     return loaded

@@ -151,11 +151,10 @@ def _is_embedding_entry(entry: Any) -> bool:
         return served.engine is None and served.embedder is not None
     if not entry.spec.path:
         return False
-    from portachat.engine.embeddings import is_embedding_model
-    from portachat.model.load import resolve_model_source
+    from portachat.model.source import EMBEDDING, resolve
 
-    try:
-        return is_embedding_model(resolve_model_source(entry.spec.path))
+    try:  # the source the catalog resolved, when it did
+        return (entry.spec.source or resolve(entry.spec.path)).kind == EMBEDDING
     except Exception:  # noqa: BLE001 - an unreadable model is not an embedding model we can use
         return False
 

@@ -146,7 +146,7 @@ class ModelRegistry:
             raise ValueError(f"two models are named {', '.join(duplicates)}: give them distinct names with "
                              "--model NAME=PATH")
         self.entries: dict[str, RegistryEntry] = {
-            s.name: RegistryEntry(s, estimate_bytes(s.path) if s.path else 0, self.keep_alive) for s in self.specs
+            s.name: RegistryEntry(s, estimate_bytes(s) if s.path else 0, self.keep_alive) for s in self.specs
         }
         for entry in self.entries.values():
             if entry.is_adapter and entry.spec.base not in self.entries:
