@@ -126,7 +126,7 @@ class _StartUpOnly:
     def run(self) -> None:
         from fastapi.testclient import TestClient
 
-        with TestClient(self.app) as client:
+        with TestClient(self.app, base_url="http://127.0.0.1") as client:  # a loopback Host, as a local client sends
             deadline = time.monotonic() + 120
             while client.get("/health").status_code != 200 and time.monotonic() < deadline:
                 time.sleep(0.05)
