@@ -26,6 +26,8 @@ from typing import Any
 
 from portachat.data.document_source import DataError
 from portachat.i18n import _
+from portachat.storage import hubs
+from portachat.storage.paths import portachat_home
 from portachat.tokenizer.chat import normalize_messages
 from portachat.tokenizer.errors import ChatFormatError
 
@@ -131,8 +133,6 @@ def _parquet_rows(path: Path) -> Iterator[tuple[str, Any]]:
 def hub_dataset(spec: str) -> Path:
     """`hf:OWNER/NAME[:GLOB]` (or `modelscope:...`) -> a local directory with the dataset's matching
     files (downloaded once)."""
-    from portachat.storage import hubs
-    from portachat.storage.paths import portachat_home
 
     hub_name, _sep, rest = spec.partition(":")
     repo, _sep, pattern = rest.partition(":")

@@ -23,7 +23,9 @@ from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
 from portachat.data.document_source import DataError
 from portachat.data.sources import read_parquet_metadata
+from portachat.i18n import _
 from portachat.storage import hubs
+from portachat.storage.paths import portachat_home
 
 FINEWEB_EDU_REPO = "karpathy/fineweb-edu-100b-shuffle"  # nanochat's pretraining shards (shard_NNNNN.parquet)
 PROBE_TIMEOUT_S = 10.0
@@ -190,8 +192,6 @@ def pretraining_data_dir(spec: str, log: Callable[[str], None] = print) -> Path:
     the dataset's matching shards (default `*.parquet`), under $PORTACHAT_HOME/base_data. Downloaded once:
     a directory that already holds matching shards is used as it is (every rank of a launched run, and
     later runs, read the copy the first call made)."""
-    from portachat.i18n import _
-    from portachat.storage.paths import portachat_home
 
     hub_name, _sep, rest = spec.partition(":")
     repo, _sep, pattern = rest.partition(":")

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from portachat.device.errors import DeviceError
+from portachat.storage.paths import portachat_home
 
 KINDS = ("cuda", "rocm", "dcu", "npu", "xpu", "mps", "cpu")
 # torch device type for each kind: ROCm and DCU builds of torch present themselves as "cuda".
@@ -399,7 +400,6 @@ def cpu_probe_cache() -> Path:
     override = os.environ.get("PORTACHAT_CPU_PROBE_CACHE")
     if override:
         return Path(override)
-    from portachat.storage.paths import portachat_home
 
     return portachat_home() / _CPU_PROBE_FILE
 

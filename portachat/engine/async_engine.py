@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from portachat.device.explain import diagnose
 from portachat.engine.types import EngineError, RequestOutput, SamplingParams
 
 
@@ -71,7 +72,6 @@ class _Command:
 
 
 def _diagnosis_text(exc: BaseException) -> str:
-    from portachat.device.explain import diagnose
 
     d = diagnose(exc)
     if d is None:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from portachat.storage import hubs
 from portachat.storage.paths import portachat_home
 
 SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".parquet", ".csv")
@@ -94,7 +95,6 @@ def default_data_path(task: str) -> Path:
 def resolve_data(task: str, data: str | Path | None) -> Path:
     """`--data` if given (a path, or `hf:OWNER/NAME[:GLOB]` / `modelscope:OWNER/NAME[:GLOB]` to download);
     else <home>/eval_data/<task>, downloaded from the default hub if absent and online."""
-    from portachat.storage import hubs
 
     if data is not None and hubs.has_hub_prefix(str(data)):
         return _download_named(task, str(data))
@@ -119,7 +119,6 @@ def resolve_data(task: str, data: str | Path | None) -> Path:
 
 
 def _download_named(task: str, spec: str) -> Path:
-    from portachat.storage import hubs
 
     hub_name, _, rest = spec.partition(":")
     repo, _, pattern = rest.partition(":")
@@ -133,7 +132,6 @@ def _download_named(task: str, spec: str) -> Path:
 
 
 def _download(task: str, ref, patterns: tuple[str, ...] | None, path: Path) -> None:
-    from portachat.storage import hubs
 
     try:
         hubs.snapshot(ref, path, repo_type="dataset", allow_patterns=list(patterns) if patterns else None)

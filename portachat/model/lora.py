@@ -25,6 +25,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from portachat.storage.atomic import CheckpointError
+from portachat.storage.runs import latest_checkpoint
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -93,7 +94,6 @@ def read_adapter(directory: str | Path) -> tuple[LoraOptions, dict[str, Any], di
 
 def find_adapter_dir(spec: str | Path) -> Path:
     """A LoRA adapter directory: given as is, or a LoRA run's stage directory (its latest checkpoint)."""
-    from portachat.storage.runs import latest_checkpoint
 
     path = Path(spec).expanduser()
     if (path / ADAPTER_CONFIG).is_file():

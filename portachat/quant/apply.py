@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from portachat.device import get_device
 from portachat.device.quantization import BACKEND_ATEN_CPU, BACKEND_TORCHAO, QuantPlan, quantization_plan
 from portachat.quant.int4 import INT4_N_MULTIPLE, Int4Linear
 from portachat.quant.int8 import INT8_K_MULTIPLE, Int8Embedding, Int8Linear
@@ -146,7 +147,6 @@ def quantize_model(
     """
     if plan is None:
         if device is None:
-            from portachat.device import get_device
 
             device = get_device()
         plan = quantization_plan(device, mode, compiled)

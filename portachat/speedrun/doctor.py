@@ -23,11 +23,14 @@ from portachat.device import (
     init_distributed,
     probe,
 )
+from portachat.device.explain import diagnose
 from portachat.device.flops import cached_peak, save_calibration, table_peak
 from portachat.device.health import Check, device_health, environment_checks, versions, visible_env
+from portachat.device.inference import measure_host_to_device
 from portachat.eval.sandbox import available_isolation
 from portachat.i18n import N_, _, gettext
 from portachat.i18n.width import display_width, ljust
+from portachat.storage import hubs
 
 DECISIONS = ("dtype", "compile", "attention", "collective", "fused_optimizer", "dist_timeout")
 
@@ -42,7 +45,6 @@ def _peak_unknown(dev: Device) -> bool:
 
 def _h2d(dev: Device) -> tuple[float, str]:
     """Host-to-device copy bandwidth in GB/s (CPU: a host memcpy, so the number is comparable)."""
-    from portachat.device.inference import measure_host_to_device
 
     gbps, kind = measure_host_to_device(dev)
     notes = {"memcpy": _("host memcpy (no accelerator)"), "pinned": _("pinned host memory"),
@@ -80,7 +82,6 @@ def _probe_step(name: str, fn, checks: list[Check]):
     try:
         return fn()
     except Exception as exc:  # a probe failing is a finding, not a crash
-        from portachat.device.explain import diagnose
 
         d = diagnose(exc)
         fix = "; ".join(d.remedies[:2]) if d else None
@@ -178,7 +179,6 @@ def collect_report(calibrate: bool = False) -> dict:
 def _hubs(checks: list[Check]) -> dict:
     """Which model hubs answer from here (a HEAD request each, in parallel, a few seconds at most) and
     what to set when the Hugging Face Hub does not. Never an error: working offline is a choice."""
-    from portachat.storage import hubs
 
     if hubs.is_offline():
         checks.append(Check("model hubs", True, "info", "HF_HUB_OFFLINE is set: no downloads, local files only"))

@@ -18,6 +18,8 @@ import torch
 from torch.profiler import profile, record_function
 
 from portachat.device import Device
+from portachat.engine import SamplingParams
+from portachat.engine.oneshot import engine_for
 from portachat.i18n import _
 from portachat.model import GPT, GPTConfig
 from portachat.train.optim import OptimConfig, build_optimizers
@@ -105,8 +107,6 @@ def profile_decode(
 ) -> ProfileResult:
     """Engine decode steps (paged KV cache, greedy): every sequence gains one token per step after
     the prompts' prefill, which runs first and is not profiled."""
-    from portachat.engine import SamplingParams
-    from portachat.engine.oneshot import engine_for
 
     model = GPT(cfg).to(device=dev.torch_device, dtype=dev.dtype).requires_grad_(False)
     # One more token than the steps take: no sequence finishes (and frees its blocks) mid-profile.

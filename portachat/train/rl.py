@@ -30,6 +30,7 @@ from portachat.data.chat_data import (
     synthetic_conversations,
     synthetic_heldout,
 )
+from portachat.data.synthetic.tasks import TASKS, task_examples
 from portachat.device import Device, get_device, init_distributed
 from portachat.i18n import _
 from portachat.model import GPT
@@ -187,7 +188,6 @@ def probe_pass_rates(sampler: RolloutEngine, tokenizer: Tokenizer, per_task: int
                      temperature: float, seed: int) -> dict[str, float]:
     """Each synthetic task's pass rate under the current policy: one sampled reply to each of `per_task`
     fresh train-split questions per task (each rank answers its share; the counts are summed)."""
-    from portachat.data.synthetic.tasks import TASKS, task_examples
 
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1

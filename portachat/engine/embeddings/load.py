@@ -17,6 +17,9 @@ from portachat.model.gpt import GPT
 from portachat.model.hf import from_hf_config
 from portachat.model.hf_dir import read_json, read_tokenizer_files, read_weights
 from portachat.model.load import build_model
+from portachat.model.source import display_name
+from portachat.ops.inference_dtype import inference_dtype
+from portachat.quant.apply import model_dtype
 from portachat.storage.atomic import CheckpointError
 from portachat.tokenizer.protocol import ChatTokenizer
 
@@ -50,8 +53,6 @@ def load_embedding_model(path: str | Path, device: Device | None = None, dtype: 
     decoder family our GPT runs, pooled as its sentence-transformers files say (`pooling` overrides);
     inputs are wrapped in the special tokens its tokenizer's post-processor adds.
     `dtype` defaults to the device layer's inference dtype."""
-    from portachat.model.source import display_name
-    from portachat.ops.inference_dtype import inference_dtype
 
     directory = Path(path)
     device = device or get_device()
@@ -139,7 +140,6 @@ def decoder_embedder(model: GPT, tokenizer: ChatTokenizer, pooling: PoolingConfi
     and causal attention keeps padding out of every real token's state. `bos`: put the BOS token first
     (our models were trained on BOS-led documents)."""
     pooling = pooling or DEFAULT_POOLING
-    from portachat.quant.apply import model_dtype
 
     # Not embed_tokens.weight: a quantized embedding has none.
     device = next(t for t in (*model.parameters(), *model.buffers())).device

@@ -14,6 +14,9 @@ import sys
 import threading
 import time
 
+from portachat.device import get_device
+from portachat.device.dist import destroy_distributed, dist_env, init_distributed, private_store
+
 STORE_TIMEOUT_S = 600
 
 def _watch_parent(parent: int) -> None:
@@ -30,8 +33,6 @@ def main(argv: list[str] | None = None) -> int:
     parent = int(os.environ.get("PORTACHAT_TP_PARENT", os.getppid()))
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
 
-    from portachat.device import get_device
-    from portachat.device.dist import destroy_distributed, dist_env, init_distributed, private_store
     from portachat.engine.loading import LoadOptions
     from portachat.engine.workers.group import replica_groups, worker_place
     from portachat.engine.workers.load import load_shard

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from portachat.i18n import _
+from portachat.model.source import EMBEDDING, resolve
 from portachat.serve.api.errors import APIError
 from portachat.serve.api.owner import request_owner
 from portachat.serve.api.protocol import parse_body
@@ -151,7 +152,6 @@ def _is_embedding_entry(entry: Any) -> bool:
         return served.engine is None and served.embedder is not None
     if not entry.spec.path:
         return False
-    from portachat.model.source import EMBEDDING, resolve
 
     try:  # the source the catalog resolved, when it did
         return (entry.spec.source or resolve(entry.spec.path)).kind == EMBEDDING

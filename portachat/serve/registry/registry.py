@@ -26,9 +26,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from portachat.device.explain import diagnose
 from portachat.engine.async_engine import AsyncEngine, RequestObserver
 from portachat.engine.embeddings.queue import EmbeddingQueue
 from portachat.engine.workers.data_parallel import DataParallelEngine, async_engine_for
+from portachat.model.lora import load_lora
 from portachat.serve.registry.catalog import ModelSpec, estimate_bytes
 from portachat.serve.registry.keep_alive import describe_keep_alive
 
@@ -268,7 +270,6 @@ class ModelRegistry:
 
     async def _ensure_adapter(self, entry: RegistryEntry, base: RegistryEntry) -> None:
         """Add the adapter to its (loaded, held) base's engine unless it is there."""
-        from portachat.model.lora import load_lora
 
         async with self._adapters:  # one load per adapter, however many requests ask at once
             if entry.state == "loaded" and entry.engine is base.engine:
@@ -295,7 +296,6 @@ class ModelRegistry:
             embedder = getattr(served, "embedder", None)
             entry.embedding_queue = EmbeddingQueue(embedder) if embedder is not None else None
         except BaseException as exc:  # noqa: BLE001 - reported to every waiter and kept for /v1/models
-            from portachat.device.explain import diagnose
 
             d = diagnose(exc) if isinstance(exc, Exception) else None
             entry.error = f"{d.title}: {d.what_happened} ({exc})" if d else f"{type(exc).__name__}: {exc}"
