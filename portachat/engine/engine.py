@@ -25,7 +25,7 @@ from torch.distributed.tensor import DTensor
 from portachat.device import Device, diagnose, get_device
 from portachat.device.dtypes import parse_dtype
 from portachat.device.graphs import GraphCapturer
-from portachat.device.inference import choose_kv_cache_dtype, decode_compile, decode_graphs, kv_cache_budget
+from portachat.device.inference import choose_kv_cache_dtype, decode_compile, decode_graphs
 from portachat.engine.block_manager import BlockManager
 from portachat.engine.calculator import calculate
 from portachat.engine.config import EngineConfig
@@ -35,6 +35,7 @@ from portachat.engine.sampler import sample
 from portachat.engine.scheduler import Scheduler
 from portachat.engine.sequence import Sequence
 from portachat.engine.speculative import Speculator
+from portachat.engine.startup_memory import profiled_kv_budget
 from portachat.engine.structured import TokenMasks, allocate_bitmask
 from portachat.engine.types import EngineError, RequestOutput, SamplingParams
 from portachat.model.gpt import GPT
@@ -175,7 +176,7 @@ class LLMEngine:
         if c.kv_cache_gb is not None:
             return int(c.kv_cache_gb * 2**30) // per_block, f"--kv-cache-gb {c.kv_cache_gb}"
         wanted = c.max_num_seqs * -(-self.max_model_len // c.block_size) * per_block
-        choice = kv_cache_budget(self.device, c.gpu_memory_utilization, wanted)
+        choice = profiled_kv_budget(self.device, self.model, c, self.max_model_len, self.dtype, kv_dtype, wanted)
         return int(choice.value) // per_block, choice.reason
 
     # ------------------------------------------------------------------ requests
