@@ -39,6 +39,16 @@ def attention_compute_dtype(device: torch.device | str, dtype: torch.dtype) -> t
     return torch.float32 if torch.device(device).type == "cpu" else dtype
 
 
+def training_engine_dtype(dev: Device) -> torch.dtype | None:
+    """The dtype of the weight copy that engine work inside training (evaluations, samples, RL
+    rollouts) runs on: the device's compute dtype on accelerators (bf16; fp16 on a 910A), so decode
+    reads half the bytes of the fp32 master weights. None (no copy: the engine runs the master weights
+    as they are) on a CPU, whose bf16 may be emulated, and where training itself runs in fp32."""
+    if dev.type == "cpu" or dev.dtype == torch.float32:
+        return None
+    return dev.dtype
+
+
 def measures_inference_dtype(dev: Device) -> bool:
     """Whether the weights' inference dtype is measured rather than read off the device: on a CPU bf16
     may be native (AVX512-BF16, AMX) or emulated, so only a measurement tells."""

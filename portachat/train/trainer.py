@@ -536,6 +536,7 @@ class Trainer:
                         self.say(format_progress(step, cfg.num_iterations, record, eta))
                     if step == cfg.num_iterations:
                         break
+                    collect_garbage(step)  # every GC_COLLECT_EVERY steps
                     if self._eval_due(step):
                         self.evaluate(step)
                     if (cfg.save_every > 0 and step % cfg.save_every == 0) or stop_now:

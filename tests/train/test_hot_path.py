@@ -109,3 +109,14 @@ def test_mfu_counts_causal_attention_as_half_of_full(small_tokenizer):
     assert causal_flops_per_token(model, 16) == pytest.approx(matmuls + 6.0 * c.n_layer * c.n_head * c.head_dim * 16)
     assert model.flops_per_token(16) - causal_flops_per_token(model, 16) == pytest.approx(
         6.0 * c.n_layer * c.n_head * c.head_dim * 16)
+
+
+def test_the_loop_collects_every_so_many_steps(monkeypatch):
+    from portachat.train import hot_path
+
+    runs = []
+    monkeypatch.setattr(hot_path.gc, "collect", lambda: runs.append(1))
+    for step in range(1, 2 * hot_path.GC_COLLECT_EVERY + 1):
+        hot_path.collect_garbage(step)
+    hot_path.collect_garbage()
+    assert len(runs) == 3
