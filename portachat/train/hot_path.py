@@ -15,7 +15,10 @@ from collections.abc import Iterable
 import torch
 from torch.distributed.tensor import DTensor
 
+from portachat.device import Device
+from portachat.device.attention_choice import choose_attention_kernel, prefer_attention_kernel
 from portachat.device.flops import attention_flops_per_token
+from portachat.device.policy import Decision
 from portachat.model import GPT
 
 MFU_ATTENTION = "causal"  # how MFU counts attention FLOPs: as the causal kernel computes them (half of full)
@@ -78,3 +81,12 @@ def causal_flops_per_token(model: GPT, seq_len: int) -> float:
     c = model.config
     full = attention_flops_per_token(c.n_layer, c.n_head, c.head_dim, seq_len, causal=False)
     return model.flops_per_token(seq_len) - full + attention_flops_per_token(c.n_layer, c.n_head, c.head_dim, seq_len)
+
+
+def choose_attention(dev: Device, model: GPT, batch: int, seq_len: int) -> Decision:
+    """The SDPA kernel training attention prefers, measured at this run's shape (cached), applied for
+    the rest of the process; value None where torch's own order stands."""
+    c = model.config
+    choice = choose_attention_kernel(dev, (batch, c.n_head, c.n_kv_head, seq_len, c.head_dim), dev.dtype)
+    prefer_attention_kernel(choice.value)
+    return choice

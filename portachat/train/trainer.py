@@ -40,6 +40,7 @@ from portachat.tokenizer import Tokenizer
 from portachat.train.hot_path import (
     MFU_ATTENTION,
     causal_flops_per_token,
+    choose_attention,
     clip_with_norm,
     collect_garbage,
     device_grad_norm,
@@ -264,6 +265,9 @@ class Trainer:
         if dev.compile:
             self.say("[portachat] " + _("compiling the model ({reason})").format(reason=dev.compile_reason))
             self.train_model = torch.compile(self.train_model)
+        self.attention = choose_attention(dev, model, cfg.device_batch_size, cfg.max_seq_len)
+        if self.attention.value is not None:
+            self.say("[portachat] " + _("attention kernel: {reason}").format(reason=self.attention.reason))
         # The peak of the dtype autocast runs the matmuls in (bf16 on a CPU with AMX is 16x its fp32 rate).
         self.peak = dev.peak_flops(dev.dtype)
         if rng_state is not None:
@@ -273,6 +277,7 @@ class Trainer:
         self.meta_base.update(
             stage=cfg.stage, run=cfg.run, train_config=_config_dict(cfg), device=dev.describe(), world_size=self.world,
             parallel=self.parallel, mfu_attention=MFU_ATTENTION,
+            attention_kernel={"value": self.attention.value, "reason": self.attention.reason},
             peak_flops={"value": self.peak.value if math.isfinite(self.peak.value) else None,
                         "source": self.peak.source, "dtype": dev.dtype_name},
         )
