@@ -119,7 +119,8 @@ class DecodeGraphs:
         """Capture one bucket over padding rows only (they touch nothing but the scratch block)."""
         self.fill_padding(batch, blocks)
         try:
-            self.graphs[(batch, blocks)] = self.capturer.capture(lambda: self._padded_forward(batch, blocks))
+            with torch.inference_mode():  # as the runner's forward replays it: no autograd records
+                self.graphs[(batch, blocks)] = self.capturer.capture(lambda: self._padded_forward(batch, blocks))
         except torch.OutOfMemoryError:
             raise
         except Exception as exc:  # capture is an optimisation: fall back to eager, loudly
