@@ -119,7 +119,7 @@ def profiles_kv_budget(dev: Device) -> bool:
     """Whether the KV budget waits for a start-up profile (a forward at the largest batch, one graph
     captured) so that what fits at start fits under load: where the allocator reports a high-water
     mark. The CPU's budget is a share of free RAM, which a profile would not change."""
-    return dev.allocator_tracks_peaks
+    return dev.allocator_tracks_peaks and dev.type != "mps"  # MPS keeps no high-water mark either
 
 
 def kv_cache_budget(dev: Device, utilization: float, wanted_bytes: int, transient_bytes: int = 0) -> Choice:
