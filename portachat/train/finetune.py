@@ -163,6 +163,7 @@ def answer_evaluator(convs: Sequence[Conversation], base: BaseModel, dev: Device
     from portachat.eval.generation import reply_text
     from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
     from portachat.train.chat_eval import is_correct
+    from portachat.train.engine_copy import engine_weights
 
     items = [c for c in convs if c.get("answer") is not None]
     chat_tok = PortachatChatTokenizer(base.tokenizer) if isinstance(base.tokenizer, Tokenizer) else base.tokenizer
@@ -174,12 +175,15 @@ def answer_evaluator(convs: Sequence[Conversation], base: BaseModel, dev: Device
         right = 0
         if mine:
             was_training = model.training
-            engine = LLMEngine(model, chat_tok, EngineConfig(max_num_seqs=min(len(mine), 16), enable_prefix_caching=False,
-                                                             dtype="model", compile=False, max_model_len=2048), device=dev)
-            try:
-                prompts = [base.prompt(c["messages"]) for c in mine]
-                params = [SamplingParams(max_tokens=max_tokens, temperature=0.0, seed=0) for _ in prompts]
-                done = engine.generate(prompts, params)
+            try:  # on a copy in the device's inference dtype (the CPU: the model itself), freed after
+                with engine_weights(model, dev) as weights:
+                    engine = LLMEngine(weights, chat_tok, EngineConfig(
+                        max_num_seqs=min(len(mine), 16), enable_prefix_caching=False, dtype="model", compile=False,
+                        max_model_len=2048), device=dev)
+                    prompts = [base.prompt(c["messages"]) for c in mine]
+                    params = [SamplingParams(max_tokens=max_tokens, temperature=0.0, seed=0) for _ in prompts]
+                    done = engine.generate(prompts, params)
+                    del engine
             finally:
                 model.train(was_training)
             right = sum(is_correct(reply_text(chat_tok, d.token_ids), c["answer"]) for d, c in zip(done, mine, strict=True))
