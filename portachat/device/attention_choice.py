@@ -95,7 +95,9 @@ def _attention_step(dev: Device, shape: tuple[int, int, int, int, int], dtype: t
 
     def step() -> None:
         if not inputs:  # made on the first call: a timer may decide without running anything
-            where = dict(device=dev.torch_device, dtype=dtype, requires_grad=True)
+            # its own generator: measuring must not move the run's random stream (the cache skips it later)
+            gen = torch.Generator(device=dev.torch_device).manual_seed(0)
+            where = dict(device=dev.torch_device, dtype=dtype, requires_grad=True, generator=gen)
             inputs.extend([torch.randn(batch, heads, seq, head_dim, **where),
                            torch.randn(batch, kv_heads, seq, head_dim, **where),
                            torch.randn(batch, kv_heads, seq, head_dim, **where)])  # fmt: skip
