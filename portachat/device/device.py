@@ -28,6 +28,7 @@ from portachat.device.policy import (
     decide_dist_timeout,
     decide_dtype,
     decide_fused_optimizer,
+    decide_tf32,
     fp8_support,
     npu_env_defaults,
 )
@@ -75,6 +76,7 @@ class Device:
             "collective": decide_collective(facts),
             "fused_optimizer": decide_fused_optimizer(facts),
             "dist_timeout": decide_dist_timeout(dist_timeout),
+            "tf32": decide_tf32(facts),
         }
         d = self.decisions
         self.dtype_name: str = d["dtype"].value
@@ -96,6 +98,8 @@ class Device:
         self.dist_reason: str = d["collective"].reason
         self.supports_distributed: bool = self.dist_backend != "none"
         self.dist_timeout_s: float = float(d["dist_timeout"].value)
+        self.tf32: bool = bool(d["tf32"].value)
+        self.tf32_reason: str = d["tf32"].reason
         # Runtime settings the vendor's stack reads from the environment (Ascend: allocator, task queue,
         # HCCL timeouts); get_device() and init_distributed() set those the user left unset.
         self.env_defaults = npu_env_defaults(facts.kind, self.dist_timeout_s)
@@ -148,6 +152,19 @@ class Device:
             return t.pin_memory()  # pinned for the current accelerator (set_current() picks it)
         except RuntimeError:  # no pinned allocator for this backend: plain memory still works
             return t
+
+    def apply_math_settings(self) -> None:
+        """Process-wide math flags this device's decisions allow (TF32 on CUDA 8.0+); get_device()
+        calls it when it builds the device, before any training or serving work."""
+        if not self.tf32:
+            return
+        matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+        if hasattr(matmul, "fp32_precision"):  # torch >= 2.9's API; the flags below are its legacy form
+            matmul.fp32_precision = "tf32"
+            cudnn.conv.fp32_precision = "tf32"
+        else:
+            matmul.allow_tf32 = True
+            cudnn.allow_tf32 = True
 
     def set_current(self) -> None:
         """Make this the current device of the process (before allocating or joining a process group)."""
@@ -328,6 +345,8 @@ class Device:
             "attention_reason": self.attention_reason,
             "fused_optimizer": self.fused_optimizer,
             "fused_optimizer_reason": self.fused_optimizer_reason,
+            "tf32": self.tf32,
+            "tf32_reason": self.tf32_reason,
             "dist_backend": self.dist_backend,
             "dist_reason": self.dist_reason,
             "supports_distributed": self.supports_distributed,
@@ -406,6 +425,7 @@ def get_device(kind: str | None = None, dtype: str | None = None, compile: bool 
             _CACHE[key] = Device(facts, index=index, dtype=dtype, compile=compile, attention=attention,
                                  dist_timeout=dist_timeout)
             apply_env_defaults(_CACHE[key].env_defaults)  # before the first tensor reaches the device
+            _CACHE[key].apply_math_settings()
         dev = _CACHE[key]
         select_attention_backend(dev.attention_backend)
         return dev

@@ -39,6 +39,16 @@ def attention_compute_dtype(device: torch.device | str, dtype: torch.dtype) -> t
     return torch.float32 if torch.device(device).type == "cpu" else dtype
 
 
+def training_engine_dtype(dev: Device) -> torch.dtype | None:
+    """The dtype of the weight copy that engine work inside training (evaluations, samples, RL
+    rollouts) runs on: the device's compute dtype on accelerators (bf16; fp16 on a 910A), so decode
+    reads half the bytes of the fp32 master weights. None (no copy: the engine runs the master weights
+    as they are) on a CPU, whose bf16 may be emulated, and where training itself runs in fp32."""
+    if dev.type == "cpu" or dev.dtype == torch.float32:
+        return None
+    return dev.dtype
+
+
 def measures_inference_dtype(dev: Device) -> bool:
     """Whether the weights' inference dtype is measured rather than read off the device: on a CPU bf16
     may be native (AVX512-BF16, AMX) or emulated, so only a measurement tells."""
@@ -105,11 +115,20 @@ def decode_graphs(dev: Device, requested: bool | None = None, packed: bool = Fal
     return Choice(False, f"eager: graph capture is not verified on {dev.kind} yet")
 
 
-def kv_cache_budget(dev: Device, utilization: float, wanted_bytes: int) -> Choice:
+def profiles_kv_budget(dev: Device) -> bool:
+    """Whether the KV budget waits for a start-up profile (a forward at the largest batch, one graph
+    captured) so that what fits at start fits under load: where the allocator reports a high-water
+    mark. The CPU's budget is a share of free RAM, which a profile would not change."""
+    return dev.allocator_tracks_peaks and dev.type != "mps"  # MPS keeps no high-water mark either
+
+
+def kv_cache_budget(dev: Device, utilization: float, wanted_bytes: int, transient_bytes: int = 0) -> Choice:
     """Bytes for the KV cache.
 
     Accelerators (vLLM's rule): `utilization` of total device memory, minus what is already used
-    (weights, activations), capped at what `wanted_bytes` (every sequence at full length) needs.
+    (weights, captured graphs: measure after capturing), minus `transient_bytes` (the activations of
+    the largest step, measured by the start-up profile), capped at what `wanted_bytes` (every
+    sequence at full length) needs.
     CPU: `wanted_bytes`, but at most `utilization` of the memory still available, since the cache
     shares RAM with everything else on the machine.
     """
@@ -125,12 +144,13 @@ def kv_cache_budget(dev: Device, utilization: float, wanted_bytes: int) -> Choic
             f"{utilization:.0%} of {free / 2**30:.1f} GiB available)",
         )
     used = stats.total - (stats.free if stats.free is not None else stats.total)
-    budget = int(utilization * stats.total) - used
+    budget = int(utilization * stats.total) - used - transient_bytes
     budget = min(budget, wanted_bytes)
+    peak = f" minus {transient_bytes / 2**30:.2f} GiB for the largest step" if transient_bytes else ""
     return Choice(
         max(budget, 0),
         f"{max(budget, 0) / 2**30:.2f} GiB: {utilization:.0%} of "
-        f"{stats.total / 2**30:.1f} GiB minus {used / 2**30:.2f} GiB in use",
+        f"{stats.total / 2**30:.1f} GiB minus {used / 2**30:.2f} GiB in use{peak}",
     )
 
 

@@ -259,6 +259,17 @@ def decide_collective(p: ProbeResult) -> Decision:
     return Decision(table, gettext(why))
 
 
+def decide_tf32(p: ProbeResult) -> Decision:
+    """Whether fp32 matmuls and convolutions may run on TF32 tensor cores (10-bit mantissa inputs,
+    fp32 accumulation): CUDA from compute capability 8.0 (Ampere) on. Autocast already runs the big
+    matmuls in bf16; TF32 speeds up what stays fp32 (the fp32 head, fp32 runs, evaluation)."""
+    if p.kind != "cuda":
+        return Decision(False, _("{kind}: TF32 is a CUDA setting; fp32 matmuls keep full precision").format(kind=p.kind))
+    if (p.capability or (0, 0)) < (8, 0):
+        return Decision(False, _("no TF32 tensor cores before compute capability 8.0"))
+    return Decision(True, _("TF32 tensor cores for fp32 matmuls and convolutions (compute capability 8.0+)"))
+
+
 def decide_fused_optimizer(p: ProbeResult) -> Decision:
     """Whether AdamW(fused=True) is used; otherwise foreach (multi-tensor) kernels."""
     if p.kind == "cpu":

@@ -5,8 +5,10 @@ launches them all at once. A graph replays fixed shapes at fixed addresses, so a
 is padded to a bucket: the batch up to the next batch size in `batch_buckets`, each row's block
 table up to the next multiple of LENGTH_STEP tokens. The step's inputs are copied into one static
 buffer; padded rows write their keys and values into a scratch block that the block manager never
-hands out and attend to that one slot. Each (batch, blocks) bucket is captured the first time a
-step needs it. Without a capturer the same padded step runs eagerly (how the CPU tests check it).
+hands out and attend to that one slot. Every (batch, blocks) bucket is captured when the engine
+starts (`capture_all`), largest first so the shared pool is sized once, and never while serving:
+another engine of the same process may be mid-step then. Without a capturer the same padded step
+runs eagerly (how the CPU tests check it).
 Mixed and prefill steps, and batches beyond the largest bucket, take the runner's eager path.
 """
 
@@ -27,9 +29,9 @@ LENGTH_STEP = 256  # tokens: context buckets (a longer gather costs little next 
 MAX_GRAPH_BATCH = 256  # larger decode batches are bound by the device, not by launches
 
 
-def batch_buckets(max_num_seqs: int) -> list[int]:
+def batch_buckets(max_num_seqs: int, cap: int = MAX_GRAPH_BATCH) -> list[int]:
     """Padded batch sizes: powers of two below max_num_seqs, then max_num_seqs itself (capped)."""
-    top = min(max_num_seqs, MAX_GRAPH_BATCH)
+    top = min(max_num_seqs, cap)
     buckets = [1 << i for i in range(top.bit_length()) if 1 << i < top]
     return buckets + [top]
 
@@ -43,6 +45,18 @@ def padded_blocks(context: int, block_size: int, max_blocks: int) -> int:
     while need > 8 * step:
         step *= 2
     return min(-(-need // step) * step, max_blocks)
+
+
+def block_buckets(block_size: int, max_blocks: int) -> list[int]:
+    """Every block-table width `padded_blocks` can return for this model length, ascending."""
+    widths: set[int] = set()
+    tokens = 1
+    while True:
+        width = padded_blocks(tokens, block_size, max_blocks)
+        widths.add(width)
+        if width >= max_blocks:
+            return sorted(widths)
+        tokens = width * block_size + 1  # the first context that needs a wider table
 
 
 @dataclass
@@ -65,11 +79,15 @@ class DecodeGraphs:
         vocab_size: int,
         device: torch.device,
         capturer: GraphCapturer | None,
+        capture_now: bool = True,
+        max_batch: int = MAX_GRAPH_BATCH,
     ) -> None:
+        """`capture_now`: capture every bucket here (False: the start-up profile captures one).
+        `max_batch`: the largest bucket (the profile pads up to every running sequence)."""
         self.forward = forward
         self.block_size = block_size
         self.scratch_block = scratch_block
-        self.buckets = batch_buckets(max_num_seqs)
+        self.buckets = batch_buckets(max_num_seqs, max_batch)
         self.max_blocks = -(-max_model_len // block_size)
         self.device = device
         self.capturer = capturer
@@ -80,6 +98,52 @@ class DecodeGraphs:
         self.logits = torch.zeros(biggest, vocab_size, dtype=torch.float32, device=device)
         self.graphs: dict[tuple[int, int], CapturedGraph] = {}
         self.active = True  # False after a failed capture: the runner's eager path from then on
+        if capture_now:
+            self.capture_all()
+
+    def all_buckets(self) -> list[tuple[int, int]]:
+        """Every (batch, blocks) shape a decode step can be padded to, largest first."""
+        widths = block_buckets(self.block_size, self.max_blocks)
+        return [(b, w) for b in reversed(self.buckets) for w in reversed(widths)]
+
+    def capture_all(self) -> None:
+        """Capture every bucket now (engine start-up), so serving never captures. A failure leaves
+        the engine eager, loudly; running out of memory is the caller's to report."""
+        if self.capturer is None:
+            return
+        for key in self.all_buckets():
+            if key not in self.graphs and not self.capture(*key):
+                return
+
+    def capture(self, batch: int, blocks: int) -> bool:
+        """Capture one bucket over padding rows only (they touch nothing but the scratch block)."""
+        self.fill_padding(batch, blocks)
+        try:
+            with torch.inference_mode():  # as the runner's forward replays it: no autograd records
+                self.graphs[(batch, blocks)] = self.capturer.capture(lambda: self._padded_forward(batch, blocks))
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as exc:  # capture is an optimisation: fall back to eager, loudly
+            warnings.warn(f"decode graph capture failed ({type(exc).__name__}: {exc}); continuing eager",
+                          stacklevel=2)  # fmt: skip
+            self.active = False
+            self.graphs.clear()
+            return False
+        return True
+
+    def fill_padding(self, batch: int, blocks: int) -> None:
+        """Lay the static buffer out as a step of `batch` padding rows with `blocks`-wide tables."""
+        scratch = self.scratch_block
+        payload = [0] * batch + [0] * batch + [scratch * self.block_size] * batch + [1] * batch
+        payload += [scratch] * (batch * blocks)
+        with torch.inference_mode():
+            self.buffer[: len(payload)].copy_(torch.tensor(payload))
+
+    def profile(self, batch: int, blocks: int) -> None:
+        """One eager padded step of this shape (the start-up memory profile runs the largest)."""
+        self.fill_padding(batch, blocks)
+        with torch.inference_mode():
+            self._padded_forward(batch, blocks)
 
     @property
     def replays(self) -> bool:
@@ -115,22 +179,11 @@ class DecodeGraphs:
     def run(self, step: PaddedDecode) -> torch.Tensor:
         """fp32 logits [S, V] of the sampled rows (a fresh tensor: the next step overwrites `self.logits`)."""
         key = (step.batch, step.blocks)
-        if self.capturer is None:
+        graph = self.graphs.get(key) if self.replays else None
+        if graph is not None:
+            graph.replay()
+        else:  # no capturer, a failed start-up capture, or (a bug) a bucket capture_all missed: eager
             self._padded_forward(*key)
-        elif key in self.graphs:
-            self.graphs[key].replay()
-        else:
-            try:
-                self.graphs[key] = self.capturer.capture(lambda: self._padded_forward(*key))
-                self.graphs[key].replay()
-            except torch.OutOfMemoryError:
-                raise
-            except Exception as exc:  # capture is an optimisation: fall back to eager, loudly
-                warnings.warn(f"decode graph capture failed ({type(exc).__name__}: {exc}); continuing eager",
-                              stacklevel=2)  # fmt: skip
-                self.active = False
-                self.graphs.clear()
-                self._padded_forward(*key)
         return self.logits.index_select(0, step.rows)
 
     def _padded_forward(self, batch: int, blocks: int) -> None:

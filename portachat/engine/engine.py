@@ -74,7 +74,7 @@ class LLMEngine:
         except ValueError as exc:
             raise EngineError(str(exc), kind="invalid") from exc
         self.kv_dtype, self.kv_dtype_reason = kv_choice.value, kv_choice.reason
-        num_blocks, self.kv_reason = kv_blocks(cfg, config, device, self.kv_dtype, self.max_model_len)
+        num_blocks, self.kv_reason = kv_blocks(self.model, config, device, self.dtype, self.kv_dtype, self.max_model_len)
         min_blocks = -(-self.max_model_len // config.block_size)
         if num_blocks < min_blocks:
             raise EngineError(

@@ -7,9 +7,9 @@ from torch import nn
 
 from portachat.device import Device
 from portachat.device.dtypes import parse_dtype
-from portachat.device.inference import kv_cache_budget
 from portachat.engine.config import EngineConfig
-from portachat.model.config import GPTConfig
+from portachat.engine.startup_memory import profiled_kv_budget
+from portachat.model.gpt import GPT
 from portachat.ops.inference_dtype import inference_dtype
 from portachat.ops.kv_quant import bytes_per_token
 from portachat.quant import model_dtype
@@ -28,14 +28,16 @@ def weights_dtype(model: nn.Module, config: EngineConfig, device: Device) -> tup
     return choice.value, choice.reason
 
 
-def kv_blocks(cfg: GPTConfig, config: EngineConfig, device: Device, kv_dtype: torch.dtype,
+def kv_blocks(model: GPT, config: EngineConfig, device: Device, dtype: torch.dtype, kv_dtype: torch.dtype,
               max_model_len: int) -> tuple[int, str]:  # fmt: skip
-    """KV-cache blocks for the model: as requested, else what the device layer's budget allows."""
+    """KV-cache blocks for the model: as requested, else what the device layer's budget allows once a
+    profiling step at the largest batch (and the graph pool) have taken their memory."""
+    cfg = model.config
     per_block = bytes_per_token(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, kv_dtype) * config.block_size
     if config.num_blocks is not None:
         return config.num_blocks, f"{config.num_blocks} blocks requested"
     if config.kv_cache_gb is not None:
         return int(config.kv_cache_gb * 2**30) // per_block, f"--kv-cache-gb {config.kv_cache_gb}"
     wanted = config.max_num_seqs * -(-max_model_len // config.block_size) * per_block
-    choice = kv_cache_budget(device, config.gpu_memory_utilization, wanted)
+    choice = profiled_kv_budget(device, model, config, max_model_len, dtype, kv_dtype, wanted)
     return int(choice.value) // per_block, choice.reason

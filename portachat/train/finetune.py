@@ -166,6 +166,7 @@ def answer_evaluator(convs: Sequence[Conversation], base: BaseModel, dev: Device
     from portachat.eval.generation import reply_text
     from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
     from portachat.train.chat_eval import is_correct
+    from portachat.train.engine_copy import engine_weights
 
     items = [c for c in convs if c.get("answer") is not None]
     chat_tok = PortachatChatTokenizer(base.tokenizer) if isinstance(base.tokenizer, Tokenizer) else base.tokenizer
@@ -177,12 +178,14 @@ def answer_evaluator(convs: Sequence[Conversation], base: BaseModel, dev: Device
         right = 0
         if mine:
             was_training = model.training
-            engine = engine_for(model, chat_tok, dev, max_num_seqs=min(len(mine), 16), max_model_len=2048)
-            model.eval()  # engine_for gives the model back in its mode: no LoRA dropout while answering
-            try:
-                prompts = [base.prompt(c["messages"]) for c in mine]
-                params = [SamplingParams(max_tokens=max_tokens, temperature=0.0, seed=0) for _ in prompts]
-                done = engine.generate(prompts, params)
+            try:  # on a copy in the device's inference dtype (the CPU: the model itself), freed after
+                with engine_weights(model, dev) as weights:
+                    engine = engine_for(weights, chat_tok, dev, max_num_seqs=min(len(mine), 16), max_model_len=2048)
+                    model.eval()  # engine_for gives the model back in its mode: no LoRA dropout while answering
+                    prompts = [base.prompt(c["messages"]) for c in mine]
+                    params = [SamplingParams(max_tokens=max_tokens, temperature=0.0, seed=0) for _ in prompts]
+                    done = engine.generate(prompts, params)
+                    del engine
             finally:
                 model.train(was_training)
             right = sum(is_correct(reply_text(chat_tok, d.token_ids), c["answer"]) for d, c in zip(done, mine, strict=True))

@@ -88,8 +88,10 @@ def format_progress(step: int, total: int, r: dict[str, Any], eta_s: float) -> s
         device += f" {r['temp_c']:.0f}C"
     if r.get("power_w") is not None:
         device += f" {r['power_w']:.0f}W"
+    # Time the step waited for its batches: a loader stall shows here rather than as a slow model.
+    wait = f" (load {1000 * r['loader_wait_s']:.0f} ms)" if r.get("loader_wait_s") is not None else ""
     return (
         f"step {step:0{width}d}/{total} ({100 * step / total:5.1f}%) | loss {r['loss']:.4f} | lr x{r['lr_mult']:.2f} | "
-        f"{r['tok_per_s']:,.0f} tok/s | MFU {mfu} | mem {mem}{device} | {1000 * r['dt_s']:.0f} ms/step | "
+        f"{r['tok_per_s']:,.0f} tok/s | MFU {mfu} | mem {mem}{device} | {1000 * r['dt_s']:.0f} ms/step{wait} | "
         f"ETA {_duration(eta_s)}"
     )

@@ -38,6 +38,17 @@ from portachat.model import GPT
 from portachat.model.model_dir import check_tokenizer_matches, load_weights_into, read_config, read_meta
 from portachat.tokenizer import Tokenizer
 from portachat.train.accumulation import TrainingError, grad_accum_steps
+from portachat.train.hot_path import (
+    MFU_ATTENTION,
+    causal_flops_per_token,
+    choose_attention,
+    clip_with_norm,
+    collect_garbage,
+    device_grad_norm,
+    freeze_gc,
+    readable,
+    thaw_gc,
+)
 from portachat.train.logger import RunLogger, format_progress
 from portachat.train.optim import OptimConfig, build_optimizers
 from portachat.train.parallel import choose_parallel, grad_sync_paused, load_weights, shard_model
@@ -132,6 +143,7 @@ class StepStats:
     loss: float  # global summed loss / global supervised tokens
     tokens: int  # global supervised tokens
     stop: bool  # some rank asked to stop
+    grad_norm: float | None = None  # total gradient norm before clipping (None: clipping off)
 
 
 def _barrier(world: int) -> None:
@@ -241,15 +253,19 @@ class Trainer:
         if dev.compile:
             self.say("[portachat] " + _("compiling the model ({reason})").format(reason=dev.compile_reason))
             self.train_model = torch.compile(self.train_model)
+        self.attention = choose_attention(dev, model, cfg.device_batch_size, cfg.max_seq_len)
+        if self.attention.value is not None:
+            self.say("[portachat] " + _("attention kernel: {reason}").format(reason=self.attention.reason))
         # The peak of the dtype autocast runs the matmuls in (bf16 on a CPU with AMX is 16x its fp32 rate).
         self.peak = dev.peak_flops(dev.dtype)
         if rng_state is not None:
             dev.set_rng_state(rng_state)
-        self.flops_per_token = model.flops_per_token(cfg.max_seq_len)
+        self.flops_per_token = causal_flops_per_token(model, cfg.max_seq_len)  # attention as the kernel works
         self.tokens_per_step = cfg.device_batch_size * cfg.max_seq_len * self.num_streams
         self.meta_base.update(
             stage=cfg.stage, run=cfg.run, train_config=_config_dict(cfg), device=dev.describe(), world_size=self.world,
-            parallel=self.parallel,
+            parallel=self.parallel, mfu_attention=MFU_ATTENTION,
+            attention_kernel={"value": self.attention.value, "reason": self.attention.reason},
             peak_flops={"value": self.peak.value if math.isfinite(self.peak.value) else None,
                         "source": self.peak.source, "dtype": dev.dtype_name},
         )
@@ -257,7 +273,8 @@ class Trainer:
             f"[portachat] {cfg.stage}: {model.num_params():,} params | {cfg.num_iterations} steps x "
             f"{self.tokens_per_step:,} tokens (batch {cfg.device_batch_size} x seq {cfg.max_seq_len} x {self.world} "
             f"device(s) x {self.accum} accum) | {dev.kind} {str(dev.dtype).removeprefix('torch.')} | "
-            f"peak {self.peak.value / 1e12:.2f} TFLOPS ({self.peak.source})"
+            f"peak {self.peak.value / 1e12:.2f} TFLOPS ({self.peak.source}) | "
+            + _("MFU counts causal attention (half of full: what the kernel computes)")
         )
         if self.start_step:
             self.say("[portachat] " + _("resumed from {path} at step {step}").format(path=resume_from, step=self.start_step))
@@ -330,26 +347,30 @@ class Trainer:
         packed = torch.stack([loss_sum, torch.tensor(float(stop_requested), device=dev.torch_device)])
         if self.world > 1:
             dist.all_reduce(packed)
-        total_loss, stop, tokens = torch.cat([packed, count.reshape(1)]).tolist()
-        return StepStats(loss=total_loss / max(tokens, 1.0), tokens=int(tokens), stop=stop > 0)
+        self.grad_norm = device_grad_norm(self.model.parameters(), self.optimizers, self.scaler, self.cfg.grad_clip,
+                                          dev.torch_device)  # fmt: skip
+        total_loss, stop, tokens, norm = torch.cat([packed, count.reshape(1), readable(self.grad_norm)]).tolist()
+        return StepStats(loss=total_loss / max(tokens, 1.0), tokens=int(tokens), stop=stop > 0,
+                         grad_norm=norm if self.cfg.grad_clip > 0 else None)
 
     def step(self, stop_requested: bool = False) -> tuple[dict[str, Any], bool]:
         """One optimizer step; returns (the step's log record, whether any rank asked to stop)."""
         cfg, dev, step = self.cfg, self.dev, self.step_count
-        dev.synchronize()
-        t0 = time.perf_counter()
-        stats = self.forward_backward(self.next_micro_batches(), stop_requested)
+        t0 = time.perf_counter()  # no sync: forward_backward's one transfer per step paces the host
+        micro_batches = self.next_micro_batches()
+        loader_wait = time.perf_counter() - t0  # the step waited this long for the data pipeline
+        stats = self.forward_backward(micro_batches, stop_requested)
         lrm = lr_multiplier(step, cfg.num_iterations, cfg.warmup_ratio, cfg.warmdown_ratio, cfg.final_lr_frac)
         for opt in self.optimizers:
             for group in opt.param_groups:
                 group["lr"] = group["initial_lr"] * lrm
                 if "momentum" in group:
                     group["momentum"] = muon_momentum(step, warmup_steps=cfg.muon_momentum_warmup)
-        applied, grad_norm = _clip_and_step(self.model, self.optimizers, self.scaler, cfg.grad_clip, stats.loss)
+        applied, grad_norm = _clip_and_step(self.model, self.optimizers, self.scaler, cfg.grad_clip, stats,
+                                            self.grad_norm)  # fmt: skip
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
         self._guard(applied, stats.loss)
-        dev.synchronize()
         dt = time.perf_counter() - t0
         self.total_time += dt
         self.step_count += 1
@@ -357,7 +378,6 @@ class Trainer:
         tok_per_s = self.tokens_per_step / dt
         peak = self.peak.value
         mfu = self.flops_per_token * tok_per_s / (peak * self.world) if peak > 0 else None
-        mem = dev.memory()
         record = {
             "loss": stats.loss,
             "lr_mult": lrm,
@@ -366,8 +386,11 @@ class Trainer:
             "dt_s": dt,
             "grad_norm": grad_norm,
             "supervised_tokens": stats.tokens,
-            "mem_bytes": mem.peak_allocated or mem.allocated,
+            "loader_wait_s": loader_wait,
         }
+        if self._log_due(self.step_count):  # memory stats are driver calls: only on logged steps
+            mem = dev.memory()
+            record["mem_bytes"] = mem.peak_allocated or mem.allocated
         if self.stage.step_metrics is not None:
             record.update(self.stage.step_metrics())
         return record, stats.stop
@@ -400,6 +423,7 @@ class Trainer:
     def evaluate(self, step: int) -> dict[str, float]:
         """Validation bits/byte, the stage's evaluators, and (rank 0) samples; logged at `step`."""
         dev, env, cfg = self.dev, self.env, self.cfg
+        collect_garbage()
         results: dict[str, float] = {}
         # FSDP2: evaluate a whole copy of the weights on every rank, so evaluators and the engine work as with
         # replicas (ranks score different examples; no collective inside a forward for them to disagree on).
@@ -432,6 +456,7 @@ class Trainer:
 
     def save(self, step: int, final: bool) -> Path:
         """A checkpoint of `step`, carrying the metrics measured at that step (evaluate first)."""
+        collect_garbage()
         meta = dict(self.meta_base)
         metrics = {**self.metrics, "train_loss": self.last_loss, "total_training_time_s": self.total_time}
         metrics.setdefault("val_bpb", None)
@@ -457,6 +482,9 @@ class Trainer:
 
     # ---- the loop ----------------------------------------------------------------------------
 
+    def _log_due(self, step: int) -> bool:
+        return step % self.cfg.log_every == 0 or step == self.start_step + 1 or step == self.cfg.num_iterations
+
     def _eval_due(self, step: int) -> bool:
         every = self.cfg.eval_every
         return step == self.cfg.num_iterations or (every > 0 and step % every == 0)
@@ -470,11 +498,13 @@ class Trainer:
         with StopRequest() as stop:
             try:
                 self.logger = RunLogger(self.stage_path, enabled=env.is_main)
+                self.logger.log(self.step_count, {"mfu_attention": MFU_ATTENTION})  # how "mfu" below counts
                 if env.is_main and cfg.telemetry_every_s > 0:  # vendor tools are slow: never inside the step
                     monitor = TelemetryMonitor(self.dev, cfg.telemetry_every_s).start()
                 self.train_model.train()
                 if self.start_step == 0 and cfg.eval_every > 0 and cfg.num_iterations > 0:
                     self.evaluate(0)  # where the stage starts from
+                freeze_gc()  # no collector scans inside the loop; evaluate() and save() collect
                 while self.step_count < cfg.num_iterations:
                     record, stop_now = self.step(stop.requested)
                     step = self.step_count
@@ -488,8 +518,7 @@ class Trainer:
                             f"({self.peak.value / 1e12:.2f} TFLOPS) is too low, e.g. measured while the machine was "
                             "busy: run `portachat doctor --calibrate` on an idle machine."
                         )
-                    show = env.is_main and (step % cfg.log_every == 0 or step == self.start_step + 1
-                                            or step == cfg.num_iterations)
+                    show = env.is_main and self._log_due(step)
                     if show and monitor is not None:  # the background monitor's latest sample
                         sample = monitor.latest()
                         record.update({k: sample[k] for k in ("util_pct", "temp_c", "power_w") if k in sample})
@@ -500,6 +529,7 @@ class Trainer:
                         self.say(format_progress(step, cfg.num_iterations, record, eta))
                     if step == cfg.num_iterations:
                         break
+                    collect_garbage(step)  # every GC_COLLECT_EVERY steps
                     if self._eval_due(step):
                         self.evaluate(step)
                     if (cfg.save_every > 0 and step % cfg.save_every == 0) or stop_now:
@@ -512,6 +542,7 @@ class Trainer:
                     _check_replicas_in_sync(self.model, self.world, self.say)
                 final = self.save(step, final=True)
             finally:
+                thaw_gc()
                 if monitor is not None:
                     monitor.stop()
                 for stream in self.streams:
@@ -569,24 +600,22 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(_INT_OF_SIZE[t.element_size()])
 
 
-def _clip_and_step(model, optimizers, scaler, grad_clip: float, step_loss: float) -> tuple[bool, float | None]:
-    """Clip and step every optimizer; returns (update applied, gradient norm).
+def _clip_and_step(model, optimizers, scaler, grad_clip: float, stats: StepStats,
+                   norm: torch.Tensor) -> tuple[bool, float | None]:  # fmt: skip
+    """Clip (by `norm`, the device-side norm `stats.grad_norm` was read from; fp16 gradients already
+    unscaled) and step every optimizer; returns (update applied, gradient norm).
 
     Without a scaler a non-finite loss or gradient skips the update here. With fp16's GradScaler the
     scaler itself skips an update whose gradients hold inf/NaN and lowers the loss scale, so the
     step always goes through it (calling update() without a step would be an error).
     """
-    if scaler is None and not math.isfinite(step_loss):
+    if scaler is None and not math.isfinite(stats.loss):
         return False, None
-    if scaler is not None:
-        for opt in optimizers:
-            scaler.unscale_(opt)
-    grad_norm = None
-    if grad_clip > 0:
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip).item()
+    grad_norm = stats.grad_norm
+    if scaler is None and grad_norm is not None and not math.isfinite(grad_norm):
+        return False, grad_norm
+    clip_with_norm(model.parameters(), grad_clip, norm)
     if scaler is None:
-        if grad_norm is not None and not math.isfinite(grad_norm):
-            return False, grad_norm
         for opt in optimizers:
             opt.step()
         return True, grad_norm

@@ -176,3 +176,20 @@ def test_bandwidth_is_the_faster_of_a_copy_and_a_read(monkeypatch, slowed):
 
     monkeypatch.setattr(torch.Tensor, slowed, slow)
     assert inf.measure_memory_bandwidth(get_device("cpu"), megabytes=8, reps=2) > 2 * 8 * 2**20 / 0.05
+
+
+def test_the_kv_budget_waits_for_a_profile_where_the_allocator_keeps_a_peak():
+    assert inf.profiles_kv_budget(Device(h100()))
+    assert inf.profiles_kv_budget(Device(ascend("Ascend910B3", bf16=True)))
+    assert not inf.profiles_kv_budget(Device(mps()))  # no high-water mark to read
+    assert not inf.profiles_kv_budget(get_device("cpu"))  # a share of free RAM: nothing to profile
+
+
+def test_the_largest_steps_activations_come_off_the_budget(monkeypatch):
+    dev = Device(h100())
+    stats = MemoryStats(allocated=None, peak_allocated=None, reserved=None, free=70 * 2**30, total=80 * 2**30)
+    monkeypatch.setattr(Device, "memory", lambda self: stats)
+    plain = inf.kv_cache_budget(dev, 0.9, 100 * 2**30).value
+    profiled = inf.kv_cache_budget(dev, 0.9, 100 * 2**30, transient_bytes=3 * 2**30)
+    assert plain == int(0.9 * 80 * 2**30) - 10 * 2**30 and profiled.value == plain - 3 * 2**30
+    assert "for the largest step" in profiled.reason
