@@ -12,7 +12,7 @@ from portachat.serve.terminal_chat import CHAT_FALLBACK, ChatSession, chat_loop,
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from portachat.engine.loading import load_served_model
+    from portachat.engine.loading import load_served_model  # deferred: loads torch
 
     print("[portachat] " + _("loading {model} ...").format(model=args.model), file=sys.stderr, flush=True)
     served = load_served_model(load_options(args))

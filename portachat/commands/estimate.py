@@ -10,8 +10,8 @@ from portachat.i18n import _
 
 
 def model_shape_from_args(args: argparse.Namespace):
-    from portachat.model import GPTConfig
-    from portachat.model.estimate import ModelShape, load_hf_config
+    from portachat.model import GPTConfig  # deferred: loads torch
+    from portachat.model.estimate import ModelShape, load_hf_config  # deferred: loads torch
 
     if args.hf_config is not None:
         return ModelShape.from_hf_config(load_hf_config(args.hf_config), name=str(args.hf_config))
@@ -20,8 +20,13 @@ def model_shape_from_args(args: argparse.Namespace):
 
 
 def cmd_estimate_memory(args: argparse.Namespace) -> int:
-    from portachat.model import ConfigError
-    from portachat.model.estimate import TrainingSetup, estimate_kv_cache, estimate_training, format_estimate
+    from portachat.model import ConfigError  # deferred: loads torch
+    from portachat.model.estimate import (  # deferred: loads torch
+        TrainingSetup,
+        estimate_kv_cache,
+        estimate_training,
+        format_estimate,
+    )
 
     if args.serve:
         return cmd_estimate_serving(args)
@@ -50,12 +55,12 @@ def cmd_estimate_memory(args: argparse.Namespace) -> int:
 
 
 def cmd_estimate_serving(args: argparse.Namespace) -> int:
-    from portachat.model import ConfigError
-    from portachat.model.serve_memory import estimate_serving, format_serving
+    from portachat.model import ConfigError  # deferred: loads torch
+    from portachat.model.serve_memory import estimate_serving, format_serving  # deferred: loads torch
 
     device_bytes = device_type = None
     if not args.no_device:
-        from portachat.device import get_device
+        from portachat.device import get_device  # deferred: loads torch
 
         device = get_device(kind=args.device)
         device_type = device.type  # what the engine holds there beyond weights and KV (packed copies on a CPU)
@@ -74,9 +79,9 @@ def cmd_estimate_serving(args: argparse.Namespace) -> int:
 
 
 def measure(args: argparse.Namespace) -> int:
-    from portachat.device import get_device
-    from portachat.model import GPTConfig
-    from portachat.train.batch_size import measure_training_peak
+    from portachat.device import get_device  # deferred: loads torch
+    from portachat.model import GPTConfig  # deferred: loads torch
+    from portachat.train.batch_size import measure_training_peak  # deferred: loads torch
 
     dev = get_device(kind=args.device, dtype=args.dtype)
     dev.set_current()

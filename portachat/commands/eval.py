@@ -9,8 +9,8 @@ from portachat.i18n import _
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from portachat.eval.report import format_table, to_json
-    from portachat.eval.run import EvalOptions, run_evals
+    from portachat.eval.report import format_table, to_json  # deferred: loads torch
+    from portachat.eval.run import EvalOptions, run_evals  # deferred: loads torch
 
     opts = EvalOptions(
         task=args.task, model=args.model, data=args.data, limit=args.limit, device=args.device, dtype=args.dtype,
@@ -25,7 +25,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    from portachat.eval.run import CHOICES
+    from portachat.eval.run import CHOICES  # deferred: loads torch
 
     p = sub.add_parser(
         "eval", help=_("evaluate a model: bits/byte, synthetic tasks, GSM8K, ARC, MMLU, C-Eval, CMMLU, HumanEval, CORE"), epilog=EPILOG,

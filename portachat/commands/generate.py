@@ -15,7 +15,7 @@ from portachat.serve.batch import GENERATE_FALLBACK, BatchInputError, read_rows,
 def cmd_generate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from portachat.engine.loading import load_served_model
+    from portachat.engine.loading import load_served_model  # deferred: loads torch
 
     input_path, output_path = Path(args.input), Path(args.output)
     if not input_path.is_file():

@@ -123,7 +123,7 @@ def add_sampling_flags(p: argparse.ArgumentParser, fallback: SamplingFallback) -
 
 
 def load_options(args: argparse.Namespace):
-    from portachat.engine.loading import LoadOptions
+    from portachat.engine.loading import LoadOptions  # deferred: loads torch
 
     return LoadOptions(
         model=args.model,  # load_for_inference resolves stage dirs and run/stage names
@@ -151,7 +151,7 @@ def load_options(args: argparse.Namespace):
 
 def speculative_options(args: argparse.Namespace):
     """SpeculativeOptions from the flags, or None when --speculative-model is not given."""
-    from portachat.engine.loading import SpeculativeOptions
+    from portachat.engine.loading import SpeculativeOptions  # deferred: loads torch
 
     tuning = {"num_speculative_tokens": args.num_speculative_tokens, "prompt_lookup_max": args.ngram_prompt_lookup_max,
               "prompt_lookup_min": args.ngram_prompt_lookup_min, "max_batch": args.speculative_max_batch}  # fmt: skip

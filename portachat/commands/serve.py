@@ -66,7 +66,7 @@ def api_keys(given: list[str] | None, env: str | None) -> list[str]:
 
 
 def _keep_alive(text: str) -> str:
-    from portachat.serve.registry import parse_keep_alive
+    from portachat.serve.registry import parse_keep_alive  # deferred: loads torch
 
     try:
         parse_keep_alive(text)
@@ -77,8 +77,8 @@ def _keep_alive(text: str) -> str:
 
 def model_specs(args: argparse.Namespace) -> list:
     """`--model [NAME=]PATH` (repeatable, loaded at start-up) and `--models-dir` (loaded on demand)."""
-    from portachat.serve.registry import discover_models, parse_model_arg
-    from portachat.serve.registry.catalog import given_model
+    from portachat.serve.registry import discover_models, parse_model_arg  # deferred: loads torch
+    from portachat.serve.registry.catalog import given_model  # deferred: loads torch
 
     given = [parse_model_arg(text) for text in args.model or []]
     if args.served_model_name and len(given) != 1:
@@ -109,7 +109,7 @@ def model_specs(args: argparse.Namespace) -> list:
 def lora_args(values: list[str]) -> tuple[str | None, list[tuple[str, str]]]:
     """`--lora PATH` (folded into the one model's weights; at most one) and `--lora NAME=PATH`
     (served as model NAME on its base's engine, batched with it)."""
-    from portachat.serve.registry import parse_model_arg
+    from portachat.serve.registry import parse_model_arg  # deferred: loads torch
 
     parsed = [parse_model_arg(v) for v in values]
     folded = [path for name, path in parsed if name is None]
@@ -121,10 +121,10 @@ def lora_args(values: list[str]) -> tuple[str | None, list[tuple[str, str]]]:
 
 def adapter_specs(adapters: list[tuple[str, str]], models: list, models_dir: str | None) -> list:
     """Registry entries for `--lora NAME=PATH` and the adapters found under --models-dir."""
-    from portachat.model.lora import find_adapter_dir
-    from portachat.serve.registry import ModelSpec
-    from portachat.serve.registry.catalog import adapter_base, discover_adapters
-    from portachat.storage.atomic import CheckpointError
+    from portachat.model.lora import find_adapter_dir  # deferred: loads torch
+    from portachat.serve.registry import ModelSpec  # deferred: loads torch
+    from portachat.serve.registry.catalog import adapter_base, discover_adapters  # deferred: loads torch
+    from portachat.storage.atomic import CheckpointError  # deferred: loads torch
 
     out = []
     pinned = {s.name for s in models if s.pinned}
@@ -148,14 +148,14 @@ def adapter_specs(adapters: list[tuple[str, str]], models: list, models_dir: str
 def cmd_serve(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from portachat.device import get_device
-    from portachat.device.explain import diagnose, format_diagnosis
-    from portachat.device.inference import model_memory_budget
-    from portachat.engine.loading import load_served_model
-    from portachat.serve.api import ServerSettings, create_app
-    from portachat.serve.api.server import make_server
-    from portachat.serve.registry import ModelRegistry, parse_keep_alive
-    from portachat.serve.registry.registry import RegistryEvents
+    from portachat.device import get_device  # deferred: loads torch
+    from portachat.device.explain import diagnose, format_diagnosis  # deferred: loads torch
+    from portachat.device.inference import model_memory_budget  # deferred: loads torch
+    from portachat.engine.loading import load_served_model  # deferred: loads torch
+    from portachat.serve.api import ServerSettings, create_app  # deferred: loads torch
+    from portachat.serve.api.server import make_server  # deferred: loads torch
+    from portachat.serve.registry import ModelRegistry, parse_keep_alive  # deferred: loads torch
+    from portachat.serve.registry.registry import RegistryEvents  # deferred: loads torch
 
     specs = model_specs(args)
     name = specs[0].name
@@ -195,7 +195,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return served
 
     def on_worker_failure(message: str) -> None:
-        from portachat.engine.workers import WorkerFailure
+        from portachat.engine.workers import WorkerFailure  # deferred: loads torch
 
         failure.append(WorkerFailure(message))
         # /health answers 503 meanwhile; in-flight requests have had their error from the failed step.

@@ -28,10 +28,10 @@ def parse_bytes(text: str) -> int:
 
 
 def cmd_tune_batch_size(args: argparse.Namespace) -> int:
-    from portachat.device import DeviceError
-    from portachat.model import ConfigError, GPTConfig
-    from portachat.train.accumulation import TrainingError
-    from portachat.train.batch_size import find_batch_size
+    from portachat.device import DeviceError  # deferred: loads torch
+    from portachat.model import ConfigError, GPTConfig  # deferred: loads torch
+    from portachat.train.accumulation import TrainingError  # deferred: loads torch
+    from portachat.train.batch_size import find_batch_size  # deferred: loads torch
 
     try:
         dev = device_from_args(args)
