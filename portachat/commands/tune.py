@@ -40,9 +40,10 @@ def cmd_tune_batch_size(args: argparse.Namespace) -> int:
         return usage_error(e)
     dev.set_current()
     say = (lambda _m: None) if args.json else (lambda m: print(f"[tune] {m}", flush=True))
-    say(f"device {dev.kind}:{dev.index} {dev.name!r}, {dev.dtype_name}; model depth {cfg.n_layer}, "
-        f"vocab {cfg.vocab_size}, {args.max_seq_len} tokens per row"
-        + (", activation checkpointing" if args.activation_checkpointing else ""))
+    say(_("device {device} {name}, {dtype}; model depth {depth}, vocab {vocab}, {seq_len} tokens per row").format(
+        device=f"{dev.kind}:{dev.index}", name=repr(dev.name), dtype=dev.dtype_name, depth=cfg.n_layer,
+        vocab=cfg.vocab_size, seq_len=args.max_seq_len)
+        + (_(", activation checkpointing") if args.activation_checkpointing else ""))
     try:
         result = find_batch_size(cfg, args.max_seq_len, dev, memory_limit=args.memory_limit, safety=args.safety,
                                  max_batch_size=args.max_batch_size,

@@ -38,6 +38,7 @@ from portachat.engine.setup import kv_blocks, weights_dtype
 from portachat.engine.speculative import Speculator
 from portachat.engine.structured import TokenMasks, allocate_bitmask
 from portachat.engine.types import EngineError, RequestOutput, SamplingParams
+from portachat.i18n import _
 from portachat.model.gpt import GPT
 from portachat.model.lora import LoraWeights, load_lora
 from portachat.model.lora_batch import AdapterSet
@@ -68,7 +69,7 @@ class LLMEngine:
 
         self.max_model_len = config.max_model_len or cfg.max_seq_len
         if config.max_num_seqs < 1 or config.max_num_batched_tokens < 1 or config.block_size < 1:
-            raise EngineError("max_num_seqs, max_num_batched_tokens and block_size must be positive")
+            raise EngineError(_("max_num_seqs, max_num_batched_tokens and block_size must be positive"))
         try:
             kv_choice = choose_kv_cache_dtype(device, dtype, config.kv_cache_dtype)
         except ValueError as exc:
@@ -78,8 +79,9 @@ class LLMEngine:
         min_blocks = -(-self.max_model_len // config.block_size)
         if num_blocks < min_blocks:
             raise EngineError(
-                f"the KV cache holds {num_blocks * config.block_size} tokens ({self.kv_reason}), less than one "
-                f"sequence of --max-model-len {self.max_model_len}; lower --max-model-len or raise --kv-cache-gb",
+                _("the KV cache holds {tokens} tokens ({reason}), less than one sequence of --max-model-len "
+                  "{max_model_len}; lower --max-model-len or raise --kv-cache-gb").format(
+                    tokens=num_blocks * config.block_size, reason=self.kv_reason, max_model_len=self.max_model_len),
                 kind="invalid",
             )
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
@@ -121,26 +123,27 @@ class LLMEngine:
         check_params(params, self.model.config.vocab_size)
         if not prompt_ids:
             raise EngineError(
-                "the prompt is empty: give at least one token (e.g. the BOS token)", kind="invalid"
+                _("the prompt is empty: give at least one token (e.g. the BOS token)"), kind="invalid"
             )
         vocab = self.model.config.vocab_size
         if any(not isinstance(t, int) or not 0 <= t < vocab for t in prompt_ids):
-            raise EngineError(f"prompt token ids must be integers in [0, {vocab})", kind="invalid")
+            raise EngineError(_("prompt token ids must be integers in [0, {vocab})").format(vocab=vocab), kind="invalid")
         if len(prompt_ids) + params.max_tokens > self.max_model_len:
             raise EngineError(
-                f"the prompt has {len(prompt_ids)} tokens and max_tokens is {params.max_tokens}: "
-                f"{len(prompt_ids) + params.max_tokens} > the context window of {self.max_model_len} tokens; "
-                "shorten the prompt, lower max_tokens, or raise --max-model-len",
+                _("the prompt has {prompt} tokens and max_tokens is {max_tokens}: {total} > the context window of "
+                  "{window} tokens; shorten the prompt, lower max_tokens, or raise --max-model-len").format(
+                    prompt=len(prompt_ids), max_tokens=params.max_tokens, total=len(prompt_ids) + params.max_tokens,
+                    window=self.max_model_len),
                 kind="too_long",
             )
         if len(self.scheduler.waiting) >= self.config.max_waiting:
             raise EngineError(
-                f"the waiting queue is full ({self.config.max_waiting} requests); retry later",
+                _("the waiting queue is full ({count} requests); retry later").format(count=self.config.max_waiting),
                 kind="queue_full",
             )
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._seqs:
-            raise EngineError(f"request id {request_id!r} is already in use", kind="invalid")
+            raise EngineError(_("request id {id} is already in use").format(id=repr(request_id)), kind="invalid")
         matcher = self._matcher(params) if params.structured is not None else None
         seed = params.seed
         if seed is None:
@@ -149,8 +152,9 @@ class LLMEngine:
         if params.adapter is not None:
             lora = self.runner.lora
             if lora is None or params.adapter not in lora:
-                loaded = ", ".join(lora.names) if lora else "none"
-                raise EngineError(f"unknown LoRA adapter {params.adapter!r} (loaded: {loaded})", kind="invalid")
+                loaded = ", ".join(lora.names) if lora else _("none")
+                raise EngineError(_("unknown LoRA adapter {name} (loaded: {loaded})").format(
+                    name=repr(params.adapter), loaded=loaded), kind="invalid")
             salt = self._adapter_salts[params.adapter]
         seq = Sequence(
             cache_salt=salt,
@@ -204,9 +208,10 @@ class LLMEngine:
         """Load a LoRA adapter (a PEFT directory, or weights already read) that requests then name in
         SamplingParams.adapter; rows of different adapters and of the base share every step."""
         if not name or not isinstance(name, str):
-            raise EngineError("a LoRA adapter needs a non-empty name", kind="invalid")
+            raise EngineError(_("a LoRA adapter needs a non-empty name"), kind="invalid")
         if name in self.adapters_in_use():
-            raise EngineError(f"LoRA adapter {name!r} has requests in flight; replace it when they finish")
+            raise EngineError(_("LoRA adapter {name} has requests in flight; replace it when they finish").format(
+                name=repr(name)))
         if self.runner.lora is None:
             self.runner.lora = AdapterSet(self.model, self.device.torch_device, self.dtype)
         self.runner.lora.add(name, lora if isinstance(lora, LoraWeights) else load_lora(lora))
@@ -215,7 +220,8 @@ class LLMEngine:
     def remove_adapter(self, name: str) -> None:
         """Drop a LoRA adapter (refused while requests use it; unknown names are a no-op)."""
         if name in self.adapters_in_use():
-            raise EngineError(f"LoRA adapter {name!r} has requests in flight; remove it when they finish")
+            raise EngineError(_("LoRA adapter {name} has requests in flight; remove it when they finish").format(
+                name=repr(name)))
         if self.runner.lora is not None:
             self.runner.lora.remove(name)
         self._adapter_salts.pop(name, None)

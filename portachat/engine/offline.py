@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from portachat.engine.types import EngineError, RequestOutput, SamplingParams
+from portachat.i18n import _
 
 
 @dataclass
@@ -34,7 +35,8 @@ def generate(
     params = params or SamplingParams()
     plist = params if isinstance(params, list) else [params] * len(prompts)
     if len(plist) != len(prompts):
-        raise EngineError(f"{len(prompts)} prompts but {len(plist)} sampling params", kind="invalid")
+        raise EngineError(_("{prompts} prompts but {params} sampling params").format(
+            prompts=len(prompts), params=len(plist)), kind="invalid")
     results: dict[str, dict] = {}
     order: list[str] = []
     pending = list(zip(prompts, plist, strict=True))

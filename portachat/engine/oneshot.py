@@ -23,6 +23,7 @@ from portachat.engine.config import EngineConfig
 from portachat.engine.engine import LLMEngine
 from portachat.engine.offline import Completion
 from portachat.engine.types import EngineError, SamplingParams
+from portachat.i18n import _
 from portachat.model.gpt import GPT
 from portachat.quant import model_device
 from portachat.tokenizer.protocol import ChatTokenizer, ToolTokens
@@ -55,7 +56,7 @@ class TokenIdsOnly:
         return None
 
     def encode(self, text: str) -> list[int]:
-        raise EngineError("this engine has no tokenizer: give prompts as token ids", kind="invalid")
+        raise EngineError(_("this engine has no tokenizer: give prompts as token ids"), kind="invalid")
 
     def decode(self, ids: list[int]) -> str:
         return ""
@@ -64,7 +65,7 @@ class TokenIdsOnly:
         return b""
 
     def render_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
-        raise EngineError("this engine has no tokenizer: it cannot render a conversation", kind="invalid")
+        raise EngineError(_("this engine has no tokenizer: it cannot render a conversation"), kind="invalid")
 
 
 def device_of(model: nn.Module) -> Device:
@@ -73,8 +74,8 @@ def device_of(model: nn.Module) -> Device:
     where = model_device(model)
     dev = device_holding(where)
     if dev is None:
-        raise EngineError(f"the model is on {where} but this process's device is {get_device().torch_device}; "
-                          "pass its Device", kind="invalid")
+        raise EngineError(_("the model is on {where} but this process's device is {device}; pass its Device").format(
+            where=where, device=get_device().torch_device), kind="invalid")
     return dev
 
 
@@ -130,7 +131,8 @@ def generate_once(
     fails a request (a failed sample is a bug to see, not an empty reply)."""
     plist = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
     if len(plist) != len(prompts):
-        raise EngineError(f"{len(prompts)} prompts but {len(plist)} sampling params", kind="invalid")
+        raise EngineError(_("{prompts} prompts but {params} sampling params").format(
+            prompts=len(prompts), params=len(plist)), kind="invalid")
     if not prompts:
         return []
     longest = max(len(p) + q.max_tokens for p, q in zip(prompts, plist, strict=True))
@@ -140,5 +142,5 @@ def generate_once(
         done = engine.generate([list(p) for p in prompts], plist)
     for completion in done:
         if completion.error:
-            raise EngineError(f"generation failed: {completion.error}", kind="internal")
+            raise EngineError(_("generation failed: {error}").format(error=completion.error), kind="internal")
     return done

@@ -17,6 +17,7 @@ from portachat.engine.engine import LLMEngine
 from portachat.engine.scheduler import ScheduledSeq
 from portachat.engine.sequence import Sequence
 from portachat.engine.types import EngineError, SamplingParams
+from portachat.i18n import _
 
 
 @torch.inference_mode()
@@ -34,7 +35,8 @@ def teacher_forced_logprobs(engine: LLMEngine, texts: list[list[int]]) -> list[l
             for i, t in enumerate(texts)]  # fmt: skip
     need = sum(blocks.blocks_needed(s, len(t)) for s, t in zip(seqs, texts, strict=True))
     if need > blocks.num_free:
-        raise EngineError(f"scoring needs {need} free KV blocks, {blocks.num_free} are free", kind="invalid")
+        raise EngineError(_("scoring needs {need} free KV blocks, {free} are free").format(
+            need=need, free=blocks.num_free), kind="invalid")
     out: list[list[float]] = [[] for _ in texts]
     try:
         for s, t in zip(seqs, texts, strict=True):

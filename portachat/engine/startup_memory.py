@@ -21,6 +21,7 @@ from portachat.engine.config import EngineConfig
 from portachat.engine.decode_graphs import DecodeGraphs
 from portachat.engine.runner import ModelRunner
 from portachat.engine.types import EngineError
+from portachat.i18n import _
 from portachat.model.gpt import GPT
 
 
@@ -66,6 +67,7 @@ def profile_largest_step(dev: Device, model: GPT, config: EngineConfig, max_mode
         return transient, trial
     except torch.OutOfMemoryError as exc:
         raise EngineError(
-            f"one decode step of {config.max_num_seqs} sequences at {max_model_len} tokens does not fit in "
-            f"device memory ({exc}); lower --max-num-seqs or --max-model-len", kind="invalid",
+            _("one decode step of {seqs} sequences at {tokens} tokens does not fit in device memory ({error}); "
+              "lower --max-num-seqs or --max-model-len").format(seqs=config.max_num_seqs, tokens=max_model_len,
+                                                                error=exc), kind="invalid",
         ) from exc

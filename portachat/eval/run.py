@@ -52,12 +52,13 @@ FORWARD_TASKS = ("bpb", "arc", "mmlu")  # scored from the model's own forward, o
 
 def _task_list(opts: EvalOptions) -> list[str]:
     if opts.task not in CHOICES:
-        raise EvalDataError(f"unknown evaluation {opts.task!r}; choose one of {', '.join(CHOICES)}")
+        raise EvalDataError(_("unknown evaluation {task}; choose one of {choices}").format(
+            task=repr(opts.task), choices=", ".join(CHOICES)))
     if opts.task in ("all", "core"):
         if opts.data is not None:
-            raise EvalDataError("--data names one task's data; use it with a single task (e.g. `portachat eval "
-                                "gsm8k --data test.jsonl`). `all` reads each task's data from "
-                                f"{default_data_path('<task>')}")
+            raise EvalDataError(_("--data names one task's data; use it with a single task (e.g. `portachat eval "
+                                  "gsm8k --data test.jsonl`). `all` reads each task's data from {path}").format(
+                path=default_data_path("<task>")))
         return list(TASKS)
     return [opts.task]
 
@@ -89,7 +90,8 @@ def text_bpb(model: torch.nn.Module, tokenizer: Any, data: str | None, limit: in
     if not rows and len(stream) > 1:
         rows.append(stream)
     if not rows:
-        raise EvalDataError(f"{data or 'the synthetic curriculum'} gave no validation text for bits per byte")
+        raise EvalDataError(_("{source} gave no validation text for bits per byte").format(
+            source=data or _("the synthetic curriculum")))
     device = next(model.parameters()).device
     batches = [(torch.tensor([r[:-1]]), torch.tensor([r[1:]])) for r in rows]
     table = token_bytes_tensor(tokenizer, model.config.vocab_size)
@@ -108,12 +110,12 @@ def run_evals(opts: EvalOptions, log: Callable[[str], None] = print) -> list[Eva
     for task in tasks:  # find all data before loading the model: a typo should fail in a second
         if task == "synthetic":
             if opts.data:
-                raise EvalDataError("the synthetic held-out set is built in: drop --data")
+                raise EvalDataError(_("the synthetic held-out set is built in: drop --data"))
             data[task] = None
         elif task == "bpb":
             data[task] = Path(opts.data) if opts.data else None
             if opts.data and not Path(opts.data).exists() and str(opts.data) != "synthetic":
-                raise EvalDataError(f"--data {opts.data} does not exist")
+                raise EvalDataError(_("--data {path} does not exist").format(path=opts.data))
         elif single:
             data[task] = resolve_data(task, opts.data)
         else:
@@ -164,8 +166,9 @@ def _run_tensor_parallel(opts: EvalOptions, tasks: list[str], data: dict[str, Pa
 
     forward = [t for t in tasks if t in FORWARD_TASKS and t in data]
     if forward:
-        raise EvalDataError(f"{', '.join(forward)} score the model's own forward on one device: run them without "
-                            "--tensor-parallel-size (it applies to the generative tasks: synthetic, gsm8k, humaneval)")  # fmt: skip
+        raise EvalDataError(_("{tasks} score the model's own forward on one device: run them without "
+                              "--tensor-parallel-size (it applies to the generative tasks: synthetic, gsm8k, "
+                              "humaneval)").format(tasks=", ".join(forward)))
     served = load_served_model(LoadOptions(model=opts.model, device=opts.device, dtype=opts.dtype,
                                            quantize=opts.quantize, max_model_len=MAX_EVAL_CONTEXT,
                                            tensor_parallel_size=opts.tensor_parallel_size))  # fmt: skip

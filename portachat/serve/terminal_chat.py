@@ -129,8 +129,8 @@ def stream_reply(engine, tokenizer: ChatTokenizer, session: ChatSession, out: Te
     prompt = tokenizer.render_prompt(session.history())
     room = engine.max_model_len - len(prompt)
     if room < 1:
-        raise EngineError(f"the conversation ({len(prompt)} tokens) fills the context window of "
-                          f"{engine.max_model_len} tokens", kind="too_long")
+        raise EngineError(_("the conversation ({tokens} tokens) fills the context window of {window} tokens").format(
+            tokens=len(prompt), window=engine.max_model_len), kind="too_long")
     # A reply may use whatever room the context leaves, up to --max-tokens.
     rid = engine.add_request(prompt, replace(session.params, max_tokens=min(session.params.max_tokens, room)))
     texts: list[str] = []

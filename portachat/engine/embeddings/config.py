@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from portachat.i18n import _
 from portachat.model.hf_dir import read_json
 from portachat.model.source import st_modules
 from portachat.storage.atomic import CheckpointError
@@ -68,8 +69,9 @@ def read_pooling_config(directory: str | Path, default_pooling: str = "mean") ->
     kinds = [m.get("type") for m in modules]
     unknown = [k for k in kinds if k not in (_ST_TRANSFORMER, _ST_POOLING_MODULE, _ST_NORMALIZE)]
     if unknown:
-        raise CheckpointError(f"{directory / 'modules.json'}: sentence-transformers modules {unknown} are not supported "
-                              "(portachat runs Transformer, Pooling and Normalize)")
+        raise CheckpointError(_("{path}: sentence-transformers modules {modules} are not supported "
+                                "(portachat runs Transformer, Pooling and Normalize)").format(
+            path=directory / "modules.json", modules=unknown))
     pooling = default_pooling
     pool_module = next((m for m in modules if m.get("type") == _ST_POOLING_MODULE), None)
     if pool_module is not None:
@@ -78,8 +80,9 @@ def read_pooling_config(directory: str | Path, default_pooling: str = "mean") ->
         modes = [name for key, name in _ST_POOLING.items() if pool.get(key)]
         others = [k for k, v in pool.items() if k.startswith("pooling_mode_") and v and k not in _ST_POOLING]
         if len(modes) != 1 or others:
-            raise CheckpointError(f"{file}: exactly one of {', '.join(_ST_POOLING)} must be true "
-                                  f"(got {modes + others}); combined pooling modes are not supported")
+            raise CheckpointError(_("{path}: exactly one of {modes} must be true (got {got}); combined pooling "
+                                    "modes are not supported").format(
+                path=file, modes=", ".join(_ST_POOLING), got=modes + others))
         pooling = modes[0]
     st = read_json(directory / "sentence_bert_config.json", required=False)
     max_tokens = st.get("max_seq_length")

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from portachat.engine.embeddings.config import PoolingConfig
 from portachat.engine.embeddings.pooling import pool
+from portachat.i18n import _
 
 Hidden = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (ids [B, T], mask [B, T]) -> [B, T, C]
 
@@ -63,32 +64,37 @@ class Embedder:
         if dimensions is None or dimensions == self.dimension:
             return
         if dimensions < 1:
-            raise EmbeddingInputError(f"dimensions must be at least 1 (got {dimensions}).")
+            raise EmbeddingInputError(_("dimensions must be at least 1 (got {dimensions}).").format(dimensions=dimensions))
         if dimensions > self.dimension:
-            raise EmbeddingInputError(f"This model's embeddings have {self.dimension} dimensions; dimensions="
-                                      f"{dimensions} is larger.")
+            raise EmbeddingInputError(_("This model's embeddings have {size} dimensions; dimensions={dimensions} is "
+                                        "larger.").format(size=self.dimension, dimensions=dimensions))
         allowed = self.pooling.matryoshka
         if allowed is None:
-            raise EmbeddingInputError(f"This model only makes {self.dimension}-dimensional embeddings: it was not "
-                                      f"trained for shorter ones (Matryoshka), so dimensions={dimensions} is not "
-                                      f"supported. Leave dimensions out or send {self.dimension}.")
+            raise EmbeddingInputError(_("This model only makes {size}-dimensional embeddings: it was not trained for "
+                                        "shorter ones (Matryoshka), so dimensions={dimensions} is not supported. "
+                                        "Leave dimensions out or send {size}.").format(
+                size=self.dimension, dimensions=dimensions))
         if allowed and dimensions not in allowed:
-            raise EmbeddingInputError(f"This model supports dimensions in {list(allowed)} (and {self.dimension}); "
-                                      f"got {dimensions}.")
+            raise EmbeddingInputError(_("This model supports dimensions in {allowed} (and {size}); got "
+                                        "{dimensions}.").format(
+                allowed=list(allowed), size=self.dimension, dimensions=dimensions))
 
     def check_inputs(self, inputs: list[list[int]]) -> None:
         """EmbeddingInputError for an empty or over-long input or a token id outside the vocabulary."""
         for i, ids in enumerate(inputs):
             if not ids:
-                raise EmbeddingInputError(f"Input {i} is empty: send some text or token ids.", index=i)
+                raise EmbeddingInputError(_("Input {index} is empty: send some text or token ids.").format(index=i),
+                                          index=i)
             if len(ids) > self.max_tokens:
                 raise EmbeddingInputError(
-                    f"This model's maximum input length is {self.max_tokens} tokens, but input {i} has {len(ids)} "
-                    "tokens. Shorten it or split it into chunks.", index=i, code="context_length_exceeded")
+                    _("This model's maximum input length is {limit} tokens, but input {index} has {tokens} tokens. "
+                      "Shorten it or split it into chunks.").format(limit=self.max_tokens, index=i, tokens=len(ids)),
+                    index=i, code="context_length_exceeded")
             bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
             if bad is not None:
-                raise EmbeddingInputError(f"Token id {bad} in input {i} is outside this model's vocabulary "
-                                          f"(0..{self.vocab_size - 1}).", index=i)
+                raise EmbeddingInputError(_("Token id {token} in input {index} is outside this model's vocabulary "
+                                            "(0..{last}).").format(token=bad, index=i, last=self.vocab_size - 1),
+                                          index=i)
 
     # ------------------------------------------------------------------ forward
 

@@ -12,6 +12,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from portachat.device import Device, get_device
 from portachat.engine.embeddings.config import DEFAULT_POOLING, PoolingConfig, read_pooling_config
 from portachat.engine.embeddings.embedder import Embedder, Hidden
+from portachat.i18n import _
 from portachat.model.bert import build_bert
 from portachat.model.gpt import GPT
 from portachat.model.hf import from_hf_config
@@ -32,7 +33,7 @@ def special_affixes(tokenizer: HFTokenizer) -> tuple[list[int], list[int]]:
     for start in range(len(full) - len(bare) + 1):
         if full[start: start + len(bare)] == bare:
             return full[:start], full[start + len(bare):]
-    raise CheckpointError("the tokenizer's special tokens could not be located around a text")
+    raise CheckpointError(_("the tokenizer's special tokens could not be located around a text"))
 
 
 def _size(model: torch.nn.Module) -> str:

@@ -68,7 +68,8 @@ def grammar_text(spec: StructuredSpec) -> str:
             return LLMatcher.grammar_from_lark(lark)
         return grammar_from("grammar", spec.value)  # Lark, or GBNF converted to Lark
     except (ValueError, TypeError) as exc:
-        raise StructuredError(f"{spec.param}: cannot compile the {spec.kind} constraint: {exc}", spec.param) from None
+        raise StructuredError(_("{param}: cannot compile the {kind} constraint: {error}").format(
+            param=spec.param, kind=spec.kind, error=exc), spec.param) from None
 
 
 class Constraints:
@@ -78,8 +79,8 @@ class Constraints:
         try:
             import llguidance
         except ImportError:
-            raise EngineError("structured output needs the llguidance package: pip install 'portachat[serve]' "
-                              "(or pip install llguidance)", kind="internal") from None
+            raise EngineError(_("structured output needs the llguidance package: pip install 'portachat[serve]' "
+                                "(or pip install llguidance)"), kind="internal") from None
         self.vocab_size = vocab_size
         self.tokenizer = ll_tokenizer(tokenizer, vocab_size)
         self._executor: llguidance.LLExecutor | None = None
@@ -121,12 +122,12 @@ class Constraints:
             before = heap_in_use()
             is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)
             if is_error:
-                raise StructuredError(f"{spec.param}: cannot compile the {spec.kind} constraint: {messages[0]}",
-                                      spec.param)
+                raise StructuredError(_("{param}: cannot compile the {kind} constraint: {error}").format(
+                    param=spec.param, kind=spec.kind, error=messages[0]), spec.param)
             template = LLMatcher(self.tokenizer, grammar, log_level=0)
             if template.is_error():
-                raise StructuredError(f"{spec.param}: cannot compile the {spec.kind} constraint: "
-                                      f"{template.get_error()}", spec.param)
+                raise StructuredError(_("{param}: cannot compile the {kind} constraint: {error}").format(
+                    param=spec.param, kind=spec.kind, error=template.get_error()), spec.param)
             reason = self._probe(template)
             after = heap_in_use()
             size = ENTRY_FLOOR_BYTES + TEXT_FACTOR * len(grammar)

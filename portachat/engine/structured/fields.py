@@ -20,6 +20,7 @@ import json
 from typing import Any
 
 from portachat.engine.structured.spec import StructuredError, StructuredSpec
+from portachat.i18n import _
 
 _KINDS = ("json", "regex", "choice", "grammar", "json_object")
 FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
@@ -31,13 +32,14 @@ def _spec(kind: str, value: Any, param: str, whitespace: Any = None) -> Structur
         try:
             value = json.loads(value)
         except json.JSONDecodeError as exc:
-            raise StructuredError(f"{param} is not valid JSON ({exc}).", param) from None
+            raise StructuredError(_("{param} is not valid JSON ({error}).").format(param=param, error=exc), param) from None
     return StructuredSpec(kind, value, whitespace, param=param)  # type: ignore[arg-type]
 
 
 def _response_format(fmt: Any) -> StructuredSpec | None:
     if not isinstance(fmt, dict):
-        raise StructuredError('response_format must be an object such as {"type": "json_object"}.', "response_format")
+        raise StructuredError(_('response_format must be an object such as {"type": "json_object"}.'),
+                              "response_format")
     kind = fmt.get("type", "text")
     if kind == "text":
         return None
@@ -46,20 +48,22 @@ def _response_format(fmt: Any) -> StructuredSpec | None:
     if kind == "json_schema":
         body = fmt.get("json_schema")
         if not isinstance(body, dict):
-            raise StructuredError("response_format.json_schema must be an object with 'name' and 'schema'.",
+            raise StructuredError(_("response_format.json_schema must be an object with 'name' and 'schema'."),
                                   "response_format.json_schema")
         schema = body.get("schema", {})
         return _spec("json", schema if schema != {} else True, "response_format.json_schema.schema")
-    raise StructuredError(f"response_format type {kind!r} is not supported (text, json_object, json_schema).",
-                          "response_format.type")
+    raise StructuredError(_("response_format type {kind} is not supported (text, json_object, json_schema).").format(
+        kind=repr(kind)), "response_format.type")
 
 
 def _structured_outputs(fields: Any) -> StructuredSpec | None:
     if not isinstance(fields, dict):
-        raise StructuredError('structured_outputs must be an object such as {"regex": "..."}.', "structured_outputs")
+        raise StructuredError(_('structured_outputs must be an object such as {"regex": "..."}.'),
+                              "structured_outputs")
     given = [k for k in _KINDS if fields.get(k) not in (None, False)]
     if len(given) > 1:
-        raise StructuredError(f"structured_outputs takes one constraint, got {', '.join(given)}.", "structured_outputs")
+        raise StructuredError(_("structured_outputs takes one constraint, got {kinds}.").format(kinds=", ".join(given)),
+                              "structured_outputs")
     if not given:
         return None
     kind = given[0]
@@ -83,5 +87,6 @@ def structured_spec(req: Any) -> StructuredSpec | None:
             found.append(_spec(kind, value, f"guided_{kind}", get("guided_whitespace_pattern")))
     if len(found) > 1:
         names = ", ".join(s.param.split(".")[0] for s in found)
-        raise StructuredError(f"Only one output constraint per request (got {names}).", found[1].param)
+        raise StructuredError(_("Only one output constraint per request (got {names}).").format(names=names),
+                              found[1].param)
     return found[0] if found else None

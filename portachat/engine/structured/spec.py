@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from portachat.engine.types import EngineError
+from portachat.i18n import _
 
 Kind = Literal["json", "json_object", "regex", "choice", "grammar"]
 KINDS: tuple[str, ...] = ("json", "json_object", "regex", "choice", "grammar")
@@ -31,21 +32,21 @@ class StructuredSpec:
     def __post_init__(self) -> None:
         problem = _problem(self)
         if problem:
-            raise StructuredError(f"{self.param}: {problem}", self.param)
+            raise StructuredError(_("{param}: {problem}").format(param=self.param, problem=problem), self.param)
 
 
 def _problem(spec: StructuredSpec) -> str | None:
     if spec.kind not in KINDS:
-        return f"unknown constraint kind {spec.kind!r} (one of {', '.join(KINDS)})"
+        return _("unknown constraint kind {kind} (one of {kinds})").format(kind=repr(spec.kind), kinds=", ".join(KINDS))
     v = spec.value
     if spec.kind == "json" and not (isinstance(v, dict) or v is True):
-        return f"a JSON schema must be an object, got {type(v).__name__}"
+        return _("a JSON schema must be an object, got {type}").format(type=type(v).__name__)
     if spec.kind in ("regex", "grammar") and (not isinstance(v, str) or not v.strip()):
-        return f"the {spec.kind} must be a non-empty string"
+        return _("the {kind} must be a non-empty string").format(kind=spec.kind)
     if spec.kind == "choice" and (
         not isinstance(v, list | tuple) or not v or not all(isinstance(c, str) and c for c in v)
     ):
-        return "choice must be a non-empty list of non-empty strings"
+        return _("choice must be a non-empty list of non-empty strings")
     if spec.whitespace_pattern is not None and not isinstance(spec.whitespace_pattern, str):
-        return "whitespace_pattern must be a string"
+        return _("whitespace_pattern must be a string")
     return None

@@ -196,7 +196,7 @@ class DocStore:
     def file(self, file_id: str) -> dict:
         rows = self._rows("SELECT * FROM files WHERE id = ?", (file_id,))
         if not rows:
-            raise StoreError(f"No file with id '{file_id}' (GET /v1/files lists them).", param="file_id")
+            raise StoreError(_("No file with id '{id}' (GET /v1/files lists them).").format(id=file_id), param="file_id")
         return rows[0]
 
     def files(self, owner: str | None = None) -> list[dict]:
@@ -231,7 +231,7 @@ class DocStore:
     def store(self, store_id: str) -> dict:
         rows = self._rows("SELECT * FROM vector_stores WHERE id = ?", (store_id,))
         if not rows:
-            raise StoreError(f"No vector store with id '{store_id}' (GET /v1/vector_stores lists them).",
+            raise StoreError(_("No vector store with id '{id}' (GET /v1/vector_stores lists them).").format(id=store_id),
                              param="vector_store_id")
         return rows[0]
 
@@ -271,7 +271,8 @@ class DocStore:
         rows = self._rows("SELECT * FROM vector_store_files WHERE vector_store_id = ? AND file_id = ?",
                           (store_id, file_id))
         if not rows:
-            raise StoreError(f"The file '{file_id}' is not in the vector store '{store_id}'.", param="file_id")
+            raise StoreError(_("The file '{file}' is not in the vector store '{store}'.").format(
+                file=file_id, store=store_id), param="file_id")
         return rows[0]
 
     def store_files(self, store_id: str) -> list[dict]:
@@ -285,10 +286,11 @@ class DocStore:
         differently)."""
         row = self.store(store_id)
         if row["dimensions"] is not None and dimensions is not None and dimensions != row["dimensions"]:
-            raise StoreError(f"The vector store '{store_id}' was embedded with '{row['embedding_model']}' "
-                             f"({row['dimensions']} dimensions); '{model}' makes {dimensions}-dimensional vectors. "
-                             f"Use the same embedding model, or make a new vector store.", status=400,
-                             param="embedding_model")
+            raise StoreError(_("The vector store '{store}' was embedded with '{used}' ({used_dims} dimensions); "
+                               "'{model}' makes {dims}-dimensional vectors. Use the same embedding model, or make a "
+                               "new vector store.").format(store=store_id, used=row["embedding_model"],
+                                                           used_dims=row["dimensions"], model=model, dims=dimensions),
+                             status=400, param="embedding_model")
 
     def put_chunks(self, store_id: str, file_id: str, chunks: list[Chunk], vectors: np.ndarray, model: str,
                    chunking: dict) -> dict:
@@ -367,8 +369,8 @@ class DocStore:
         if index is None or k < 1:
             return []
         if query.shape[-1] != index.d:
-            raise StoreError(f"The query vector has {query.shape[-1]} dimensions; this vector store's have {index.d}.",
-                             status=400)
+            raise StoreError(_("The query vector has {dims} dimensions; this vector store's have {store_dims}.").format(
+                dims=query.shape[-1], store_dims=index.d), status=400)
         pool = min(len(ids), k if text is None else max(4 * k, 20))  # fusion looks deeper than k
         scores, rows = index.search(np.ascontiguousarray(query.reshape(1, -1), dtype=np.float32), pool)
         ranked = [(int(r), float(s)) for r, s in zip(rows[0], scores[0], strict=True) if r >= 0]
