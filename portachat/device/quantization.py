@@ -22,6 +22,7 @@ import torch
 
 from portachat.device.errors import DeviceError
 from portachat.device.probe import ProbeResult
+from portachat.i18n import _
 
 QUANT_MODES = ("int8", "int4")
 INT4_GROUP_SIZES = (128, 64, 32)  # largest first: fewer scales; the int4 kernels accept 32..256
@@ -50,18 +51,19 @@ def normalize_mode(mode: str) -> str:
     key = str(mode).strip().lower()
     if key not in QUANT_MODES:
         raise DeviceError(
-            f"--quantize {mode!r} is not valid; valid values: {', '.join(QUANT_MODES)} "
-            "(or leave --quantize out to run unquantized weights)."
+            _("--quantize {mode} is not valid; valid values: {valid} "
+              "(or leave --quantize out to run unquantized weights).").format(
+                mode=repr(mode), valid=", ".join(QUANT_MODES))
         )
     return key
 
 
 def _no_kernel(kind: str, mode: str, why: str) -> DeviceError:
     return DeviceError(
-        f"--quantize {mode} is not available on {kind}: {why}. Dequantizing per matmul would be slower than "
-        "the unquantized model, so portachat refuses instead of falling back silently. Run without --quantize "
-        "(the device's bf16/fp16 weights), or export a GGUF (`portachat export gguf --type q8_0`) for a "
-        "runtime with kernels for this device."
+        _("--quantize {mode} is not available on {kind}: {why}. Dequantizing per matmul would be slower than "
+          "the unquantized model, so portachat refuses instead of falling back silently. Run without --quantize "
+          "(the device's bf16/fp16 weights), or export a GGUF (`portachat export gguf --type q8_0`) for a "
+          "runtime with kernels for this device.").format(mode=mode, kind=kind, why=why)
     )
 
 

@@ -14,6 +14,7 @@ from torch import nn
 
 from portachat.device import get_device
 from portachat.device.quantization import BACKEND_ATEN_CPU, BACKEND_TORCHAO, QuantPlan, quantization_plan
+from portachat.i18n import _
 from portachat.quant.int4 import INT4_N_MULTIPLE, Int4Linear
 from portachat.quant.int8 import INT8_K_MULTIPLE, Int8Embedding, Int8Linear
 
@@ -82,7 +83,7 @@ def model_dtype(model: nn.Module) -> torch.dtype:
     for p in model.parameters():
         if p.is_floating_point():
             return p.dtype
-    raise QuantizationError("the model has no floating-point parameters to read its dtype from")
+    raise QuantizationError(_("the model has no floating-point parameters to read its dtype from"))
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -153,7 +154,7 @@ def quantize_model(
     elif plan.mode != mode:
         raise QuantizationError(f"plan is for {plan.mode}, but mode {mode!r} was asked")
     if any(isinstance(m, (Int8Linear, Int4Linear, Int8Embedding)) for m in model.modules()):
-        raise QuantizationError("the model is already quantized; load it again to quantize it differently")
+        raise QuantizationError(_("the model is already quantized; load it again to quantize it differently"))
     before = weight_bytes(model)
     report = QuantReport(plan.mode, plan.backend, plan.reason, before, before, warning=plan.warning)
 
