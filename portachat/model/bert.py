@@ -169,7 +169,8 @@ class BertEncoder(nn.Module):
         """Last hidden states [B, T, hidden] for token ids [B, T]; `attention_mask` [B, T] is 1 on real
         tokens and 0 on padding (padding keys are never attended to)."""
         if ids.size(1) > self.config.max_position_embeddings:
-            raise ValueError(f"{ids.size(1)} tokens exceed this encoder's {self.config.max_position_embeddings} positions")
+            raise ValueError(_("{tokens} tokens exceed this encoder's {positions} positions").format(
+                tokens=ids.size(1), positions=self.config.max_position_embeddings))
         mask = attention_mask.bool()[:, None, None, :]  # [B, 1, 1, T]: every query sees the real keys
         x = self.embeddings(ids)
         for layer in self.encoder.layer:

@@ -43,9 +43,10 @@ def exportable(cfg: GPTConfig) -> tuple[bool, str]:
     hf_class, qk_norm, bias = FAMILIES[cfg.architecture]
     if (cfg.qk_norm, cfg.attention_bias) != (qk_norm, bias):
         return False, (
-            f"qk_norm={cfg.qk_norm}, attention_bias={cfg.attention_bias} does not match {hf_class} "
-            f"(qk_norm={qk_norm}, attention_bias={bias}); set architecture to the family that has these options "
-            "(qwen3: QK-norm, no biases; qwen2: q/k/v biases; llama: neither)"
+            _("qk_norm={qk_norm}, attention_bias={bias} does not match {hf_class} "
+              "(qk_norm={want_qk_norm}, attention_bias={want_bias}); set architecture to the family that has these "
+              "options (qwen3: QK-norm, no biases; qwen2: q/k/v biases; llama: neither)").format(
+                qk_norm=cfg.qk_norm, bias=cfg.attention_bias, hf_class=hf_class, want_qk_norm=qk_norm, want_bias=bias)
         )
     return True, f"maps onto {hf_class}"
 

@@ -266,7 +266,8 @@ def _load_gguf(path: Path, device: torch.device, dtype: torch.dtype) -> Inferenc
     try:
         from portachat.model.gguf import read_gguf
     except ImportError as exc:
-        raise NotImplementedError(f"loading .gguf files is not available in this build ({exc})") from exc
+        raise NotImplementedError(_("loading .gguf files is not available in this build ({error})").format(
+            error=exc)) from exc
 
     parts = read_gguf(path)
     model, tokenizer, generation = build_from_parts(parts, device, dtype, where=str(path))

@@ -43,10 +43,11 @@ class LoraOptions:
 
     def check(self) -> None:
         if self.rank <= 0:
-            raise ValueError(f"--lora-rank must be positive, got {self.rank}")
+            raise ValueError(_("--lora-rank must be positive, got {value}").format(value=self.rank))
         unknown = sorted(set(self.targets) - set(ALL_LINEAR))
         if unknown or not self.targets:
-            raise ValueError(f"--lora-targets {unknown or '(none)'}: choose from {', '.join(ALL_LINEAR)}")
+            raise ValueError(_("--lora-targets {targets}: choose from {choices}").format(
+                targets=unknown or _("(none)"), choices=", ".join(ALL_LINEAR)))
 
 
 @dataclass

@@ -325,7 +325,8 @@ def train_tokenizer(
 
     if verbose:
         print(
-            f"tokenizer: training BPE, vocab_size={vocab_size:,} max_chars={max_chars:,} doc_cap={doc_cap:,}",
+            _("tokenizer: training BPE, vocab_size={vocab_size} max_chars={max_chars} doc_cap={doc_cap}").format(
+                vocab_size=f"{vocab_size:,}", max_chars=f"{max_chars:,}", doc_cap=f"{doc_cap:,}"),
             flush=True,
         )
     start = time.perf_counter()
@@ -343,10 +344,11 @@ def train_tokenizer(
     tokenizer = Tokenizer(hf)
     if verbose:
         elapsed = time.perf_counter() - start
-        note = "" if tokenizer.vocab_size == vocab_size else " (too little text to learn more merges)"
+        note = "" if tokenizer.vocab_size == vocab_size else _(" (too little text to learn more merges)")
         print(
-            f"tokenizer: trained on {seen['docs']:,} documents, {seen['chars']:,} chars in {elapsed:.1f}s, "
-            f"vocab {tokenizer.vocab_size:,}{note}",
+            _("tokenizer: trained on {docs} documents, {chars} chars in {seconds}s, vocab {vocab}{note}").format(
+                docs=f"{seen['docs']:,}", chars=f"{seen['chars']:,}", seconds=f"{elapsed:.1f}",
+                vocab=f"{tokenizer.vocab_size:,}", note=note),
             flush=True,
         )
     return tokenizer
