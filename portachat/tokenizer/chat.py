@@ -78,8 +78,8 @@ def normalize_messages(messages: Any) -> list[tuple[str, list[tuple[str, str]]]]
     system = ""
     body = list(messages)
     if body[0]["role"] == "system":
-        system = "".join(t for _, t in _text_of_parts(body[0]["content"], _("message {index} ({role})").format(
-            index=0, role="system"), ("text",)))
+        where = _("message {index} ({role})").format(index=0, role="system")
+        system = "".join(t for _, t in _text_of_parts(body[0]["content"], where, ("text",)))
         body = body[1:]
         if not body or body[0]["role"] != "user":
             raise ChatFormatError(_("a system message must be followed by a user message"))
