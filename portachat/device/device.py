@@ -457,9 +457,10 @@ def replica_index(replica: int, facts: ProbeResult) -> int:
         return 0
     if not 0 <= replica < facts.count:
         visible = {"cuda": "CUDA_VISIBLE_DEVICES", "rocm": "HIP_VISIBLE_DEVICES", "dcu": "HIP_VISIBLE_DEVICES",
-                   "npu": "ASCEND_RT_VISIBLE_DEVICES", "xpu": "ZE_AFFINITY_MASK"}.get(facts.kind, "the visible devices")
-        raise DeviceError(f"replica {replica} needs device {replica}, but this process sees {facts.count} "
-                          f"{facts.kind} device(s): lower --data-parallel-size, or check {visible}.")
+                   "npu": "ASCEND_RT_VISIBLE_DEVICES", "xpu": "ZE_AFFINITY_MASK"}.get(facts.kind, _("the visible devices"))
+        raise DeviceError(_("replica {replica} needs device {replica}, but this process sees {count} "
+                            "{kind} device(s): lower --data-parallel-size, or check {visible}.").format(
+            replica=replica, count=facts.count, kind=facts.kind, visible=visible))
     return replica
 
 

@@ -73,7 +73,8 @@ def _int_env(name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise DeviceError(
-            f"environment variable {name}={raw!r} must be an integer (torchrun sets it)"
+            _("environment variable {name}={value} must be an integer (torchrun sets it)").format(
+                name=name, value=repr(raw))
         ) from None
 
 
@@ -85,8 +86,9 @@ def dist_env() -> DistEnv:
     local_world = _int_env("LOCAL_WORLD_SIZE", world)
     if world < 1 or not 0 <= rank < world or not 0 <= local_rank < max(local_world, 1):
         raise DeviceError(
-            f"inconsistent torchrun environment: RANK={rank} LOCAL_RANK={local_rank} WORLD_SIZE={world} "
-            f"LOCAL_WORLD_SIZE={local_world}; launch with torchrun or unset these variables."
+            _("inconsistent torchrun environment: RANK={rank} LOCAL_RANK={local_rank} WORLD_SIZE={world} "
+              "LOCAL_WORLD_SIZE={local_world}; launch with torchrun or unset these variables.").format(
+                rank=rank, local_rank=local_rank, world=world, local_world=local_world)
         )
     return DistEnv(rank=rank, local_rank=local_rank, world_size=world, local_world_size=local_world)
 
@@ -145,8 +147,9 @@ def init_distributed(dev: Device, timeout_s: float | None = None, env: DistEnv |
         return env
     if not dev.supports_distributed:
         raise DeviceError(
-            f"{dev.kind} runs a single process only (no collective backend), but WORLD_SIZE={env.world_size}. "
-            "Run without torchrun, or set PORTACHAT_DEVICE=cpu to use gloo."
+            _("{kind} runs a single process only (no collective backend), but WORLD_SIZE={world}. "
+              "Run without torchrun, or set PORTACHAT_DEVICE=cpu to use gloo.").format(
+                kind=dev.kind, world=env.world_size)
         )
     apply_env_defaults(dev.env_defaults)
     timeout_s = dev.dist_timeout_s if timeout_s is None else timeout_s
@@ -155,7 +158,8 @@ def init_distributed(dev: Device, timeout_s: float | None = None, env: DistEnv |
         kwargs.update(store=store, rank=env.rank, world_size=env.world_size)
     for var in ("MASTER_ADDR", "MASTER_PORT"):
         if store is None and var not in os.environ:
-            raise DeviceError(f"WORLD_SIZE={env.world_size} but {var} is not set; launch with torchrun.")
+            raise DeviceError(_("WORLD_SIZE={world} but {var} is not set; launch with torchrun.").format(
+                world=env.world_size, var=var))
     if loopback and dev.dist_backend in INTERFACE_VARS:
         os.environ[INTERFACE_VARS[dev.dist_backend]] = loopback_interface()
     if dev.type != "cpu":
@@ -168,10 +172,10 @@ def init_distributed(dev: Device, timeout_s: float | None = None, env: DistEnv |
         from portachat.device.errors import diagnose
 
         hint = diagnose(exc)
-        remedies = ("; ".join(hint.remedies)) if hint else "check MASTER_ADDR/MASTER_PORT and the network"
+        remedies = ("; ".join(hint.remedies)) if hint else _("check MASTER_ADDR/MASTER_PORT and the network")
         raise DeviceError(
-            f"init_process_group(backend={dev.dist_backend!r}) failed on rank {env.rank}/{env.world_size}: "
-            f"{exc}. Try: {remedies}"
+            _("init_process_group(backend={backend}) failed on rank {rank}/{world}: {error}. Try: {remedies}").format(
+                backend=repr(dev.dist_backend), rank=env.rank, world=env.world_size, error=exc, remedies=remedies)
         ) from exc
     return env
 

@@ -18,6 +18,7 @@ import torch
 from portachat.device.device import Device
 from portachat.device.dtypes import FLOAT_KV, KV_CACHE_DTYPES
 from portachat.device.graphs import graphs_available
+from portachat.i18n import _
 
 
 @dataclass
@@ -71,10 +72,12 @@ def choose_kv_cache_dtype(dev: Device, weight_dtype: torch.dtype, requested: str
     if name == "fp8":
         if dev.fp8_dtype is None:
             works = ", ".join(d for d in KV_CACHE_DTYPES if d != "fp8")
-            raise ValueError(f"--kv-cache-dtype fp8 needs native fp8 and {dev.name} has none ({dev.fp8_reason}); "
-                             f"use one of {works} (int8 saves the same memory)")  # fmt: skip
+            raise ValueError(_("--kv-cache-dtype fp8 needs native fp8 and {device} has none ({reason}); "
+                               "use one of {works} (int8 saves the same memory)").format(
+                device=dev.name, reason=dev.fp8_reason, works=works))
         return Choice(dev.fp8_dtype, f"requested (fp8 as {str(dev.fp8_dtype).removeprefix('torch.')}: {dev.fp8_reason})")
-    raise ValueError(f"--kv-cache-dtype {requested!r} is not valid; use one of {', '.join(KV_CACHE_DTYPES)}")
+    raise ValueError(_("--kv-cache-dtype {value} is not valid; use one of {choices}").format(
+        value=repr(requested), choices=", ".join(KV_CACHE_DTYPES)))
 
 
 def decode_compile(dev: Device, requested: bool | None = None, packed: bool = False) -> Choice:
@@ -133,7 +136,7 @@ def kv_cache_budget(dev: Device, utilization: float, wanted_bytes: int, transien
     shares RAM with everything else on the machine.
     """
     if not 0.0 < utilization <= 1.0:
-        raise ValueError(f"memory utilization must be in (0, 1], got {utilization}")
+        raise ValueError(_("memory utilization must be in (0, 1], got {value}").format(value=utilization))
     stats = dev.memory()
     if dev.type == "cpu" or stats.total is None:
         free = stats.free if stats.free is not None else wanted_bytes
@@ -160,7 +163,7 @@ def model_memory_budget(dev: Device, utilization: float) -> Choice:
     one model, applied to all of them). CPU: `utilization` of the RAM available at start-up, since
     the machine's other work holds the rest."""
     if not 0.0 < utilization <= 1.0:
-        raise ValueError(f"memory utilization must be in (0, 1], got {utilization}")
+        raise ValueError(_("memory utilization must be in (0, 1], got {value}").format(value=utilization))
     stats = dev.memory()
     if dev.type == "cpu" or stats.total is None:
         base, what = stats.free, "available RAM"
@@ -209,7 +212,7 @@ def measure_memory_bandwidth(dev: Device, megabytes: int = 256, reps: int = 5) -
         op()  # warm up (first touch, kernel selection)
         dev.synchronize()
         best = float("inf")
-        for _ in range(reps):
+        for _rep in range(reps):
             t0 = time.perf_counter()
             op()
             dev.synchronize()

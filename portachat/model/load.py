@@ -119,13 +119,15 @@ def check_state_dict(cfg: GPTConfig, state: Mapping[str, torch.Tensor], where: s
     if missing or unexpected:
         hint = ""
         if missing == ["lm_head.weight"]:
-            hint = " (config.json says tie_word_embeddings=false but the weights have no lm_head)"
+            hint = _(" (config.json says tie_word_embeddings=false but the weights have no lm_head)")
         raise CheckpointError(
-            f"{where}: the weights do not match config.json: missing {missing[:5]}, unexpected {unexpected[:5]}{hint}"
+            _("{where}: the weights do not match config.json: missing {missing}, unexpected {unexpected}{hint}").format(
+                where=where, missing=missing[:5], unexpected=unexpected[:5], hint=hint)
         )
     wrong = [f"{k}: {_shape(state, k)} != {s}" for k, s in expected.items() if _shape(state, k) != s]
     if wrong:
-        raise CheckpointError(f"{where}: tensor shapes do not match config.json: {wrong[:3]}")
+        raise CheckpointError(_("{where}: tensor shapes do not match config.json: {wrong}").format(
+            where=where, wrong=wrong[:3]))
     return sorted(expected)
 
 
@@ -165,7 +167,8 @@ def build_from_parts(
     tokenizer = TemplateChatTokenizer(parts.tokenizer, parts.tokenizer_config, eos_ids=eos)
     if tokenizer.vocab_size > cfg.vocab_size:
         raise CheckpointError(
-            f"{where}: the tokenizer has {tokenizer.vocab_size} tokens but the model embeds only {cfg.vocab_size}"
+            _("{where}: the tokenizer has {tokens} tokens but the model embeds only {vocab}").format(
+                where=where, tokens=tokenizer.vocab_size, vocab=cfg.vocab_size)
         )
     return model, tokenizer, GenerationDefaults.from_dict(parts.generation_config)
 
@@ -263,7 +266,8 @@ def _load_gguf(path: Path, device: torch.device, dtype: torch.dtype) -> Inferenc
     try:
         from portachat.model.gguf import read_gguf
     except ImportError as exc:
-        raise NotImplementedError(f"loading .gguf files is not available in this build ({exc})") from exc
+        raise NotImplementedError(_("loading .gguf files is not available in this build ({error})").format(
+            error=exc)) from exc
 
     parts = read_gguf(path)
     model, tokenizer, generation = build_from_parts(parts, device, dtype, where=str(path))

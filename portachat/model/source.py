@@ -90,9 +90,9 @@ def st_modules(directory: Path) -> list[dict[str, Any]] | None:
     try:
         data = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{file} is not readable JSON: {exc}") from None
+        raise CheckpointError(_("{path} is not readable JSON: {error}").format(path=file, error=exc)) from None
     if not isinstance(data, list) or not all(isinstance(m, dict) for m in data):
-        raise CheckpointError(f"{file}: expected a list of modules (objects with a 'type')")
+        raise CheckpointError(_("{path}: expected a list of modules (objects with a 'type')").format(path=file))
     return data
 
 
@@ -220,14 +220,14 @@ def _hub_download(spec: str) -> Path:
     except hubs.HubError as e:
         raise CheckpointError(str(e)) from None
     if not re.fullmatch(r"[\w.-]+/[\w.-]+", ref.repo_id):
-        raise CheckpointError(f"{spec}: expected a hub model id OWNER/NAME (e.g. hf:Qwen/Qwen3-0.6B)")
+        raise CheckpointError(_("{spec}: expected a hub model id OWNER/NAME (e.g. hf:Qwen/Qwen3-0.6B)").format(spec=spec))
     try:
         return hubs.snapshot(ref, repo_type="model", allow_patterns=MODEL_FILE_PATTERNS)
     except hubs.HubError as e:
-        raise CheckpointError(f"{spec}: {e}") from None
+        raise CheckpointError(_("{spec}: {error}").format(spec=spec, error=e)) from None
     except Exception as e:  # offline and not cached, no access, a typo in the id
-        offline = " (HF_HUB_OFFLINE is set and it is not in the cache)" if hubs.is_offline() else ""
+        offline = _(" (HF_HUB_OFFLINE is set and it is not in the cache)") if hubs.is_offline() else ""
         raise CheckpointError(
-            f"cannot get model {ref}{offline}: {type(e).__name__}: {e}. Check the id, or download the model "
-            "elsewhere and pass its directory"
+            _("cannot get model {ref}{offline}: {type}: {error}. Check the id, or download the model "
+              "elsewhere and pass its directory").format(ref=ref, offline=offline, type=type(e).__name__, error=e)
         ) from None
