@@ -98,7 +98,7 @@ def row_to_conversation(row: Mapping[str, Any], where: str = "row") -> Conversat
         try:
             normalize_messages(row["messages"])  # fail here, naming the row, not in the middle of training
         except ChatFormatError as exc:
-            raise DataError(f"{where}: {exc}") from None
+            raise DataError(_("{where}: {error}").format(where=where, error=exc)) from None
         return {"messages": list(row["messages"]), "answer": row.get("answer")}
     if "question" in row and "choices" in row:
         question, choices, index = _mc_fields(row, where)
@@ -137,8 +137,8 @@ def hub_dataset(spec: str) -> Path:
     hub_name, _sep, rest = spec.partition(":")
     repo, _sep, pattern = rest.partition(":")
     if repo.count("/") != 1:
-        raise DataError(f"--data {spec}: expected {hub_name}:OWNER/NAME or {hub_name}:OWNER/NAME:GLOB, "
-                        "e.g. hf:openai/gsm8k:main/train-*")
+        raise DataError(_("--data {spec}: expected {hub_name}:OWNER/NAME or {hub_name}:OWNER/NAME:GLOB, "
+                          "e.g. hf:openai/gsm8k:main/train-*").format(spec=spec, hub_name=hub_name))
     ref = hubs.parse_repo(f"{hub_name}:{repo}")
     sub = repo.replace("/", "__") if ref.hub == hubs.HF else f"{ref.hub}__{repo.replace('/', '__')}"
     dest = portachat_home() / "chat_data" / sub
@@ -148,16 +148,19 @@ def hub_dataset(spec: str) -> Path:
     try:
         hubs.snapshot(ref, dest, repo_type="dataset", allow_patterns=[pattern, f"**/{pattern}"])
     except hubs.HubError as exc:
-        raise DataError(f"--data {spec}: {exc}. Without a network, download the files elsewhere and pass "
-                        "--data FILE_OR_DIR.") from None
+        raise DataError(_("--data {spec}: {error}. Without a network, download the files elsewhere and pass "
+                          "--data FILE_OR_DIR.").format(spec=spec, error=exc)) from None
     except Exception as exc:  # offline, no access, a missing repo: the user's next move is the same
-        where = "ModelScope" if ref.hub == hubs.MODELSCOPE else f"the Hugging Face Hub ({hubs.hf_endpoint() or hubs.HF_DEFAULT_ENDPOINT})"
+        where = "ModelScope" if ref.hub == hubs.MODELSCOPE else _("the Hugging Face Hub ({endpoint})").format(
+            endpoint=hubs.hf_endpoint() or hubs.HF_DEFAULT_ENDPOINT)
         raise DataError(
-            f"--data {spec}: downloading {repo} from {where} failed ({type(exc).__name__}: {exc}). "
-            "Without a network, download the files elsewhere and pass --data FILE_OR_DIR."
+            _("--data {spec}: downloading {repo} from {where} failed ({error_type}: {error}). "
+              "Without a network, download the files elsewhere and pass --data FILE_OR_DIR.").format(
+                spec=spec, repo=repo, where=where, error_type=type(exc).__name__, error=exc)
         ) from None
     if not any(p.name.endswith(CHAT_SUFFIXES) for p in dest.rglob("*")):
-        raise DataError(f"--data {spec}: {ref} has no files matching {pattern!r}")
+        raise DataError(_("--data {spec}: {ref} has no files matching {pattern}").format(
+            spec=spec, ref=ref, pattern=repr(pattern)))
     return dest
 
 

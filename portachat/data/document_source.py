@@ -55,6 +55,7 @@ def split_range(n: int, split: str, val_fraction: float, what: str) -> range:
 
 def check_split_args(split: str, val_fraction: float) -> None:
     if split not in ("train", "val"):
-        raise DataError(f"split must be 'train' or 'val', got {split!r}")
+        raise DataError(_("split must be 'train' or 'val', got {split}").format(split=repr(split)))
     if not 0.0 < val_fraction < 1.0:
-        raise DataError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
+        raise DataError(_("val_fraction must be between 0 and 1 (exclusive), got {val_fraction}").format(
+            val_fraction=val_fraction))

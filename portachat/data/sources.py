@@ -175,7 +175,7 @@ class _TextFile:
                 with open(path, "rb") as f:
                     self._scan(f)
         except (OSError, EOFError, gzip.BadGzipFile) as e:
-            raise DataError(f"{path}: cannot read the file ({e})") from e
+            raise DataError(_("{path}: cannot read the file ({error})").format(path=path, error=e)) from e
 
     @property
     def num_docs(self) -> int:
@@ -223,7 +223,8 @@ class _TextFile:
                     where=f"{self.path}:{lineno}", example='{"text": "..."}')
             )
         if not isinstance(obj["text"], str):
-            raise DataError(f"{self.path}:{lineno}: `text` must be a string, got {type(obj['text']).__name__}")
+            raise DataError(_("{where}: `text` must be a string, got {type}").format(
+                where=f"{self.path}:{lineno}", type=type(obj["text"]).__name__))
         return obj["text"]
 
     def read_docs(self, first: int, stop: int) -> list[str]:
@@ -236,9 +237,10 @@ class _TextFile:
                     f.seek(lo)
                     blob = f.read(hi - lo)
             except OSError as e:
-                raise DataError(f"{self.path}: cannot read the file ({e})") from e
+                raise DataError(_("{path}: cannot read the file ({error})").format(path=self.path, error=e)) from e
             if len(blob) != hi - lo:
-                raise DataError(f"{self.path}: the file changed or shrank since it was opened; open it again")
+                raise DataError(_("{path}: the file changed or shrank since it was opened; open it again").format(
+                    path=self.path))
         docs = []
         for i in range(first, stop):
             raw = blob[self.starts[i] - lo : self.ends[i] - lo]

@@ -174,8 +174,9 @@ def run_base(opts: BaseOptions, dev: Device | None = None, print_fn=print) -> Tr
         cfg.num_iterations = max(1, training_tokens(model_cfg, opts.target_param_data_ratio) // tokens_per_step)
     if saved.get("final") and cfg.num_iterations > int(saved["step"]):
         say(
-            f"[portachat] note: extending a finished run from step {saved['step']} to {cfg.num_iterations}: the "
-            "learning-rate schedule is laid out for the new horizon, so the rate rises again after the warmdown."
+            "[portachat] " + _("note: extending a finished run from step {step} to {iterations}: the "
+                               "learning-rate schedule is laid out for the new horizon, so the rate rises again "
+                               "after the warmdown.").format(step=saved["step"], iterations=cfg.num_iterations)
         )
 
     B, T = cfg.device_batch_size, cfg.max_seq_len
