@@ -317,7 +317,6 @@ def open_source(
     """
     check_split_args(split, val_fraction)
     if spec is None or str(spec) == "synthetic":
-
         return SyntheticSource(split=split, val_fraction=val_fraction)
     path = Path(spec).expanduser()
     if not path.exists():

@@ -32,7 +32,6 @@ class Check:
 
 
 def versions(p: ProbeResult) -> dict[str, str | None]:
-
     return {
         "portachat": portachat.__version__,
         "python": platform.python_version(),

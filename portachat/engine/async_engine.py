@@ -72,7 +72,6 @@ class _Command:
 
 
 def _diagnosis_text(exc: BaseException) -> str:
-
     d = diagnose(exc)
     if d is None:
         return f"the engine failed while running this request: {type(exc).__name__}: {exc}"

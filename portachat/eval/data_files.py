@@ -122,7 +122,6 @@ def resolve_data(task: str, data: str | Path | None) -> Path:
 
 
 def _download_named(task: str, spec: str) -> Path:
-
     hub_name, _sep, rest = spec.partition(":")
     repo, _sep, pattern = rest.partition(":")
     if repo.count("/") != 1:
@@ -136,7 +135,6 @@ def _download_named(task: str, spec: str) -> Path:
 
 
 def _download(task: str, ref, patterns: tuple[str, ...] | None, path: Path) -> None:
-
     try:
         hubs.snapshot(ref, path, repo_type="dataset", allow_patterns=list(patterns) if patterns else None)
     except Exception as exc:  # offline, no access, moved files, no client library: all mean the same to the user

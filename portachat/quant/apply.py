@@ -150,11 +150,11 @@ def quantize_model(
     """
     if plan is None:
         if device is None:
-
             device = get_device()
         plan = quantization_plan(device, mode, compiled)
     elif plan.mode != mode:
-        raise QuantizationError(f"plan is for {plan.mode}, but mode {mode!r} was asked")
+        raise QuantizationError(_("the quantization plan is for {plan}, but mode {mode} was asked").format(
+            plan=plan.mode, mode=repr(mode)))
     if any(isinstance(m, (Int8Linear, Int4Linear, Int8Embedding)) for m in model.modules()):
         raise QuantizationError(_("the model is already quantized; load it again to quantize it differently"))
     before = weight_bytes(model)
@@ -180,7 +180,7 @@ def quantize_model(
         _torchao_quantize(model, names, plan)
         report.quantized += names
     else:
-        raise QuantizationError(f"unknown quantization backend {plan.backend!r}")
+        raise QuantizationError(_("unknown quantization backend {backend}").format(backend=repr(plan.backend)))
 
     if embed is not None:
         qembed = Int8Embedding.from_embedding(embed)

@@ -88,7 +88,6 @@ def _plan(preset: Preset, stage: str, overrides: dict[str, Any]) -> StagePlan:
 
 
 def _train_config(plan: StagePlan, stage: str, opts: SpeedrunOptions):
-
     return TrainConfig(
         run=opts.run,
         stage=stage,
@@ -219,7 +218,6 @@ def _tokenizer_stage(opts: SpeedrunOptions, preset: Preset, base_data: str | Non
 
 
 def _base_stage(opts: SpeedrunOptions, preset: Preset, base_data: str | None, dev: Device, say) -> dict[str, Any]:
-
     plan = _plan(preset, "base", opts.overrides)
     result = run_base(
         BaseOptions(
@@ -325,7 +323,6 @@ LOCAL_DATA_EVALS = ("ceval", "cmmlu")
 
 
 def _has_local_eval_data(task: str) -> bool:
-
     path = default_data_path(task)
     return path.is_dir() and any(p.is_file() for p in path.rglob("*"))
 

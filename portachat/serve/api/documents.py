@@ -1,5 +1,4 @@
 """OpenAI's Files and vector-store routes over the document store (portachat/serve/docs):
-
     POST /v1/files (multipart: file, purpose)      GET /v1/files     GET/DELETE /v1/files/{file_id}
     POST/GET /v1/vector_stores                     GET/DELETE /v1/vector_stores/{id}
     POST/GET /v1/vector_stores/{id}/files          GET/DELETE /v1/vector_stores/{id}/files/{file_id}
