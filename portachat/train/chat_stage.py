@@ -171,7 +171,8 @@ def plan_iterations(convs: list[Conversation], tokenizer: Tokenizer, cfg: TrainC
 def run_chat_stage(opts: ChatOptions, dev: Device | None = None, print_fn=print) -> TrainResult:
     """Train a chat stage (mid or sft) and return its final checkpoint."""
     if opts.stage not in STAGE_DEFAULTS:
-        raise TrainingError(f"unknown chat stage {opts.stage!r}; expected one of {sorted(STAGE_DEFAULTS)}")
+        raise TrainingError(_("unknown chat stage {stage}; expected one of {expected}").format(
+            stage=repr(opts.stage), expected=sorted(STAGE_DEFAULTS)))
     defaults = STAGE_DEFAULTS[opts.stage]
     dev = dev or get_device()
     env = init_distributed(dev)

@@ -30,6 +30,7 @@ from portachat.checkpoint.writer import gather_positions, gather_rngs, step_dire
 from portachat.data.chat_data import Conversation
 from portachat.data.chat_loader import ChatLoader, rows_to_batch
 from portachat.device import Device, DistEnv, get_device, init_distributed
+from portachat.i18n import _
 from portachat.model import GPT
 from portachat.model.load import load_for_inference
 from portachat.model.model_dir import META, save_model_files
@@ -204,7 +205,7 @@ def finetune_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, f
     """AdamW over the trainable parameters only (all of them, or the LoRA adapter's)."""
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
-        raise TrainingError("nothing to train: every parameter is frozen")
+        raise TrainingError(_("nothing to train: every parameter is frozen"))
     kwargs = dict(fused=True) if fused else dict(foreach=True)
     opt = torch.optim.AdamW([dict(params=params, lr=lr)], betas=(0.9, 0.999), eps=1e-8, weight_decay=weight_decay,
                             **kwargs)
@@ -226,16 +227,18 @@ class FinetuneTrainer(Trainer):
         self.optimizers = [finetune_optimizer(self.model, self.lr, self.weight_decay, self.dev.fused_optimizer)]
         if resume_from is not None:
             if self.lora is not None:
-                raise TrainingError("--resume of a LoRA fine-tuning run is not supported yet; start it again "
-                                    "with --overwrite")
+                raise TrainingError(_("--resume of a LoRA fine-tuning run is not supported yet; start it again "
+                                      "with --overwrite"))
             rng = self._resume(resume_from)
             if self.start_step > self.cfg.num_iterations:
-                raise TrainingError(f"{resume_from} is at step {self.start_step}, past this run's horizon of "
-                                    f"{self.cfg.num_iterations} steps. Pass a larger --num-iterations.")
+                raise TrainingError(_("{path} is at step {step}, past this run's horizon of {horizon} steps. "
+                                      "Pass a larger --num-iterations.").format(
+                    path=resume_from, step=self.start_step, horizon=self.cfg.num_iterations))
             self.step_count = self.start_step
             if rng is not None:
                 self.dev.set_rng_state(rng)
-            self.say(f"[portachat] resumed from {resume_from} at step {self.start_step}")
+            self.say("[portachat] " + _("resumed from {path} at step {step}").format(path=resume_from,
+                                                                                    step=self.start_step))
 
     def save(self, step: int, final: bool) -> Path:
         if self.lora is None:
@@ -262,7 +265,7 @@ class FinetuneTrainer(Trainer):
                 for r, state in rngs.items():
                     save_rng(out.tmp, r, state)
         final_dir = out.final
-        self.say(f"[portachat] saved LoRA adapter {final_dir}")
+        self.say("[portachat] " + _("saved LoRA adapter {path}").format(path=final_dir))
         return final_dir
 
 
@@ -301,9 +304,9 @@ def plan_steps(convs: Sequence[Conversation], render: Render, cfg: TrainConfig, 
 def run_finetune(opts: FinetuneOptions, dev: Device | None = None, print_fn=print) -> TrainResult:
     """Fine-tune `opts.init` (full or LoRA) and return the final checkpoint (the adapter, for LoRA)."""
     if opts.stage not in ("mid", "sft"):
-        raise TrainingError(f"fine-tuning runs as `mid` or `sft`, not {opts.stage!r}")
+        raise TrainingError(_("fine-tuning runs as `mid` or `sft`, not {stage}").format(stage=repr(opts.stage)))
     if opts.merge and opts.lora is None:
-        raise TrainingError("--merge folds a LoRA adapter into the model: pass --lora-rank R with it")
+        raise TrainingError(_("--merge folds a LoRA adapter into the model: pass --lora-rank R with it"))
     dev = dev or get_device()
     env: DistEnv = init_distributed(dev)
     say = print_fn if env.is_main else (lambda _m: None)
@@ -316,9 +319,10 @@ def run_finetune(opts: FinetuneOptions, dev: Device | None = None, print_fn=prin
     if opts.lora is not None:
         add_lora(model, opts.lora)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    mode = f"LoRA r={opts.lora.rank} alpha={opts.lora.alpha:g} on {','.join(opts.lora.targets)}" if opts.lora else "full"
-    say(f"[portachat] {opts.stage}: fine-tuning {base.path} ({mode}; {trainable:,} of "
-        f"{sum(p.numel() for p in model.parameters()):,} parameters train)")
+    mode = _("LoRA r={rank} alpha={alpha} on {targets}").format(
+        rank=opts.lora.rank, alpha=f"{opts.lora.alpha:g}", targets=",".join(opts.lora.targets)) if opts.lora else _("full")
+    say(f"[portachat] {opts.stage}: " + _("fine-tuning {path} ({mode}; {trainable} of {total} parameters train)").format(
+        path=base.path, mode=mode, trainable=f"{trainable:,}", total=f"{sum(p.numel() for p in model.parameters()):,}"))
     cfg.max_seq_len = opts.max_seq_len or min(model.config.max_seq_len, 2048)
     lr = opts.lr if opts.lr is not None else (LORA_LR if opts.lora else FULL_LR)
     pack = opts.pack if opts.pack is not None else opts.stage == "mid"
@@ -326,13 +330,15 @@ def run_finetune(opts: FinetuneOptions, dev: Device | None = None, print_fn=prin
     split = ChatOptions(stage=opts.stage, data=opts.data, max_conversations=opts.max_conversations,
                         eval_examples=opts.eval_examples)
     train_convs, val_convs, described = split_conversations(split, cfg.seed)
-    say(f"[portachat] {opts.stage}: {len(train_convs)} training conversations from {described}, "
-        f"{len(val_convs)} held out; AdamW lr {lr:g}")
+    say(f"[portachat] {opts.stage}: " + _("{n} training conversations from {source}, {held_out} held out; "
+                                          "AdamW lr {lr}").format(
+        n=len(train_convs), source=described, held_out=len(val_convs), lr=f"{lr:g}"))
     sample = train_convs[:: max(1, len(train_convs) // 50)][:50]
     unsupervised = sum(not any(base.render(c["messages"], cfg.max_seq_len + 1)[1][1:]) for c in sample)
     if unsupervised:
-        say(f"[portachat] WARNING: {unsupervised} of {len(sample)} sampled conversations have no reply token within "
-            f"--max-seq-len {cfg.max_seq_len} (the prompt fills the row); they teach nothing. Raise --max-seq-len.")
+        say("[portachat] " + _("WARNING: {n} of {sampled} sampled conversations have no reply token within "
+                               "--max-seq-len {seq_len} (the prompt fills the row); they teach nothing. Raise "
+                               "--max-seq-len.").format(n=unsupervised, sampled=len(sample), seq_len=cfg.max_seq_len))
     streams = env.world_size * cfg.grad_accum_steps(env.world_size)
     cfg.num_iterations = opts.num_iterations or plan_steps(train_convs, base.render, cfg, pack, opts.num_epochs, streams)
     B, T, pad = cfg.device_batch_size, cfg.max_seq_len, pad_id(base.tokenizer)
@@ -355,7 +361,7 @@ def run_finetune(opts: FinetuneOptions, dev: Device | None = None, print_fn=prin
         for key in ("data_position", "lora"):
             meta.pop(key, None)
         merged = write_merged(path, model, base, meta)
-        say(f"[portachat] merged model (adapter folded in): {merged}")
+        say("[portachat] " + _("merged model (adapter folded in): {path}").format(path=merged))
     if opts.merge and env.is_distributed:
         dist.barrier()
     return result
@@ -376,7 +382,8 @@ def wants_finetune(args: Any) -> bool:
 def finetune_options(args: Any, chat: ChatOptions) -> FinetuneOptions:
     """FinetuneOptions from the parsed `train mid|sft` flags (and the ChatOptions made from them)."""
     if not chat.init:
-        raise TrainingError("fine-tuning needs --init: a Hugging Face model directory, a .gguf file or a checkpoint")
+        raise TrainingError(_("fine-tuning needs --init: a Hugging Face model directory, a .gguf file or a "
+                              "checkpoint"))
     lora = None
     if args.lora_rank:
         targets = [t.strip() for t in args.lora_targets.split(",") if t.strip()]

@@ -34,6 +34,7 @@ from portachat.device import Device, DistEnv
 from portachat.device.telemetry import TelemetryMonitor
 from portachat.eval.bpb import evaluate_bpb
 from portachat.i18n import _
+from portachat.i18n.width import display_width
 from portachat.model import GPT
 from portachat.model.model_dir import check_tokenizer_matches, load_weights_into, read_config, read_meta
 from portachat.tokenizer import Tokenizer
@@ -270,11 +271,14 @@ class Trainer:
                         "source": self.peak.source, "dtype": dev.dtype_name},
         )
         self.say(
-            f"[portachat] {cfg.stage}: {model.num_params():,} params | {cfg.num_iterations} steps x "
-            f"{self.tokens_per_step:,} tokens (batch {cfg.device_batch_size} x seq {cfg.max_seq_len} x {self.world} "
-            f"device(s) x {self.accum} accum) | {dev.kind} {str(dev.dtype).removeprefix('torch.')} | "
-            f"peak {self.peak.value / 1e12:.2f} TFLOPS ({self.peak.source}) | "
-            + _("MFU counts causal attention (half of full: what the kernel computes)")
+            f"[portachat] {cfg.stage}: "
+            + _("{params} params | {steps} steps x {tokens} tokens (batch {batch} x seq {seq_len} x {world} "
+                "device(s) x {accum} accum) | {device} {dtype} | peak {tflops} TFLOPS ({source})").format(
+                params=f"{model.num_params():,}", steps=cfg.num_iterations, tokens=f"{self.tokens_per_step:,}",
+                batch=cfg.device_batch_size, seq_len=cfg.max_seq_len, world=self.world, accum=self.accum,
+                device=dev.kind, dtype=str(dev.dtype).removeprefix("torch."), tflops=f"{self.peak.value / 1e12:.2f}",
+                source=self.peak.source)
+            + " | " + _("MFU counts causal attention (half of full: what the kernel computes)")
         )
         if self.start_step:
             self.say("[portachat] " + _("resumed from {path} at step {step}").format(path=resume_from, step=self.start_step))
@@ -309,8 +313,9 @@ class Trainer:
                 stream.load_state_dict(positions["streams"][str(env.rank * self.accum + m)])
         else:
             self.say(
-                f"[portachat] warning: the checkpoint read data as {positions.get('num_streams')} streams, this run "
-                f"uses {self.num_streams} (devices x accumulation changed); data restarts at each stream's beginning."
+                "[portachat] " + _("warning: the checkpoint read data as {saved} streams, this run uses {streams} "
+                                   "(devices x accumulation changed); data restarts at each stream's beginning.").format(
+                    saved=positions.get("num_streams"), streams=self.num_streams)
             )
         self.start_step = int(meta["step"])
         self.total_time = float((meta.get("metrics") or {}).get("total_training_time_s") or 0.0)
@@ -403,12 +408,13 @@ class Trainer:
         if applied:
             self.bad_steps = 0
         elif overflow_only:
-            self.say(f"[portachat] step {step}: " + _("fp16 gradient overflow, update skipped; loss scale now {scale}").format(
+            self.say("[portachat] " + _("step {step}:").format(step=step) + " " + _("fp16 gradient overflow, update skipped; loss scale now {scale}").format(
                 scale=f"{scaler.get_scale():g}"))
         else:
             self.bad_steps += 1
-            self.say(f"[portachat] step {step}: " + _("non-finite loss/gradient ({loss}); update skipped "
-                                                      "({n} in a row)").format(loss=step_loss, n=self.bad_steps))
+            self.say("[portachat] " + _("step {step}:").format(step=step) + " "
+                     + _("non-finite loss/gradient ({loss}); update skipped ({n} in a row)").format(
+                         loss=step_loss, n=self.bad_steps))
             if self.bad_steps >= self.cfg.max_bad_steps:
                 raise TrainingError(
                     _("training diverged: {n} steps in a row had a non-finite loss or gradient. "
@@ -432,7 +438,7 @@ class Trainer:
             bpb = evaluate_bpb(model, self.stage.val_batches(env.rank, self.world), self.tokenizer.token_bytes(),
                                dev.torch_device, dev.autocast)
             results["val_bpb"] = bpb
-            self.say(f"[portachat] step {step}: " + _("validation bits/byte {bpb}").format(bpb=f"{bpb:.4f}"))
+            self.say("[portachat] " + _("step {step}:").format(step=step) + " " + _("validation bits/byte {bpb}").format(bpb=f"{bpb:.4f}"))
         was_training = model.training
         model.eval()
         try:
@@ -440,7 +446,8 @@ class Trainer:
                 found = evaluator(model, step)
                 results.update(found)
                 if found:
-                    self.say(f"[portachat] step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in found.items()))
+                    self.say("[portachat] " + _("step {step}:").format(step=step) + " "
+                             + ", ".join(f"{k} {v:.4f}" for k, v in found.items()))
         finally:
             model.train(was_training)
         self.metrics.update(results)
@@ -448,8 +455,10 @@ class Trainer:
             self.logger.log(step, {("val/bpb" if k == "val_bpb" else f"eval/{k}"): v for k, v in results.items()})
         if env.is_main and self.stage.sample_prompts and (cfg.sample_every == 0 or step % cfg.sample_every == 0):
             self.samples = greedy_samples(model, self.tokenizer, self.stage.sample_prompts, cfg.sample_tokens, dev)
+            label = _("sample")
+            indent = " " * (display_width(label) + 3)  # continuation lines align under the first line's "|"
             for text in self.samples:
-                self.say("  sample | " + text.replace("\n", "\n         | "))
+                self.say("  " + label + " | " + text.replace("\n", "\n" + indent + "| "))
             if self.logger is not None:
                 self.logger.log_text(step, "samples", "\n\n".join(self.samples))
         return results
@@ -514,9 +523,10 @@ class Trainer:
                     if mfu is not None and mfu > 1.0 and not warned_mfu:
                         warned_mfu = True
                         self.say(
-                            f"[portachat] MFU above 100% means the {self.peak.source} peak "
-                            f"({self.peak.value / 1e12:.2f} TFLOPS) is too low, e.g. measured while the machine was "
-                            "busy: run `portachat doctor --calibrate` on an idle machine."
+                            "[portachat] " + _("MFU above 100% means the {source} peak ({tflops} TFLOPS) is too "
+                                               "low, e.g. measured while the machine was busy: run `portachat doctor "
+                                               "--calibrate` on an idle machine.").format(
+                                source=self.peak.source, tflops=f"{self.peak.value / 1e12:.2f}")
                         )
                     show = env.is_main and self._log_due(step)
                     if show and monitor is not None:  # the background monitor's latest sample
@@ -588,8 +598,10 @@ def _check_replicas_in_sync(model: GPT, world: int, say: Callable[[str], None]) 
     gathered = [torch.empty_like(local) for _ in range(world)]
     dist.all_gather(gathered, local)
     if not all(torch.equal(gathered[0], g) for g in gathered[1:]):
-        raise TrainingError("the ranks' weights diverged: data-parallel replicas are out of sync (please report this)")
-    say(f"[portachat] weights identical on all {world} ranks (checksum {gathered[0].sum().item()})")
+        raise TrainingError(_("the ranks' weights diverged: data-parallel replicas are out of sync (please report "
+                              "this)"))
+    say("[portachat] " + _("weights identical on all {world} ranks (checksum {checksum})").format(
+        world=world, checksum=gathered[0].sum().item()))
 
 
 _INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
