@@ -40,12 +40,14 @@ from pathlib import Path
 import torch
 
 from portachat.device import Device, get_device
-from portachat.device.inference import inference_dtype, measure_memory_bandwidth, parse_dtype
+from portachat.device.dtypes import parse_dtype
+from portachat.device.inference import measure_memory_bandwidth
+from portachat.engine import EngineConfig, LLMEngine, SamplingParams
+from portachat.engine.oneshot import TokenIdsOnly
+from portachat.engine.traffic import decode_read_bytes
 from portachat.model import GPT, GPTConfig
 from portachat.model.hf import to_hf_config
-from portachat.serve.engine import EngineConfig, LLMEngine, SamplingParams
-from portachat.serve.engine.oneshot import TokenIdsOnly
-from portachat.serve.engine.traffic import decode_read_bytes
+from portachat.ops.inference_dtype import inference_dtype
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 

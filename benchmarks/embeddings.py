@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from portachat.device import get_device
-from portachat.device.inference import inference_dtype
-from portachat.serve.embeddings import load_embedding_model
+from portachat.engine.embeddings import load_embedding_model
+from portachat.ops.inference_dtype import inference_dtype
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TEXT = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"

@@ -27,10 +27,10 @@ from pathlib import Path
 import torch
 
 from portachat.device import get_device
+from portachat.engine import EngineConfig, LLMEngine
 from portachat.eval.generation import engine_complete
 from portachat.eval.gsm8k import evaluate_gsm8k, read_gsm8k
 from portachat.model.load import load_for_inference
-from portachat.serve.engine import EngineConfig, LLMEngine
 from portachat.train.finetune import FinetuneOptions, run_finetune
 from portachat.train.lora import LoraOptions
 from portachat.train.trainer import TrainConfig

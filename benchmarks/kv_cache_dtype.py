@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 
 from portachat.device import get_device
-from portachat.device.kv_quant import bytes_per_token
-from portachat.serve.engine import EngineConfig, LLMEngine
-from portachat.serve.engine.scoring import perplexity, teacher_forced_logprobs
+from portachat.engine import EngineConfig, LLMEngine
+from portachat.engine.scoring import perplexity, teacher_forced_logprobs
+from portachat.ops.kv_quant import bytes_per_token
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))

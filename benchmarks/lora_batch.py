@@ -31,9 +31,9 @@ from pathlib import Path
 import torch
 
 from portachat.device import get_device
+from portachat.engine import EngineConfig, LLMEngine, SamplingParams
 from portachat.model import GPT, GPTConfig
 from portachat.model.lora import load_lora, merge_into
-from portachat.serve.engine import EngineConfig, LLMEngine, SamplingParams
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -75,7 +75,7 @@ def engine(model: GPT, num_seqs: int, length: int) -> LLMEngine:
 
 
 def _ids_only(model: GPT):
-    from portachat.serve.engine.oneshot import TokenIdsOnly
+    from portachat.engine.oneshot import TokenIdsOnly
 
     return TokenIdsOnly(model.config.vocab_size)
 

@@ -28,10 +28,10 @@ from pathlib import Path
 import torch
 
 from portachat.device import get_device
+from portachat.engine import SamplingParams
+from portachat.engine.oneshot import engine_for
 from portachat.model.load import load_for_inference
 from portachat.quant import quantize_model, weight_bytes
-from portachat.serve.engine import SamplingParams
-from portachat.serve.engine.oneshot import engine_for
 
 REPO = Path(__file__).resolve().parent.parent
 SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -39,7 +39,7 @@ def _language(text: str) -> str:
 
 def evaluate(model_path: str, data_file: Path = HERE / "data" / "retrieval_set.json", k: int = 3) -> dict:
     from portachat.device import get_device
-    from portachat.serve.embeddings import load_embedding_model
+    from portachat.engine.embeddings import load_embedding_model
 
     data = json.loads(data_file.read_text(encoding="utf-8"))
     embedder = load_embedding_model(model_path, get_device("cpu"), "fp32")

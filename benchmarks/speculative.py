@@ -37,11 +37,12 @@ from pathlib import Path
 import torch
 
 from portachat.device import Device, get_device
-from portachat.device.inference import inference_dtype, parse_dtype
+from portachat.device.dtypes import parse_dtype
+from portachat.engine import EngineConfig, LLMEngine, SamplingParams
+from portachat.engine.speculative import SpeculativeConfig
 from portachat.model import GPT
 from portachat.model.load import load_for_inference
-from portachat.serve.engine import EngineConfig, LLMEngine, SamplingParams
-from portachat.serve.engine.speculative import SpeculativeConfig
+from portachat.ops.inference_dtype import inference_dtype
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 

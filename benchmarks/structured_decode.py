@@ -35,10 +35,10 @@ def tok_per_s(engine, prompts, params) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from portachat.engine import SamplingParams
+    from portachat.engine.oneshot import engine_for
+    from portachat.engine.structured import StructuredSpec
     from portachat.model.load import load_for_inference
-    from portachat.serve.engine import SamplingParams
-    from portachat.serve.engine.oneshot import engine_for
-    from portachat.serve.engine.structured import StructuredSpec
     from tests.smollm2 import smollm2_gguf_path
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

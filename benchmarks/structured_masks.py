@@ -39,8 +39,8 @@ REPLY = {"name": "Ada Lovelace", "age": 36, "email": "ada@example.org", "tags": 
 
 
 def time_llguidance(tokenizer, vocab: int, tokens: list[int], rounds: int) -> tuple[float, list[float]]:
-    from portachat.serve.engine.structured import StructuredSpec, allocate_bitmask
-    from portachat.serve.engine.structured.compile import Constraints
+    from portachat.engine.structured import StructuredSpec, allocate_bitmask
+    from portachat.engine.structured.compile import Constraints
 
     start = time.perf_counter()
     constraints = Constraints(tokenizer, vocab)

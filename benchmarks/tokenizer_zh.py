@@ -27,8 +27,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from portachat.data import synthetic_tasks as st
-from portachat.data.synthetic import SyntheticSource, synthetic_documents
+from portachat.data.synthetic import documents as sd
+from portachat.data.synthetic import tasks as st
+from portachat.data.synthetic.documents import SyntheticSource, synthetic_documents
 from portachat.speedrun.presets import PRESETS
 from portachat.tokenizer import Tokenizer
 from portachat.tokenizer.bpe import train_tokenizer
@@ -66,7 +67,7 @@ def chars_per_token(encode: Callable[[str], list[int]], text: str) -> float:
 def curriculum_text(lang: str, n: int = 400) -> str:
     """The held-out questions and reference replies of the chat curriculum in one language."""
     examples = st.heldout_set(n, seed=0, zh_fraction=1.0 if lang == "zh" else 0.0)
-    return "\n\n".join(st.render_text(ex) for ex in examples)
+    return "\n\n".join(sd.render_text(ex) for ex in examples)
 
 
 def english_only_documents(max_chars: int):
@@ -74,7 +75,7 @@ def english_only_documents(max_chars: int):
     seen, unit = 0, 0
     while seen < max_chars:
         docs = synthetic_documents(32, seed=f"en:{unit}", zh_fraction=0.0) + \
-            st.task_documents(32, seed=f"en:{unit}", zh_fraction=0.0)
+            sd.task_documents(32, seed=f"en:{unit}", zh_fraction=0.0)
         for doc in docs:
             seen += len(doc)
             yield doc

@@ -47,7 +47,7 @@ def _localize(parser: argparse.ArgumentParser) -> None:
 
 
 def _report_error(exc: BaseException, debug: bool) -> int:
-    from portachat.tools.diagnose import diagnose, format_diagnosis
+    from portachat.device.explain import diagnose, format_diagnosis  # deferred: loads torch
 
     if debug:
         traceback.print_exc()

@@ -11,6 +11,10 @@ find-links): those are used as they are.
 
     python3 scripts/choose_torch.py            # what setup.sh runs
     python3 scripts/choose_torch.py --explain  # the reasons only
+
+The chosen build is held: setup.sh passes a pip constraints file (.venv/portachat-constraints.txt, the
+plan's torch/torch_npu pins, then `--pin-installed` with the exact installed torch, torch_npu,
+torchvision, torchaudio) as -c to every pip install, so no later dependency replaces torch.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import configparser
 import glob
+import json
 import os
 import re
 import shlex
@@ -31,17 +36,29 @@ CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 XPU_INDEX = "https://download.pytorch.org/whl/xpu"
 ROCM_INDEX = "https://download.pytorch.org/whl/rocm{}"
 ROCM_WHEEL_VERSIONS = ("6.3", "6.4", "7.0", "7.1")  # ROCm versions with published torch wheels, oldest first
-# Ascend's published compatibility pairs (github.com/Ascend/pytorch README): CANN -> (torch, torch_npu),
-# newest CANN first; the first pair of each CANN is its newest supported torch.
-ASCEND_PAIRS: tuple[tuple[str, str, str], ...] = (
-    ("8.3.RC1", "2.7.1", "2.7.1"),
-    ("8.2.RC1", "2.6.0", "2.6.0"),
-    ("8.1.RC1", "2.5.1", "2.5.1"),
-    ("8.0.0", "2.4.0", "2.4.0.post2"),
-    ("8.0.RC3", "2.4.0", "2.4.0"),
-    ("8.0.RC2", "2.3.1", "2.3.1"),
-    ("8.0.RC1", "2.2.0", "2.2.0"),
+# Ascend's published matching table (Ascend/pytorch COMPATIBILITY.md and README, "TorchNPU version
+# matching"; the versions are torch-npu's releases on PyPI): CANN -> ((torch, torch_npu), ...), newest CANN
+# first, newest torch first within a CANN. The older torch of each CANN are Ascend's back-ports.
+# "9.1.X" is TorchNPU 26.1.1, published for the CANN 9.1 releases after 9.1.0.
+ASCEND_TABLE: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
+    ("9.1.X", (("2.12.0", "2.12.0.post2"), ("2.11.0", "2.11.0.post2"), ("2.10.0", "2.10.0.post6"),
+               ("2.9.0", "2.9.0.post8"), ("2.7.1", "2.7.1.post10"))),
+    ("9.1.0", (("2.12.0", "2.12.0"), ("2.11.0", "2.11.0"), ("2.10.0", "2.10.0.post4"), ("2.9.0", "2.9.0.post6"),
+               ("2.7.1", "2.7.1.post8"))),
+    ("9.0.0", (("2.10.0", "2.10.0"), ("2.9.0", "2.9.0.post2"), ("2.8.0", "2.8.0.post4"), ("2.7.1", "2.7.1.post4"))),
+    ("8.5.0", (("2.9.0", "2.9.0"), ("2.8.0", "2.8.0.post2"), ("2.7.1", "2.7.1.post2"), ("2.6.0", "2.6.0.post5"))),
+    ("8.3.RC1", (("2.8.0", "2.8.0"), ("2.7.1", "2.7.1"), ("2.6.0", "2.6.0.post3"), ("2.1.0", "2.1.0.post17"))),
+    ("8.2.RC1", (("2.6.0", "2.6.0"), ("2.5.1", "2.5.1.post1"), ("2.1.0", "2.1.0.post13"))),
+    ("8.1.RC1", (("2.5.1", "2.5.1"), ("2.4.0", "2.4.0.post4"), ("2.3.1", "2.3.1.post6"), ("2.1.0", "2.1.0.post12"))),
+    ("8.0.0", (("2.4.0", "2.4.0.post2"), ("2.3.1", "2.3.1.post4"), ("2.1.0", "2.1.0.post10"))),
+    ("8.0.RC3", (("2.4.0", "2.4.0"), ("2.3.1", "2.3.1.post2"), ("2.1.0", "2.1.0.post8"))),
+    ("8.0.RC2", (("2.3.1", "2.3.1"), ("2.2.0", "2.2.0.post2"), ("2.1.0", "2.1.0.post6"))),
+    ("8.0.RC1", (("2.2.0", "2.2.0"), ("2.1.0", "2.1.0.post3"))),
 )
+CANN_DOWNLOAD = "https://www.hiascend.com/developer/download/community/result?module=cann"
+CONSTRAINTS_FILE = ".venv/portachat-constraints.txt"
+# Packages whose installed version the constraints file holds: the torch build and what is built against it.
+PINNED_PACKAGES = ("torch", "torch_npu", "torchvision", "torchaudio")
 CANN_SET_ENV = (
     "usr/local/Ascend/ascend-toolkit/set_env.sh",
     "usr/local/Ascend/cann/set_env.sh",
@@ -115,18 +132,47 @@ def cann_version(m: Machine) -> str | None:
     return None
 
 
-def ascend_pair(cann: str | None) -> tuple[str, str, str]:
-    """(CANN named in the table, torch, torch_npu) for the CANN found; newest pair when unknown."""
-    for pair in ASCEND_PAIRS:
-        if cann and cann.upper().startswith(pair[0].upper()):
-            return pair
-    if cann:
-        key = _cann_key(cann)
-        for pair in ASCEND_PAIRS:  # newest pair whose CANN is not newer than the one installed
-            if _cann_key(pair[0]) <= key:
-                return pair
-        return ASCEND_PAIRS[-1]
-    return ASCEND_PAIRS[0]
+def torch_floor(root: str | None = None) -> str:
+    """The lowest torch the project accepts: pyproject.toml's `torch>=X` (what `pip install -e .` enforces)."""
+    path = os.path.join(root or os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pyproject.toml")
+    try:
+        with open(path, encoding="utf-8") as f:
+            found = re.search(r'"torch\s*>=\s*([0-9][0-9.]*)', f.read())
+    except OSError:
+        found = None
+    return found.group(1) if found else "2.9"
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+@dataclass
+class AscendChoice:
+    cann_row: str  # the CANN row of the table the pair comes from
+    torch: str | None  # None: no pair of that CANN reaches the torch floor
+    torch_npu: str | None
+    newest_torch: str  # the newest torch that CANN row has (shown when it is below the floor)
+    newer_than_table: bool = False  # the installed CANN is newer than every row
+
+
+def ascend_choice(cann: str | None, floor: str) -> AscendChoice:
+    """The pair for the CANN found: its row (the newest row not newer than it), then that row's newest
+    torch at or above the floor. An unknown CANN, or one newer than the table, gets the newest row."""
+    key = _cann_key(cann) if cann else None
+    row = ASCEND_TABLE[0]
+    newer = key is not None and key[:2] > _cann_key(ASCEND_TABLE[0][0])[:2]
+    if key is not None and not newer:
+        row = next((r for r in ASCEND_TABLE if _cann_key(r[0]) <= key), ASCEND_TABLE[-1])
+    pairs = [p for p in row[1] if _release(p[0]) >= _release(floor)]
+    torch_v, npu_v = pairs[0] if pairs else (None, None)
+    return AscendChoice(row[0], torch_v, npu_v, row[1][0][0], newer)
+
+
+def oldest_cann_for(floor: str) -> str:
+    """The oldest CANN whose published pairs include a torch at or above the floor."""
+    fitting = [row for row, pairs in ASCEND_TABLE if _release(pairs[0][0]) >= _release(floor)]
+    return fitting[-1]
 
 
 def _cann_key(text: str) -> tuple[int, int, int, int]:
@@ -135,6 +181,8 @@ def _cann_key(text: str) -> tuple[int, int, int, int]:
     major = int(parts[0]) if parts[0].isdigit() else 0
     minor = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
     third = parts[2] if len(parts) > 2 else "0"
+    if third == "X":  # "9.1.X": the releases after 9.1.0
+        return (major, minor, 1, 1)
     rc = re.match(r"RC(\d+)", third)
     return (major, minor, 0, int(rc.group(1))) if rc else (major, minor, 1, int(third) if third.isdigit() else 0)
 
@@ -317,18 +365,83 @@ def plan_install(m: Machine, python: str | None = None) -> Plan:
             plan.reason = f"Hygon DCU: the DTK wheels in {wheels_dir} (no index is asked, so no CUDA build can come)"
             plan.installs = [["torch", "--no-index", "--find-links", wheels_dir]]
     elif plan.hardware == "ascend":
-        cann = cann_version(m)
-        named, torch_v, npu_v = ascend_pair(cann)
-        plan.found.append(f"CANN {cann or 'version unknown'}")
-        plan.reason = (f"Ascend NPU: torch {torch_v} (CPU build) + torch_npu {npu_v}, the published pair for "
-                       f"CANN {named}")
-        if cann is None:
-            plan.notes.append("CANN version not found: source CANN's set_env.sh first, or pick the pair yourself "
-                              "with PORTACHAT_TORCH_SPEC='torch==X torch_npu==Y'")
-        # torch from the CPU index: torch_npu must never sit next to a CUDA build of torch.
-        plan.installs = [[f"torch=={torch_v}", "--index-url", CPU_INDEX],
-                         [f"torch_npu=={npu_v}", "pyyaml", "setuptools"]]
+        plan_ascend(plan, cann_version(m))
     return plan
+
+
+def plan_ascend(plan: Plan, cann: str | None, floor: str | None = None) -> None:
+    """torch (CPU build) + torch_npu: the newest pair Ascend publishes for this CANN that meets the floor."""
+    floor = floor or torch_floor()
+    choice = ascend_choice(cann, floor)
+    plan.found.append(f"CANN {cann or 'version unknown'}")
+    if choice.torch is None:
+        plan.reason = (f"Ascend NPU: Ascend's matching table pairs CANN {choice.cann_row} with torch "
+                       f"{choice.newest_torch} at most, and portachat needs torch>={floor}")
+        plan.stop = (f"upgrade CANN to {oldest_cann_for(floor)} or newer (the toolkit and the ops package for "
+                     f"your chip, from {CANN_DOWNLOAD}), then\n"
+                     "  source /usr/local/Ascend/ascend-toolkit/set_env.sh && bash scripts/setup.sh")
+        return
+    plan.reason = (f"Ascend NPU: torch {choice.torch} (CPU build) + torch_npu {choice.torch_npu}, the newest "
+                   f"published pair for CANN {choice.cann_row} (Ascend's matching table)")
+    if cann is None:
+        plan.notes.append("CANN version not found: source CANN's set_env.sh first, or pick the pair yourself "
+                          "with PORTACHAT_TORCH_SPEC='torch==X torch_npu==Y'")
+    elif choice.newer_than_table:
+        plan.notes.append(f"CANN {cann} is newer than the matching table setup knows (newest: CANN "
+                          f"{choice.cann_row}): installing that row's newest pair; if `import torch_npu` fails, "
+                          "install the pair Ascend publishes for your CANN: "
+                          "PORTACHAT_TORCH_SPEC='torch==X torch_npu==Y' bash scripts/setup.sh")
+    # torch from the CPU index: torch_npu must never sit next to a CUDA build of torch.
+    plan.installs = [[f"torch=={choice.torch}", "--index-url", CPU_INDEX],
+                     [f"torch_npu=={choice.torch_npu}", "pyyaml", "setuptools"]]
+
+
+def plan_pins(plan: Plan) -> list[str]:
+    """The exact torch / torch_npu versions the plan installs, held from the first install on."""
+    pins = []
+    for install in plan.installs:
+        for arg in install:
+            name = re.match(r"(torch|torch[_-]npu)==", arg)
+            if name:
+                pins.append(arg)
+    return pins
+
+
+def installed_versions(python: str) -> dict[str, str]:
+    """The installed versions of PINNED_PACKAGES in `python`'s environment (package metadata, no import)."""
+    code = ("import importlib.metadata as m, json, sys\nout = {}\nfor name in sys.argv[1:]:\n"
+            "    try:\n        out[name] = m.version(name)\n    except m.PackageNotFoundError:\n        pass\n"
+            "print(json.dumps(out))")
+    done = subprocess.run([python, "-c", code, *PINNED_PACKAGES], capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        raise RuntimeError(f"{python} could not list its packages: {done.stderr.strip()}")
+    return json.loads(done.stdout)
+
+
+def write_constraints(path: str, lines: list[str], why: str) -> None:
+    """A pip constraints file: every later `pip install -c FILE` keeps these exact versions."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(f"# Written by scripts/setup.sh ({why}); passed as -c to every pip install it runs.\n"
+                "# Delete .venv to choose the torch build again.\n")
+        f.writelines(line + "\n" for line in lines)
+    os.replace(tmp, path)
+
+
+def pin_installed(path: str, python: str, floor: str | None = None) -> str | None:
+    """Pin what the environment holds now; an error text when its torch is missing or below the floor."""
+    floor = floor or torch_floor()
+    have = installed_versions(python)
+    if "torch" not in have:
+        return f"no torch is installed in {python}'s environment; run bash scripts/setup.sh again"
+    if _release(have["torch"]) < _release(floor):
+        return (f"torch {have['torch']} is installed, but portachat needs torch>={floor} (pyproject.toml), and "
+                "setup keeps the torch it installed. Install a torch build >= the floor for this hardware "
+                "(PORTACHAT_TORCH_SPEC=... or, on Hygon, newer DTK wheels in PORTACHAT_DCU_WHEELS), "
+                "delete .venv and run bash scripts/setup.sh again")
+    write_constraints(path, [f"{name}=={version}" for name, version in have.items()], "the installed torch build")
+    return None
 
 
 def fits_hardware(wheel: str, hardware: str) -> bool:
@@ -349,6 +462,10 @@ def fits_hardware(wheel: str, hardware: str) -> bool:
 
 def explain(plan: Plan) -> str:
     lines = [f"[setup] hardware: {plan.hardware} (found: {'; '.join(plan.found)})", f"[setup] torch: {plan.reason}"]
+    pins = plan_pins(plan)
+    if pins and not plan.stop:
+        lines.append(f"[setup] pinned: {' '.join(pins)} in {CONSTRAINTS_FILE} (pip -c on every later install, so "
+                     "no dependency can replace them; the exact installed versions are pinned after install)")
     lines += [f"[setup] note: {note}" for note in plan.notes]
     if plan.stop:
         lines.append(f"[setup] stopping: {plan.stop}")
@@ -361,11 +478,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--explain", action="store_true", help="print the reasons only")
     parser.add_argument("--root", default=os.environ.get("PORTACHAT_SETUP_ROOT", "/"),
                         help="filesystem root to inspect (tests simulate other machines with it)")
+    parser.add_argument("--pins-file", default=None,
+                        help="write the plan's torch / torch_npu pins to this pip constraints file")
+    parser.add_argument("--pin-installed", metavar="FILE", default=None,
+                        help="write the versions installed in --python's environment to FILE (after install)")
     args = parser.parse_args(argv)
+    if args.pin_installed:
+        error = pin_installed(args.pin_installed, args.python or sys.executable)
+        if error:
+            print(f"[setup] stopping: {error}", file=sys.stderr)
+            return 2
+        with open(args.pin_installed, encoding="utf-8") as f:
+            held = [line.strip() for line in f if line.strip() and not line.startswith("#")]
+        print(f"[setup] holding {' '.join(held)} ({args.pin_installed})", file=sys.stderr)
+        return 0
     plan = plan_install(Machine(args.root), args.python)
     print(explain(plan), file=sys.stderr)
     if plan.stop:
         return 2
+    if args.pins_file:
+        write_constraints(args.pins_file, plan_pins(plan), f"the build chosen for {plan.hardware}")
     if not args.explain:
         for install in plan.installs:
             print(shlex.join(install))

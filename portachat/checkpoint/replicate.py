@@ -15,9 +15,10 @@ from typing import TypeVar
 
 import torch.distributed as dist
 
-from portachat.checkpoint.atomic import CheckpointError, atomic_directory
 from portachat.device.dist import dist_env, share_from_rank0
-from portachat.paths import portachat_home
+from portachat.i18n import _
+from portachat.storage.atomic import CheckpointError, atomic_directory
+from portachat.storage.paths import portachat_home
 
 T = TypeVar("T")
 
@@ -84,7 +85,7 @@ def replicate_dir(path: Path) -> None:
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     if everyone[0] is None:
-        raise CheckpointError(f"{path} is missing on rank 0, which should send it to the other nodes")
+        raise CheckpointError(_("{path} is missing on rank 0, which should send it to the other nodes").format(path=path))
     if all(x == everyone[0] for x in everyone):
         return
     files: list = [None]
@@ -98,5 +99,6 @@ def replicate_dir(path: Path) -> None:
                 (tmp / rel).write_bytes(data)
     dist.barrier()
     if _identity(path) != everyone[0]:
-        raise CheckpointError(f"{path} did not reach this node's filesystem (rank {dist.get_rank()}); copy the "
-                              "checkpoint there by hand or give every node the same --runs-root")
+        raise CheckpointError(_("{path} did not reach this node's filesystem (rank {rank}); copy the "
+                                "checkpoint there by hand or give every node the same --runs-root").format(
+            path=path, rank=dist.get_rank()))

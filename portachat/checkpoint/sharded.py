@@ -13,9 +13,10 @@ from safetensors.torch import load_file
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from portachat.checkpoint.atomic import CheckpointError
-from portachat.checkpoint.model_dir import WEIGHTS, load_weights_into
+from portachat.i18n import _
 from portachat.model import GPT
+from portachat.model.model_dir import WEIGHTS, load_weights_into
+from portachat.storage.atomic import CheckpointError
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
@@ -66,7 +67,8 @@ def load_weights(model: GPT, path: Path) -> None:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     missing = [name for name, _ in model.named_parameters() if name not in state]
     if missing:
-        raise CheckpointError(f"{Path(path) / WEIGHTS} does not match its config: missing {missing[:5]}")
+        raise CheckpointError(_("{path} does not match its config: missing {names}").format(
+            path=Path(path) / WEIGHTS, names=missing[:5]))
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(scatter_like(state[name], p))

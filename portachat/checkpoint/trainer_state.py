@@ -22,7 +22,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from portachat.checkpoint.atomic import CheckpointError
+from portachat.i18n import _
+from portachat.storage.atomic import CheckpointError
 
 STATE_DIR = "trainer_state"
 # Hyper-parameters the command line sets: on resume they come from the new run, not the checkpoint.
@@ -83,17 +84,20 @@ def load_optimizers(directory: Path, model: nn.Module, optimizers: list[torch.op
     """Restore optimizer state in place; returns the saved grad-scaler state (or None)."""
     src = directory / STATE_DIR
     if not (src / "optimizer.json").is_file() or not (src / "optimizer.safetensors").is_file():
-        raise CheckpointError(f"{directory} has no trainer state to resume from (it may be a final or exported model)")
+        raise CheckpointError(_("{path} has no trainer state to resume from (it may be a final or exported model)").format(
+            path=directory))
     info = json.loads((src / "optimizer.json").read_text(encoding="utf-8"))
     tensors = load_file(str(src / "optimizer.safetensors"), device="cpu")
     if len(info["optimizers"]) != len(optimizers):
-        raise CheckpointError(f"{directory}: saved {len(info['optimizers'])} optimizers, this run has {len(optimizers)}")
+        raise CheckpointError(_("{path}: saved {saved} optimizers, this run has {count}").format(
+            path=directory, saved=len(info["optimizers"]), count=len(optimizers)))
     names = _param_names(model)
     params = dict(model.named_parameters())
     for i, (opt, saved) in enumerate(zip(optimizers, info["optimizers"], strict=True)):
         sd = opt.state_dict()
         if saved["type"] != type(opt).__name__ or len(saved["param_groups"]) != len(sd["param_groups"]):
-            raise CheckpointError(f"{directory}: optimizer {i} is a {saved['type']} with other parameter groups")
+            raise CheckpointError(_("{path}: optimizer {index} is a {type} with other parameter groups").format(
+                path=directory, index=i, type=saved["type"]))
         order = [names[id(p)] for group in opt.param_groups for p in group["params"]]
         state: dict[int, dict[str, Any]] = {}
         for idx, name in enumerate(order):

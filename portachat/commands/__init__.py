@@ -1,6 +1,10 @@
 """One module per command group; each exposes `register(subparsers)`.
 
 `cli.py` imports the modules listed here in order. A new command is a new module plus a line here.
+
+Every command module is imported to build `portachat --help`, so a module imports the library (which
+loads torch: seconds) inside its command function, each such line marked `# deferred: loads torch`;
+these are the only imports inside functions that cross a floor (import-linter still checks them).
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ nonneg_int = int_at_least(0)
 
 def device_from_args(args: argparse.Namespace):
     """The Device for --device / --dtype / --compile (each None = auto / environment)."""
-    from portachat.device import get_device
+    from portachat.device import get_device  # deferred: loads torch
 
     compile_flag = None if getattr(args, "compile", None) is None else args.compile == "1"
     return get_device(kind=getattr(args, "device", None), dtype=getattr(args, "dtype", None), compile=compile_flag)

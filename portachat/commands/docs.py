@@ -15,22 +15,22 @@ _SUFFIXES = {".txt", ".text", ".md", ".markdown", ".pdf", ".docx", ".html", ".ht
 
 
 def _store(args: argparse.Namespace):
-    from portachat.serve.docs import DocStore
+    from portachat.serve.docs import DocStore  # deferred: loads torch
 
     return DocStore(args.store_dir) if args.store_dir else DocStore()
 
 
 def _model(args: argparse.Namespace, recorded: str | None):
     """The embedding model, named as the collection records it (so the server and the CLI share collections)."""
-    from portachat.device import get_device
-    from portachat.model.load import display_name, resolve_model_source
-    from portachat.serve.docs.ingest import text_embedder
-    from portachat.serve.embeddings import load_embedding_model
+    from portachat.device import get_device  # deferred: loads torch
+    from portachat.engine.embeddings import load_embedding_model  # deferred: loads torch
+    from portachat.model.source import display_name, resolve  # deferred: loads torch
+    from portachat.serve.docs.ingest import text_embedder  # deferred: loads torch
 
     if not args.embedding_model:
         raise SystemExit("portachat docs: error: give --embedding-model PATH (an embedding model directory, e.g. "
                          "all-MiniLM-L6-v2; the server's --model NAME=PATH for it names the same directory)")
-    path = resolve_model_source(args.embedding_model)
+    path = resolve(args.embedding_model).path
     print(f"[portachat] loading {path} ...", file=sys.stderr, flush=True)
     embedder = load_embedding_model(path, get_device(kind=args.device), args.dtype)
     # A package's "model" folder says nothing: name it after the folder above.
@@ -66,7 +66,7 @@ def _files(paths: list[str]) -> list[Path]:
 
 
 def cmd_add(args: argparse.Namespace) -> int:
-    from portachat.serve.docs.ingest import EMBED_BATCH, attach_file
+    from portachat.serve.docs.ingest import EMBED_BATCH, attach_file  # deferred: loads torch
 
     tty = sys.stderr.isatty()
     lead = "\r" if tty else ""  # a terminal's progress line is rewritten in place
@@ -123,8 +123,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from portachat.serve.docs import StoreError
-    from portachat.serve.docs.ingest import search
+    from portachat.serve.docs import StoreError  # deferred: loads torch
+    from portachat.serve.docs.ingest import search  # deferred: loads torch
 
     store = _store(args)
     row = _collection(store, args.collection)

@@ -8,7 +8,7 @@ from portachat.i18n import _
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from portachat.tools.doctor import run_doctor
+    from portachat.speedrun.doctor import run_doctor  # deferred: loads torch
 
     return run_doctor(as_json=args.json, calibrate=args.calibrate)
 

@@ -10,12 +10,12 @@ from portachat.i18n import _
 
 
 def model_shape_from_args(args: argparse.Namespace):
-    from portachat.model import GPTConfig
-    from portachat.tools.estimate import ModelShape, load_hf_config
+    from portachat.model import GPTConfig  # deferred: loads torch
+    from portachat.model.estimate import ModelShape, load_hf_config  # deferred: loads torch
 
     if args.hf_config is not None:
-        from portachat.model.gguf import is_gguf
-        from portachat.tools.estimate import gguf_hf_config
+        from portachat.model.estimate import gguf_hf_config  # deferred: loads torch
+        from portachat.model.gguf import is_gguf  # deferred: loads torch
 
         config = gguf_hf_config(args.hf_config) if is_gguf(args.hf_config) else load_hf_config(args.hf_config)
         return ModelShape.from_hf_config(config, name=str(args.hf_config))
@@ -24,8 +24,13 @@ def model_shape_from_args(args: argparse.Namespace):
 
 
 def cmd_estimate_memory(args: argparse.Namespace) -> int:
-    from portachat.model import ConfigError
-    from portachat.tools.estimate import TrainingSetup, estimate_kv_cache, estimate_training, format_estimate
+    from portachat.model import ConfigError  # deferred: loads torch
+    from portachat.model.estimate import (  # deferred: loads torch
+        TrainingSetup,
+        estimate_kv_cache,
+        estimate_training,
+        format_estimate,
+    )
 
     if args.serve:
         return cmd_estimate_serving(args)
@@ -65,10 +70,10 @@ def setup_from_data(args: argparse.Namespace, setup):
     device's: --device), or the --tokens-per-batch budget's worth; supervised positions from its masks."""
     from dataclasses import asdict, replace
 
-    from portachat.data.chat_data import load_conversations
-    from portachat.data.chat_loader import data_lengths
+    from portachat.data.chat_data import load_conversations  # deferred: loads torch
+    from portachat.data.chat_loader import data_lengths  # deferred: loads torch
     from portachat.device.shapes import pad_bucket, row_bucket
-    from portachat.tools.estimate import chat_renderer
+    from portachat.model.estimate import chat_renderer  # deferred: loads torch
 
     source = args.tokenizer or args.hf_config
     if source is None:
@@ -77,7 +82,7 @@ def setup_from_data(args: argparse.Namespace, setup):
     lengths = data_lengths(load_conversations(args.data), chat_renderer(source), args.seq_len)
     bucket = pad_bucket
     if args.device is not None:
-        from portachat.device import get_device
+        from portachat.device import get_device  # deferred: loads torch
 
         dev = get_device(kind=args.device)
         bucket = row_bucket(dev.type, dev.compile)
@@ -88,12 +93,12 @@ def setup_from_data(args: argparse.Namespace, setup):
 
 
 def cmd_estimate_serving(args: argparse.Namespace) -> int:
-    from portachat.model import ConfigError
-    from portachat.tools.serve_memory import estimate_serving, format_serving
+    from portachat.model import ConfigError  # deferred: loads torch
+    from portachat.model.serve_memory import estimate_serving, format_serving  # deferred: loads torch
 
     device_bytes = device_type = None
     if not args.no_device:
-        from portachat.device import get_device
+        from portachat.device import get_device  # deferred: loads torch
 
         device = get_device(kind=args.device)
         device_type = device.type  # what the engine holds there beyond weights and KV (packed copies on a CPU)
@@ -112,9 +117,9 @@ def cmd_estimate_serving(args: argparse.Namespace) -> int:
 
 
 def measure(args: argparse.Namespace) -> int:
-    from portachat.device import get_device
-    from portachat.model import GPTConfig
-    from portachat.tools.tune import measure_training_peak
+    from portachat.device import get_device  # deferred: loads torch
+    from portachat.model import GPTConfig  # deferred: loads torch
+    from portachat.train.batch_size import measure_training_peak  # deferred: loads torch
 
     dev = get_device(kind=args.device, dtype=args.dtype)
     dev.set_current()

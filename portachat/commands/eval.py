@@ -9,14 +9,14 @@ from portachat.i18n import _
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from portachat.eval.report import format_table, to_json
-    from portachat.eval.run import EvalOptions, run_evals
+    from portachat.eval.report import format_table, to_json  # deferred: loads torch
+    from portachat.eval.run import EvalOptions, run_evals  # deferred: loads torch
 
     opts = EvalOptions(
         task=args.task, model=args.model, data=args.data, limit=args.limit, device=args.device, dtype=args.dtype,
         max_tokens=args.max_tokens, seed=args.seed, workers=args.workers, quantize=args.quantize,
         shots=args.shots,
-        tensor_parallel_size=args.tensor_parallel_size,
+        tensor_parallel_size=args.tensor_parallel_size, allow_unsandboxed_code=args.allow_unsandboxed_code,
     )
     log = (lambda _msg: None) if args.json else print
     results = run_evals(opts, log=log)
@@ -25,7 +25,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    from portachat.eval.run import CHOICES
+    from portachat.eval.run import CHOICES  # deferred: loads torch
 
     p = sub.add_parser(
         "eval", help=_("evaluate a model: bits/byte, synthetic tasks, GSM8K, ARC, MMLU, C-Eval, CMMLU, HumanEval, CORE"), epilog=EPILOG,
@@ -44,6 +44,10 @@ def register(sub) -> None:
          help=_("C-Eval/CMMLU: solved dev-split examples before each question (default 5)"))
     flag(p, "--seed", type=int, default=0, help=_("seed of the synthetic held-out set and of sampling (default 0)"))
     flag(p, "--workers", type=positive_int, default=None, help=_("HumanEval sandboxes run at a time (default: min(4, CPUs))"))
+    flag(p, "--allow-unsandboxed-code", action="store_true",
+         help=_("HumanEval: run the model's programs even where this machine gives the sandbox no namespaces "
+                "(no bubblewrap or no user namespaces; `portachat doctor` says which): they are then held only by "
+                "resource limits and a Python guard and can read and write whatever you can. Default: refuse"))
     flag(p, "--device", default=None, help=_("cpu|cuda|rocm|dcu|npu|xpu|mps (default: auto-detect)"))
     flag(p, "--dtype", default=None, help=_("bf16|fp16|fp32 (default: the device's inference dtype)"))
     flag(p, "--quantize", default=None, choices=["int8", "int4"], help=_("weight-only quantization (default: off)"))

@@ -11,7 +11,7 @@ MODEL_HELP = N_("our checkpoint: a step directory, a stage directory (uses its l
 
 
 def cmd_export_hf(args: argparse.Namespace) -> int:
-    from portachat.export import export_hf
+    from portachat.export import export_hf  # deferred: loads torch
 
     result = export_hf(args.model, args.output, dtype=args.dtype)
     print(
@@ -25,7 +25,7 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
 
 
 def cmd_export_gguf(args: argparse.Namespace) -> int:
-    from portachat.export import export_gguf
+    from portachat.export import export_gguf  # deferred: loads torch
 
     result = export_gguf(args.model, args.output, type_=args.type)
     print(

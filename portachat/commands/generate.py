@@ -9,13 +9,13 @@ from pathlib import Path
 from portachat.commands.common import EPILOG, flag
 from portachat.commands.inference import add_model_flags, add_sampling_flags, load_options, sampling_params
 from portachat.i18n import _
+from portachat.serve.batch import GENERATE_FALLBACK, BatchInputError, read_rows, run_batch
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from portachat.serve.api.loading import load_served_model
-    from portachat.serve.batch import BatchInputError, read_rows, run_batch
+    from portachat.engine.loading import load_served_model  # deferred: loads torch
 
     input_path, output_path = Path(args.input), Path(args.output)
     if not input_path.is_file():
@@ -25,7 +25,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     print("[portachat] " + _("loading {model} ...").format(model=args.model), file=sys.stderr, flush=True)
     served = load_served_model(load_options(args))
     print(f"[portachat] {served.description}", file=sys.stderr, flush=True)
-    params = sampling_params(args, served.generation_defaults, fallback_temperature=0.0)
+    params = sampling_params(args, served.generation_defaults, GENERATE_FALLBACK)
     total = len(read_rows(input_path, served.tokenizer, params))  # validates every row before any work
     bar = tqdm(total=total, unit="row", file=sys.stderr, dynamic_ncols=True)
 
@@ -63,5 +63,5 @@ def register(sub) -> None:
     flag(p, "--input", required=True, help=_("JSONL file of prompts or conversations"))
     flag(p, "--output", required=True, help=_("JSONL file to append results to (created if missing)"))
     add_model_flags(p, max_num_seqs=32)
-    add_sampling_flags(p, temperature=0.0, max_tokens=256)
+    add_sampling_flags(p, GENERATE_FALLBACK)
     p.set_defaults(func=cmd_generate)

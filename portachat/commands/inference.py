@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 
 from portachat.commands.common import flag, int_at_least, positive_int
+from portachat.engine.sampling_params import SamplingError, SamplingFallback, check_field
+from portachat.engine.types import SamplingParams
 from portachat.i18n import _
+from portachat.model.load import GenerationDefaults
 
 
 def positive_float(text: str) -> float:
@@ -86,19 +89,41 @@ def add_tensor_parallel_flag(g) -> None:
               "the command starts its N-1 worker processes itself (default 1)"))
 
 
-def add_sampling_flags(p: argparse.ArgumentParser, temperature: float | None, max_tokens: int) -> None:
+def sampling_flag(name: str, parse: type):
+    """An argparse type for a sampling flag: the number, then the one sampling check
+    (engine/sampling_params.py) that the API and `generate` rows go through too."""
+
+    def check(text: str):
+        try:
+            value = parse(text)
+        except ValueError:
+            expected = _("expected an integer, got {text}") if parse is int else _("expected a number, got {text}")
+            raise argparse.ArgumentTypeError(expected.format(text=repr(text))) from None
+        try:
+            check_field(name, value)
+        except SamplingError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return value
+
+    return check
+
+
+def add_sampling_flags(p: argparse.ArgumentParser, fallback: SamplingFallback) -> None:
+    """The sampling flags; an unset one takes the model's generation_config, then `fallback` (the
+    command's own defaults, named in its module and shown here)."""
     g = p.add_argument_group(_("sampling"))
-    flag(g, "--temperature", type=nonneg_float, default=temperature,
-         help=_("0 = greedy (default: the model's generation_config, else {t})").format(
-             t=0.6 if temperature is None else temperature))
-    flag(g, "--top-p", type=positive_float, default=None, help=_("nucleus sampling mass (default: the model's, else 1.0)"))
-    flag(g, "--top-k", type=int_at_least(0), default=None, help=_("sample among the k likeliest tokens; 0 = off"))
-    flag(g, "--max-tokens", type=positive_int, default=max_tokens, help=_("longest reply in tokens (default %(default)s)"))
-    flag(g, "--seed", type=int, default=None, help=_("random seed: the same seed gives the same replies"))
+    flag(g, "--temperature", type=sampling_flag("temperature", float), default=None,
+         help=_("0 = greedy (default: the model's generation_config, else {t})").format(t=fallback.temperature))
+    flag(g, "--top-p", type=sampling_flag("top_p", float), default=None,
+         help=_("nucleus sampling mass (default: the model's, else 1.0)"))
+    flag(g, "--top-k", type=sampling_flag("top_k", int), default=None, help=_("sample among the k likeliest tokens; 0 = off"))
+    flag(g, "--max-tokens", type=sampling_flag("max_tokens", int), default=fallback.max_tokens,
+         help=_("longest reply in tokens (default %(default)s)"))
+    flag(g, "--seed", type=sampling_flag("seed", int), default=None, help=_("random seed: the same seed gives the same replies"))
 
 
 def load_options(args: argparse.Namespace):
-    from portachat.serve.api.loading import LoadOptions
+    from portachat.engine.loading import LoadOptions  # deferred: loads torch
 
     return LoadOptions(
         model=args.model,  # load_for_inference resolves stage dirs and run/stage names
@@ -126,7 +151,7 @@ def load_options(args: argparse.Namespace):
 
 def speculative_options(args: argparse.Namespace):
     """SpeculativeOptions from the flags, or None when --speculative-model is not given."""
-    from portachat.serve.api.loading import SpeculativeOptions
+    from portachat.engine.loading import SpeculativeOptions  # deferred: loads torch
 
     tuning = {"num_speculative_tokens": args.num_speculative_tokens, "prompt_lookup_max": args.ngram_prompt_lookup_max,
               "prompt_lookup_min": args.ngram_prompt_lookup_min, "max_batch": args.speculative_max_batch}  # fmt: skip
@@ -139,21 +164,7 @@ def speculative_options(args: argparse.Namespace):
     return SpeculativeOptions(model=args.speculative_model, **given)
 
 
-
-def sampling_params(args: argparse.Namespace, model_defaults: dict, fallback_temperature: float = 0.6):
-    """SamplingParams from the flags; unset ones take the model's generation_config, then our defaults."""
-    from portachat.serve.engine import SamplingParams
-
-    def pick(name: str, fallback):
-        value = getattr(args, name)
-        if value is not None:
-            return value
-        return model_defaults.get(name, fallback)
-
-    return SamplingParams(
-        max_tokens=args.max_tokens,
-        temperature=float(pick("temperature", fallback_temperature)),
-        top_p=float(pick("top_p", 1.0)),
-        top_k=int(pick("top_k", 0)),
-        seed=args.seed,
-    )
+def sampling_params(args: argparse.Namespace, defaults: GenerationDefaults, fallback: SamplingFallback) -> SamplingParams:
+    """SamplingParams from the flags; unset ones take the model's generation_config, then `fallback`."""
+    flags = {name: getattr(args, name) for name in ("max_tokens", "temperature", "top_p", "top_k", "seed")}
+    return SamplingParams.from_request(flags, defaults, fallback)

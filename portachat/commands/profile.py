@@ -10,9 +10,13 @@ from portachat.i18n import _
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from portachat.device import DeviceError
-    from portachat.model import ConfigError, GPTConfig
-    from portachat.tools.profile import format_breakdown, profile_decode, profile_training
+    from portachat.device import DeviceError  # deferred: loads torch
+    from portachat.model import ConfigError, GPTConfig  # deferred: loads torch
+    from portachat.train.profile import (  # deferred: loads torch
+        format_breakdown,
+        profile_decode,
+        profile_training,
+    )
 
     try:
         dev = device_from_args(args)

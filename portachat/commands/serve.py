@@ -14,8 +14,8 @@ from portachat.commands.inference import (
     add_tensor_parallel_flag,
     load_options,
 )
+from portachat.engine.embeddings.config import POOLING_MODES
 from portachat.i18n import _
-from portachat.serve.embeddings.config import POOLING_MODES
 
 
 def _float_above(minimum: float, inclusive: bool):
@@ -59,8 +59,14 @@ def _origins(text: str) -> list[str]:
     return [o.strip() for o in text.split(",") if o.strip()]
 
 
+def api_keys(given: list[str] | None, env: str | None) -> list[str]:
+    """The keys of `--api-key` (repeatable), else of `$PORTACHAT_API_KEY` (comma-separated), each once."""
+    keys = [k.strip() for k in given] if given else [k.strip() for k in (env or "").split(",")]
+    return list(dict.fromkeys(k for k in keys if k))
+
+
 def _keep_alive(text: str) -> str:
-    from portachat.serve.registry import parse_keep_alive
+    from portachat.serve.registry import parse_keep_alive  # deferred: loads torch
 
     try:
         parse_keep_alive(text)
@@ -71,15 +77,14 @@ def _keep_alive(text: str) -> str:
 
 def model_specs(args: argparse.Namespace) -> list:
     """`--model [NAME=]PATH` (repeatable, loaded at start-up) and `--models-dir` (loaded on demand)."""
-    from portachat.serve.api.loading import default_model_name
-    from portachat.serve.registry import ModelSpec, discover_models, parse_model_arg
+    from portachat.serve.registry import discover_models, parse_model_arg  # deferred: loads torch
+    from portachat.serve.registry.catalog import given_model  # deferred: loads torch
 
     given = [parse_model_arg(text) for text in args.model or []]
     if args.served_model_name and len(given) != 1:
         raise SystemExit("portachat serve: " + _("error: {message}").format(message=_(
             "--served-model-name names the one --model; with several models use --model NAME=PATH for each")))
-    specs = [ModelSpec(args.served_model_name or name or default_model_name(path), path, pinned=True)
-             for name, path in given]
+    specs = [given_model(path, args.served_model_name or name) for name, path in given]
     if args.models_dir:
         try:
             found = discover_models(args.models_dir)
@@ -104,7 +109,7 @@ def model_specs(args: argparse.Namespace) -> list:
 def lora_args(values: list[str]) -> tuple[str | None, list[tuple[str, str]]]:
     """`--lora PATH` (folded into the one model's weights; at most one) and `--lora NAME=PATH`
     (served as model NAME on its base's engine, batched with it)."""
-    from portachat.serve.registry import parse_model_arg
+    from portachat.serve.registry import parse_model_arg  # deferred: loads torch
 
     parsed = [parse_model_arg(v) for v in values]
     folded = [path for name, path in parsed if name is None]
@@ -116,10 +121,10 @@ def lora_args(values: list[str]) -> tuple[str | None, list[tuple[str, str]]]:
 
 def adapter_specs(adapters: list[tuple[str, str]], models: list, models_dir: str | None) -> list:
     """Registry entries for `--lora NAME=PATH` and the adapters found under --models-dir."""
-    from portachat.checkpoint.atomic import CheckpointError
-    from portachat.model.lora import find_adapter_dir
-    from portachat.serve.registry import ModelSpec
-    from portachat.serve.registry.catalog import adapter_base, discover_adapters
+    from portachat.model.lora import find_adapter_dir  # deferred: loads torch
+    from portachat.serve.registry import ModelSpec  # deferred: loads torch
+    from portachat.serve.registry.catalog import adapter_base, discover_adapters  # deferred: loads torch
+    from portachat.storage.atomic import CheckpointError  # deferred: loads torch
 
     out = []
     pinned = {s.name for s in models if s.pinned}
@@ -143,14 +148,14 @@ def adapter_specs(adapters: list[tuple[str, str]], models: list, models_dir: str
 def cmd_serve(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from portachat.device import get_device
-    from portachat.device.inference import model_memory_budget
-    from portachat.serve.api import ServerSettings, create_app
-    from portachat.serve.api.loading import load_served_model
-    from portachat.serve.api.server import make_server
-    from portachat.serve.registry import ModelRegistry, parse_keep_alive
-    from portachat.serve.registry.registry import RegistryEvents
-    from portachat.tools.diagnose import diagnose, format_diagnosis
+    from portachat.device import get_device  # deferred: loads torch
+    from portachat.device.explain import diagnose, format_diagnosis  # deferred: loads torch
+    from portachat.device.inference import model_memory_budget  # deferred: loads torch
+    from portachat.engine.loading import load_served_model  # deferred: loads torch
+    from portachat.serve.api import ServerSettings, create_app  # deferred: loads torch
+    from portachat.serve.api.server import make_server  # deferred: loads torch
+    from portachat.serve.registry import ModelRegistry, parse_keep_alive  # deferred: loads torch
+    from portachat.serve.registry.registry import RegistryEvents  # deferred: loads torch
 
     specs = model_specs(args)
     name = specs[0].name
@@ -159,15 +164,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
                          f"({', '.join(s.name for s in specs)}); add it with --model {args.embedding_model}=PATH")
     settings = ServerSettings(
         served_model_name=name,
-        api_key=args.api_key or os.environ.get("PORTACHAT_API_KEY") or None,
+        api_keys=api_keys(args.api_key, os.environ.get("PORTACHAT_API_KEY")),
+        admin_api_key=args.admin_api_key or os.environ.get("PORTACHAT_ADMIN_API_KEY") or None,
+        allow_unload=args.allow_unload,
+        host=args.host,
         cors_origins=args.cors_origins or [],
         max_body_bytes=args.max_body_bytes,
         max_upload_bytes=args.max_upload_bytes,
         max_messages=args.max_messages,
         shutdown_grace_s=args.shutdown_timeout,
         embedding_model=args.embedding_model,
+        docs_max_bytes=args.docs_max_bytes,
+        docs_max_files=args.docs_max_files,
     )
-    options = dataclasses.replace(load_options(args), lora=lora_args(args.lora or [])[0])
+    options = dataclasses.replace(load_options(args), lora=lora_args(args.lora or [])[0],
+                                  grammar_cache_mb=args.grammar_cache_mb)
     url = f"http://{args.host}:{args.port}"
     failure: list[BaseException] = []
     device = get_device(kind=args.device, dtype=None, compile=None)
@@ -177,14 +188,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print("[portachat] " + _("loading {name} from {path} ...").format(name=spec.name, path=spec.path),
               file=sys.stderr, flush=True)
         served = load_served_model(dataclasses.replace(options, model=spec.path), embedding_models=True,
-                                   on_worker_failure=on_worker_failure)
+                                   on_worker_failure=on_worker_failure, source=spec.source)
         print("[portachat] " + _("{name} ready: {description}").format(name=spec.name,
                                                                         description=served.description),
               file=sys.stderr, flush=True)
         return served
 
     def on_worker_failure(message: str) -> None:
-        from portachat.serve.workers import WorkerFailure
+        from portachat.engine.workers import WorkerFailure  # deferred: loads torch
 
         failure.append(WorkerFailure(message))
         # /health answers 503 meanwhile; in-flight requests have had their error from the failed step.
@@ -213,7 +224,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             max_loaded=args.max_loaded_models or "-", keep_alive=args.keep_alive), file=sys.stderr, flush=True)
     print("[portachat] " + _("serving '{name}' at {url}  (OpenAI API: {url}/v1, chat page: {url}/, metrics: "
                              "{url}/metrics)").format(name=name, url=url)
-          + ("  " + _("[API key required]") if settings.api_key else ""), file=sys.stderr, flush=True)
+          + ("  " + _("[API key required]") if settings.has_keys else ""), file=sys.stderr, flush=True)
     server.run()
     if failure:
         exc = failure[0]
@@ -290,17 +301,35 @@ def register(sub) -> None:
          help=_("engine replicas, one per device (the i-th visible GPU/NPU/DCU/XPU; on a CPU they share it), "
               "each request going to the least busy one; with -tp N, each replica takes N devices (default 1)"))
     add_engine_flags(g, 32, _("requests queued beyond the running batch; more get 429 (default 256)"))
+    flag(g, "--grammar-cache-mb", type=positive_int, default=256,
+         help=_("memory for compiled structured-output grammars (JSON schemas, regexes), least recently used "
+                "dropped first; a grammar needing more than this is refused with 400 (default 256)"))
     add_speculative_flags(p)
     g = p.add_argument_group(_("HTTP"))
     flag(g, "--host", default="127.0.0.1", help=_("address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)"))
     flag(g, "--port", type=int_at_least(0), default=8000, help=_("port (default 8000)"))
-    flag(g, "--api-key", default=None, help=_("require 'Authorization: Bearer KEY' on every route but /health "
-                                            "(default: $PORTACHAT_API_KEY, else none)"))
-    flag(g, "--cors-origins", type=_origins, default=None, help=_("comma-separated origins browsers may call from, or '*' (default: none)"))
+    flag(g, "--api-key", action="append", default=None,
+         help=_("require 'Authorization: Bearer KEY' on every route but /health; repeat it for several keys. Prefer "
+                "$PORTACHAT_API_KEY (comma-separated keys; the default): other users of this machine can read a "
+                "command line"))
+    flag(g, "--admin-api-key", default=None,
+         help=_("the key that may load, unload and pin models (POST /models/load, /models/unload, a request's "
+                "keep_alive) when API keys are set (default: $PORTACHAT_ADMIN_API_KEY, else no one may)"))
+    flag(g, "--allow-unload", action="store_true",
+         help=_("let clients unload the models given at start-up (/models/unload, a short keep_alive); by default "
+                "they stay loaded"))
+    flag(g, "--cors-origins", type=_origins, default=None,
+         help=_("comma-separated origins whose web pages may call the API, or '*' (default: none: only the server's "
+                "own chat page; other pages get 403)"))
     flag(g, "--max-body-bytes", type=positive_int, default=1_000_000, help=_("largest request body; larger get 413 (default 1000000)"))
     flag(g, "--max-upload-bytes", type=positive_int, default=64 * 2**20,
          help=_("largest document upload (POST /v1/files); larger get 413 (default 64 MiB)"))
     flag(g, "--max-messages", type=positive_int, default=512, help=_("most messages in one chat request (default 512)"))
+    flag(g, "--docs-max-bytes", type=positive_int, default=8 * 2**30,
+         help=_("document store quota: uploaded files plus their chunks and vectors; past it uploads and attaches "
+                "get 400 (default 8 GiB)"))
+    flag(g, "--docs-max-files", type=positive_int, default=10_000,
+         help=_("most uploaded files kept at once; past it uploads get 400 (default 10000)"))
     flag(g, "--shutdown-timeout", type=_nonneg_float, default=10.0,
          help=_("on SIGTERM / Ctrl-C, seconds in-flight requests get to finish before they are ended (default 10)"))
     flag(g, "--log-level", default="info", choices=["debug", "info", "warning", "error"], help=_("server log level"))

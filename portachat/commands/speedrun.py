@@ -14,8 +14,8 @@ def cmd_speedrun(args: argparse.Namespace) -> int:
     launched = maybe_launch(args)
     if launched is not None:
         return launched
-    from portachat.device import destroy_distributed
-    from portachat.speedrun.pipeline import SpeedrunOptions, run_speedrun
+    from portachat.device import destroy_distributed  # deferred: loads torch
+    from portachat.speedrun.pipeline import SpeedrunOptions, run_speedrun  # deferred: loads torch
 
     dev = device_from_args(args)
     opts = SpeedrunOptions(
@@ -31,8 +31,8 @@ def cmd_speedrun(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    from portachat.speedrun.pipeline import STAGES
-    from portachat.speedrun.presets import PRESETS
+    from portachat.speedrun.pipeline import STAGES  # deferred: loads torch
+    from portachat.speedrun.presets import PRESETS  # deferred: loads torch
 
     p = sub.add_parser(
         "speedrun", help=_("the whole pipeline: tokenizer -> base -> mid -> SFT -> RL -> evals -> report.md"),

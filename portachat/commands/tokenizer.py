@@ -11,9 +11,9 @@ from portachat.i18n import _
 
 
 def cmd_tokenizer_train(args: argparse.Namespace) -> int:
-    from portachat.data.sources import open_source
-    from portachat.tokenizer import train_tokenizer
-    from portachat.train.base import vocab_size_for
+    from portachat.data.sources import open_source  # deferred: loads torch
+    from portachat.tokenizer import train_tokenizer  # deferred: loads torch
+    from portachat.train.base import vocab_size_for  # deferred: loads torch
 
     source = open_source(args.data, split="train")
     out = Path(args.output)
@@ -22,7 +22,7 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
         vocab=vocab, source=source.name, chars=f"{args.max_chars:,}"))
     t0 = time.perf_counter()
     tok = train_tokenizer(source.iter_documents(limit_chars=args.max_chars), vocab_size=vocab, doc_cap=args.doc_cap, verbose=False)
-    from portachat.checkpoint.atomic import atomic_directory
+    from portachat.storage.atomic import atomic_directory  # deferred: loads torch
 
     with atomic_directory(out) as tmp:
         tok.save(tmp)
@@ -32,8 +32,8 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
 
 
 def cmd_tokenizer_eval(args: argparse.Namespace) -> int:
-    from portachat.data.sources import open_source
-    from portachat.tokenizer import Tokenizer, evaluate_tokenizer, format_evaluation
+    from portachat.data.sources import open_source  # deferred: loads torch
+    from portachat.tokenizer import Tokenizer, evaluate_tokenizer, format_evaluation  # deferred: loads torch
 
     tok = Tokenizer.load(args.tokenizer)
     source = open_source(args.data, split=args.split)

@@ -8,10 +8,11 @@ import re
 from portachat.commands.common import EPILOG, device_from_args, flag, int_at_least, nonneg_int, positive_int
 from portachat.commands.launch import add_launch_flags, maybe_launch
 from portachat.i18n import _
+from portachat.speedrun.presets import training_defaults
 
 
 def _batch_size(text: str) -> int | str:
-    from portachat.tools.tune import parse_device_batch_size
+    from portachat.train.batch_size import parse_device_batch_size  # deferred: loads torch
 
     try:
         return parse_device_batch_size(text)
@@ -20,8 +21,8 @@ def _batch_size(text: str) -> int | str:
 
 
 def add_train_flags(p: argparse.ArgumentParser) -> None:
-    from portachat.train.optim import OptimConfig
-    from portachat.train.trainer import TrainConfig
+    from portachat.train.optim import OptimConfig  # deferred: loads torch
+    from portachat.train.trainer import TrainConfig  # deferred: loads torch
 
     d, o = TrainConfig(), OptimConfig()
     g = p.add_argument_group(_("run"))
@@ -74,10 +75,10 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
 
 
 def train_config(args: argparse.Namespace, dev) -> object:
-    from portachat.train.optim import OptimConfig
-    from portachat.train.trainer import TrainConfig
+    from portachat.train.optim import OptimConfig  # deferred: loads torch
+    from portachat.train.trainer import TrainConfig  # deferred: loads torch
 
-    defaults = dev.training_defaults
+    defaults = training_defaults(dev)
     return TrainConfig(
         run=args.run,
         runs_root=args.runs_root,
@@ -109,18 +110,18 @@ def train_config(args: argparse.Namespace, dev) -> object:
 
 
 def cmd_train_base(args: argparse.Namespace) -> int:
-    from portachat.data.hubs import has_hub_prefix
+    from portachat.storage.hubs import has_hub_prefix  # deferred: loads torch
 
     if args.data and has_hub_prefix(args.data):
         # Downloaded here, before any launch: the ranks then find the shards on disk.
-        from portachat.data.hub import pretraining_data_dir
+        from portachat.data.hub import pretraining_data_dir  # deferred: loads torch
 
         args.data = str(pretraining_data_dir(args.data))
     launched = maybe_launch(args)  # --nproc N: re-run this command under torchrun
     if launched is not None:
         return launched
-    from portachat.device import destroy_distributed, dist_env
-    from portachat.train.base import BaseOptions, run_base
+    from portachat.device import destroy_distributed, dist_env  # deferred: loads torch
+    from portachat.train.base import BaseOptions, run_base  # deferred: loads torch
 
     dev = device_from_args(args)
     opts = BaseOptions(
@@ -128,7 +129,7 @@ def cmd_train_base(args: argparse.Namespace) -> int:
         tokenizer=args.tokenizer,
         vocab_size=args.vocab_size,
         tokenizer_max_chars=args.tokenizer_max_chars,
-        depth=args.depth if args.depth is not None else dev.training_defaults.depth,
+        depth=args.depth if args.depth is not None else training_defaults(dev).depth,
         target_param_data_ratio=args.target_param_data_ratio,
         num_iterations=args.num_iterations,
         resume=args.resume,
@@ -150,9 +151,13 @@ def cmd_train_chat(args: argparse.Namespace) -> int:
     launched = maybe_launch(args)  # --nproc N: re-run this command under torchrun
     if launched is not None:
         return launched
-    from portachat.device import destroy_distributed, dist_env
-    from portachat.train.chat_stage import ChatOptions, run_chat_stage
-    from portachat.train.finetune import finetune_options, run_finetune, wants_finetune
+    from portachat.device import destroy_distributed, dist_env  # deferred: loads torch
+    from portachat.train.chat_stage import ChatOptions, run_chat_stage  # deferred: loads torch
+    from portachat.train.finetune import (  # deferred: loads torch
+        finetune_options,
+        run_finetune,
+        wants_finetune,
+    )
 
     dev = device_from_args(args)
     opts = ChatOptions(
@@ -198,8 +203,8 @@ def _stage_default(parser: argparse.ArgumentParser, dest: str, value, why: str) 
 
 
 def add_finetune_flags(t: argparse.ArgumentParser) -> None:
-    from portachat.train.finetune import FULL_LR, LORA_LR
-    from portachat.train.lora import ALL_LINEAR
+    from portachat.train.finetune import FULL_LR, LORA_LR  # deferred: loads torch
+    from portachat.train.lora import ALL_LINEAR  # deferred: loads torch
 
     g = t.add_argument_group(_("fine-tuning an existing model (--init HF_DIR|FILE.gguf)"),
                              _("With --init naming a Hugging Face directory or a GGUF (Llama/SmolLM2, Qwen2, Qwen3), the "
@@ -213,7 +218,7 @@ def add_finetune_flags(t: argparse.ArgumentParser) -> None:
 
 
 def add_chat_stage_parser(tsub, stage: str) -> None:
-    from portachat.train.chat_stage import PREVIOUS_STAGE, STAGE_DEFAULTS
+    from portachat.train.chat_stage import PREVIOUS_STAGE, STAGE_DEFAULTS  # deferred: loads torch
 
     d = STAGE_DEFAULTS[stage]
     previous = PREVIOUS_STAGE[stage]
@@ -258,15 +263,15 @@ def cmd_train_rl(args: argparse.Namespace) -> int:
     launched = maybe_launch(args)  # --nproc N: re-run this command under torchrun
     if launched is not None:
         return launched
-    from portachat.device import destroy_distributed, dist_env
-    from portachat.train.rl import RLOptions, run_rl
+    from portachat.device import destroy_distributed, dist_env  # deferred: loads torch
+    from portachat.train.rl import RLOptions, run_rl  # deferred: loads torch
 
     dev = device_from_args(args)
     cfg = train_config(args, dev)
     if args.device_batch_size is None:
-        cfg.device_batch_size = args.num_samples * dev.training_defaults.rl_groups_per_row_batch
+        cfg.device_batch_size = args.num_samples * training_defaults(dev).rl_groups_per_row_batch
     elif args.device_batch_size == "auto":
-        from portachat.train.trainer import TrainingError
+        from portachat.train.trainer import TrainingError  # deferred: loads torch
 
         raise TrainingError(_("train rl: --device-batch-size auto is not supported (rows are groups of replies); "
                               "give a multiple of --num-samples ({n})").format(n=args.num_samples))
@@ -299,7 +304,7 @@ def cmd_train_rl(args: argparse.Namespace) -> int:
 
 
 def add_rl_parser(tsub) -> None:
-    from portachat.train.rl import RLOptions
+    from portachat.train.rl import RLOptions  # deferred: loads torch
 
     d = RLOptions()
     t = tsub.add_parser("rl", help=_("reinforcement learning on verifiable rewards (GRPO-style)"), epilog=EPILOG,

@@ -28,9 +28,10 @@ def parse_bytes(text: str) -> int:
 
 
 def cmd_tune_batch_size(args: argparse.Namespace) -> int:
-    from portachat.device import DeviceError
-    from portachat.model import ConfigError, GPTConfig
-    from portachat.tools.tune import find_batch_size
+    from portachat.device import DeviceError  # deferred: loads torch
+    from portachat.model import ConfigError, GPTConfig  # deferred: loads torch
+    from portachat.train.accumulation import TrainingError  # deferred: loads torch
+    from portachat.train.batch_size import find_batch_size  # deferred: loads torch
 
     try:
         dev = device_from_args(args)
@@ -39,19 +40,26 @@ def cmd_tune_batch_size(args: argparse.Namespace) -> int:
         return usage_error(e)
     dev.set_current()
     say = (lambda _m: None) if args.json else (lambda m: print(f"[tune] {m}", flush=True))
-    say(f"device {dev.kind}:{dev.index} {dev.name!r}, {dev.dtype_name}; model depth {cfg.n_layer}, "
-        f"vocab {cfg.vocab_size}, {args.max_seq_len} tokens per row"
-        + (", activation checkpointing" if args.activation_checkpointing else ""))
+    say(_("device {device} {name}, {dtype}; model depth {depth}, vocab {vocab}, {seq_len} tokens per row").format(
+        device=f"{dev.kind}:{dev.index}", name=repr(dev.name), dtype=dev.dtype_name, depth=cfg.n_layer,
+        vocab=cfg.vocab_size, seq_len=args.max_seq_len)
+        + (_(", activation checkpointing") if args.activation_checkpointing else ""))
     try:
         result = find_batch_size(cfg, args.max_seq_len, dev, memory_limit=args.memory_limit, safety=args.safety,
                                  max_batch_size=args.max_batch_size,
                                  activation_checkpointing=args.activation_checkpointing, say=say)
     except ValueError as e:
         return usage_error(e)
-    accum = result.grad_accum_for(args.total_batch_size, args.max_seq_len) if args.total_batch_size else None
+    batch_for_total = accum = None
+    if args.total_batch_size and result.batch_size:
+        try:
+            batch_for_total, accum = result.batch_for_total(args.total_batch_size, args.max_seq_len)
+        except TrainingError as e:
+            return usage_error(e)
     if args.json:
         print(json.dumps({"device_batch_size": result.batch_size, "limit_bytes": result.limit_bytes,
                           "safety": result.safety, "grad_accum_steps": accum,
+                          "device_batch_size_for_total": batch_for_total,
                           "probes": [vars(p) for p in result.probes]}))
     elif result.batch_size == 0:
         print("[tune] " + _("not even batch size 1 fits: use a smaller --depth or --max-seq-len, "

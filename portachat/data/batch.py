@@ -19,6 +19,9 @@ class Batch:
     # real (non-padding) input tokens of each sequence, a packed row's conversations one by one;
     # None = every position is real and each row is one sequence
     lengths: tuple[int, ...] | None = None
+    # int64 [S]: the flat indices of the supervised targets (targets.reshape(-1) >= 0), found on the host
+    # by to() so that the loss needs no device-to-host sync to select them
+    supervised: torch.Tensor | None = None
 
     def num_supervised(self) -> int:
         return int((self.targets >= 0).sum().item())
@@ -28,8 +31,8 @@ class Batch:
         return sum(self.lengths) if self.lengths is not None else self.inputs.numel()
 
     def attention_pairs(self) -> int:
-        """Sum over sequences of length squared: what causal attention's FLOPs scale with (as counted
-        per token by GPT.flops_per_token, one full row of keys per query)."""
+        """Sum over sequences of their length squared: what attention's FLOPs scale with (the Trainer
+        counts device.flops.attention_flops_per_token(..., seq_len=1) for each)."""
         if self.lengths is None:
             return self.inputs.size(0) * self.inputs.size(1) ** 2
         return sum(n * n for n in self.lengths)
@@ -38,7 +41,11 @@ class Batch:
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
             return t.to(device, non_blocking=True) if t is not None else None
 
-        return Batch(move(self.inputs), move(self.targets), move(self.weights), move(self.positions), self.lengths)
+        supervised = self.supervised
+        if supervised is None and self.targets.device.type == "cpu":
+            supervised = (self.targets.reshape(-1) >= 0).nonzero().squeeze(1)
+        return Batch(move(self.inputs), move(self.targets), move(self.weights), move(self.positions), self.lengths,
+                     move(supervised))
 
 
 def as_batch(item: Batch | tuple[torch.Tensor, torch.Tensor]) -> Batch:

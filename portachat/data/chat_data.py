@@ -10,7 +10,7 @@ Multiple choice renders as the question with lettered choices; the reply is the 
 
 `--data hf:OWNER/NAME[:GLOB]` downloads a Hub dataset's files (default glob: the train split's parquet)
 into <home>/chat_data/ once, when a network is there; later runs read the local copy.
-`modelscope:OWNER/NAME[:GLOB]` does the same from ModelScope (see portachat.data.hubs: HF_ENDPOINT,
+`modelscope:OWNER/NAME[:GLOB]` does the same from ModelScope (see portachat.storage.hubs: HF_ENDPOINT,
 HF_HUB_OFFLINE and PORTACHAT_HUB apply).
 Without files, `synthetic_conversations` gives the built-in task curriculum (train split only).
 """
@@ -24,8 +24,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from portachat.data.sources import DataError
+from portachat.data.document_source import DataError
 from portachat.i18n import _
+from portachat.storage import hubs
+from portachat.storage.paths import portachat_home
 from portachat.tokenizer.chat import normalize_messages
 from portachat.tokenizer.errors import ChatFormatError
 
@@ -96,7 +98,7 @@ def row_to_conversation(row: Mapping[str, Any], where: str = "row") -> Conversat
         try:
             normalize_messages(row["messages"])  # fail here, naming the row, not in the middle of training
         except ChatFormatError as exc:
-            raise DataError(f"{where}: {exc}") from None
+            raise DataError(_("{where}: {error}").format(where=where, error=exc)) from None
         return {"messages": list(row["messages"]), "answer": row.get("answer")}
     if "question" in row and "choices" in row:
         question, choices, index = _mc_fields(row, where)
@@ -131,14 +133,12 @@ def _parquet_rows(path: Path) -> Iterator[tuple[str, Any]]:
 def hub_dataset(spec: str) -> Path:
     """`hf:OWNER/NAME[:GLOB]` (or `modelscope:...`) -> a local directory with the dataset's matching
     files (downloaded once)."""
-    from portachat.data import hubs
-    from portachat.paths import portachat_home
 
     hub_name, _sep, rest = spec.partition(":")
     repo, _sep, pattern = rest.partition(":")
     if repo.count("/") != 1:
-        raise DataError(f"--data {spec}: expected {hub_name}:OWNER/NAME or {hub_name}:OWNER/NAME:GLOB, "
-                        "e.g. hf:openai/gsm8k:main/train-*")
+        raise DataError(_("--data {spec}: expected {hub_name}:OWNER/NAME or {hub_name}:OWNER/NAME:GLOB, "
+                          "e.g. hf:openai/gsm8k:main/train-*").format(spec=spec, hub_name=hub_name))
     ref = hubs.parse_repo(f"{hub_name}:{repo}")
     sub = repo.replace("/", "__") if ref.hub == hubs.HF else f"{ref.hub}__{repo.replace('/', '__')}"
     dest = portachat_home() / "chat_data" / sub
@@ -148,16 +148,19 @@ def hub_dataset(spec: str) -> Path:
     try:
         hubs.snapshot(ref, dest, repo_type="dataset", allow_patterns=[pattern, f"**/{pattern}"])
     except hubs.HubError as exc:
-        raise DataError(f"--data {spec}: {exc}. Without a network, download the files elsewhere and pass "
-                        "--data FILE_OR_DIR.") from None
+        raise DataError(_("--data {spec}: {error}. Without a network, download the files elsewhere and pass "
+                          "--data FILE_OR_DIR.").format(spec=spec, error=exc)) from None
     except Exception as exc:  # offline, no access, a missing repo: the user's next move is the same
-        where = "ModelScope" if ref.hub == hubs.MODELSCOPE else f"the Hugging Face Hub ({hubs.hf_endpoint() or hubs.HF_DEFAULT_ENDPOINT})"
+        where = "ModelScope" if ref.hub == hubs.MODELSCOPE else _("the Hugging Face Hub ({endpoint})").format(
+            endpoint=hubs.hf_endpoint() or hubs.HF_DEFAULT_ENDPOINT)
         raise DataError(
-            f"--data {spec}: downloading {repo} from {where} failed ({type(exc).__name__}: {exc}). "
-            "Without a network, download the files elsewhere and pass --data FILE_OR_DIR."
+            _("--data {spec}: downloading {repo} from {where} failed ({error_type}: {error}). "
+              "Without a network, download the files elsewhere and pass --data FILE_OR_DIR.").format(
+                spec=spec, repo=repo, where=where, error_type=type(exc).__name__, error=exc)
         ) from None
     if not any(p.name.endswith(CHAT_SUFFIXES) for p in dest.rglob("*")):
-        raise DataError(f"--data {spec}: {ref} has no files matching {pattern!r}")
+        raise DataError(_("--data {spec}: {ref} has no files matching {pattern}").format(
+            spec=spec, ref=ref, pattern=repr(pattern)))
     return dest
 
 
@@ -195,7 +198,7 @@ def load_conversations(specs: Sequence[str | Path], limit: int | None = None) ->
 
 def synthetic_heldout(n: int) -> list[Conversation]:
     """The held-out questions `portachat eval synthetic` asks (distinct, never trained on), as conversations."""
-    from portachat.data.synthetic_tasks import heldout_set
+    from portachat.data.synthetic.tasks import heldout_set
 
     return [{"messages": ex.messages, "answer": ex.answer, "task": ex.task, "lang": ex.lang} for ex in heldout_set(n)]
 
@@ -206,7 +209,7 @@ def synthetic_conversations(n: int, split: str = "train", seed: int | str = 0,
     tasks drawn by `weights` (None: the curriculum's default mix), in English and Chinese; with
     probability `mixed_turns` a conversation has an earlier turn in the other language (the answer
     and task are the last turn's)."""
-    from portachat.data.synthetic_tasks import dialogues
+    from portachat.data.synthetic.tasks import dialogues
 
     return [{"messages": [m for ex in turns for m in ex.messages], "answer": turns[-1].answer,
              "task": turns[-1].task, "lang": turns[-1].lang}

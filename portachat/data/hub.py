@@ -8,7 +8,7 @@ column; a corrupt one is deleted and fetched once more. Without a network (HF_HU
 Hub unreachable) the shards already in `dest` are used when there are enough of them.
 
 `repo_id` may name its hub (`modelscope:OWNER/NAME`, `hf:OWNER/NAME`; bare ids follow PORTACHAT_HUB, see
-portachat.data.hubs); ModelScope's own client then lists and fetches the files (it resumes and checks
+portachat.storage.hubs); ModelScope's own client then lists and fetches the files (it resumes and checks
 sha256 itself), and the same parquet check follows.
 """
 
@@ -21,8 +21,11 @@ from pathlib import Path
 from huggingface_hub import HfApi, hf_hub_download
 from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
-from portachat.data import hubs
-from portachat.data.sources import DataError, read_parquet_metadata
+from portachat.data.document_source import DataError
+from portachat.data.sources import read_parquet_metadata
+from portachat.i18n import _
+from portachat.storage import hubs
+from portachat.storage.paths import portachat_home
 
 FINEWEB_EDU_REPO = "karpathy/fineweb-edu-100b-shuffle"  # nanochat's pretraining shards (shard_NNNNN.parquet)
 PROBE_TIMEOUT_S = 10.0
@@ -62,15 +65,18 @@ def _use_local(ref: hubs.RepoRef, dest: Path, num_shards: int | None, include_la
     wanted = num_shards + int(include_last) if num_shards is not None else 1
     if len(have) >= wanted and have:
         chosen = have if num_shards is None else have[:num_shards] + (have[-1:] if include_last else [])
-        log(f"offline ({reason}): using {len(chosen)} shard(s) already in {dest}")
+        log(_("offline ({reason}): using {n} shard(s) already in {dest}").format(
+            reason=reason, n=len(chosen), dest=dest))
         return chosen
     kind = "datasets/" if repo_type == "dataset" else ""
     site = (hubs.MODELSCOPE_DEFAULT_ENDPOINT if ref.hub == hubs.MODELSCOPE else hubs.HF_DEFAULT_ENDPOINT) + "/"
-    need = f"{wanted} shard(s)" if num_shards is not None else "at least one shard"
+    need = _("{n} shard(s)").format(n=wanted) if num_shards is not None else _("at least one shard")
     raise DataError(
-        f"offline ({reason}) and {dest} has {len(have)} file(s) matching {pattern!r}, {need} needed. "
-        f"Download them from {site}{kind}{ref.repo_id} on a machine with a network and place "
-        f"them in {dest}, or pass a local data directory, or use the synthetic curriculum"
+        _("offline ({reason}) and {dest} has {have} file(s) matching {pattern}, {need} needed. "
+          "Download them from {url} on a machine with a network and place "
+          "them in {dest}, or pass a local data directory, or use the synthetic curriculum").format(
+            reason=reason, dest=dest, have=len(have), pattern=repr(pattern), need=need,
+            url=f"{site}{kind}{ref.repo_id}")
     )
 
 
@@ -106,7 +112,7 @@ def download_shards(
         raise DataError(str(e)) from None
     repo_id = ref.repo_id
     if _is_offline_env():
-        return _use_local(ref, dest, num_shards, include_last, pattern, "HF_HUB_OFFLINE is set",
+        return _use_local(ref, dest, num_shards, include_last, pattern, _("HF_HUB_OFFLINE is set"),
                           repo_type, log)
     endpoint = hubs.hf_endpoint()  # read now, so it can change after import
     try:
@@ -122,17 +128,21 @@ def download_shards(
     except Exception as e:
         if _is_connection_error(e):
             return _use_local(ref, dest, num_shards, include_last, pattern,
-                              f"cannot reach the Hub: {type(e).__name__}", repo_type, log)
+                              _("cannot reach the Hub: {error_type}").format(error_type=type(e).__name__),
+                              repo_type, log)
         shown = repo_id if ref.hub == hubs.HF else str(ref)
-        raise DataError(f"cannot list files of {repo_type} {shown}@{revision}: {e}") from e
+        raise DataError(_("cannot list files of {repo_type} {repo}@{revision}: {error}").format(
+            repo_type=repo_type, repo=shown, revision=revision, error=e)) from e
     names = sorted(f for f in remote if fnmatch.fnmatch(f, pattern))
     if not names:
-        raise DataError(f"{repo_type} {repo_id}@{revision} has no files matching {pattern!r} "
-                        f"({len(remote)} files in all); check the repo id and pattern")
+        raise DataError(_("{repo_type} {repo}@{revision} has no files matching {pattern} "
+                          "({total} files in all); check the repo id and pattern").format(
+            repo_type=repo_type, repo=repo_id, revision=revision, pattern=repr(pattern), total=len(remote)))
     if num_shards is not None:
         if num_shards > len(names):
-            raise DataError(f"{repo_id} has {len(names)} files matching {pattern!r}, fewer than the "
-                            f"{num_shards} asked for")
+            raise DataError(_("{repo} has {n} files matching {pattern}, fewer than the "
+                              "{wanted} asked for").format(
+                repo=repo_id, n=len(names), pattern=repr(pattern), wanted=num_shards))
         names = names[:num_shards] + ([names[-1]] if include_last and num_shards < len(names) else [])
     dest.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -141,7 +151,8 @@ def download_shards(
             path = _modelscope_verified(ref, name, dest, revision, repo_type)
         else:
             path = _download_verified(repo_id, name, dest, revision, repo_type, endpoint)
-        log(f"shard {i}/{len(names)}: {name} ({path.stat().st_size / 1e6:.1f} MB) ok")
+        log(_("shard {i}/{n}: {name} ({mb} MB) ok").format(
+            i=i, n=len(names), name=name, mb=f"{path.stat().st_size / 1e6:.1f}"))
         paths.append(path)
     return paths
 
@@ -155,15 +166,16 @@ def _download_verified(repo_id: str, name: str, dest: Path, revision: str, repo_
                                         local_dir=dest, endpoint=endpoint))
         except Exception as e:
             if _is_connection_error(e):
-                raise DataError(f"lost the connection to the Hub while downloading {name} of {repo_id} ({e}); "
-                                "run again to resume the download") from e
-            raise DataError(f"cannot download {name} of {repo_type} {repo_id}@{revision}: {e}") from e
+                raise DataError(_("lost the connection to the Hub while downloading {name} of {repo} ({error}); "
+                                  "run again to resume the download").format(name=name, repo=repo_id, error=e)) from e
+            raise DataError(_("cannot download {name} of {repo_type} {repo}@{revision}: {error}").format(
+                name=name, repo_type=repo_type, repo=repo_id, revision=revision, error=e)) from e
         problem = _verify(path)
         if problem is None:
             return path
         path.unlink(missing_ok=True)
-    raise DataError(f"{name} of {repo_id} is not a valid shard even after downloading it again "
-                    f"(deleted it): {problem}")
+    raise DataError(_("{name} of {repo} is not a valid shard even after downloading it again "
+                      "(deleted it): {problem}").format(name=name, repo=repo_id, problem=problem))
 
 
 def _modelscope_verified(ref: hubs.RepoRef, name: str, dest: Path, revision: str, repo_type: str) -> Path:
@@ -175,13 +187,15 @@ def _modelscope_verified(ref: hubs.RepoRef, name: str, dest: Path, revision: str
         except hubs.HubError as e:
             raise DataError(str(e)) from None
         except Exception as e:
-            raise DataError(f"cannot download {name} of {repo_type} {ref}: {type(e).__name__}: {e}") from e
+            raise DataError(_("cannot download {name} of {repo_type} {repo}: {error_type}: {error}").format(
+                name=name, repo_type=repo_type, repo=ref, error_type=type(e).__name__, error=e)) from e
         path = dest / name
-        problem = _verify(path) if path.is_file() else f"{path} did not arrive"
+        problem = _verify(path) if path.is_file() else _("{path} did not arrive").format(path=path)
         if problem is None:
             return path
         path.unlink(missing_ok=True)
-    raise DataError(f"{name} of {ref} is not a valid shard even after downloading it again (deleted it): {problem}")
+    raise DataError(_("{name} of {repo} is not a valid shard even after downloading it again "
+                      "(deleted it): {problem}").format(name=name, repo=ref, problem=problem))
 
 
 def pretraining_data_dir(spec: str, log: Callable[[str], None] = print) -> Path:
@@ -189,8 +203,6 @@ def pretraining_data_dir(spec: str, log: Callable[[str], None] = print) -> Path:
     the dataset's matching shards (default `*.parquet`), under $PORTACHAT_HOME/base_data. Downloaded once:
     a directory that already holds matching shards is used as it is (every rank of a launched run, and
     later runs, read the copy the first call made)."""
-    from portachat.i18n import _
-    from portachat.paths import portachat_home
 
     hub_name, _sep, rest = spec.partition(":")
     repo, _sep, pattern = rest.partition(":")

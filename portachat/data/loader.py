@@ -25,7 +25,7 @@ from typing import Protocol
 
 import torch
 
-from portachat.data.sources import DataError, DocumentSource
+from portachat.data.document_source import DataError, DocumentSource
 from portachat.i18n import _
 
 STATE_VERSION = 2  # 2: buffer references carry a token offset (fragments of cropped documents)

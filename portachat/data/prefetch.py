@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from typing import Any, Protocol
 
 import torch
@@ -41,6 +42,7 @@ class PrefetchStream:
         self.depth = depth
         self.device = device
         self.waits = 0  # how often the step found no batch ready (it then waited on the loader)
+        self.wait_s = 0.0  # seconds the step spent waiting for those batches
         self._consumed_state = stream.state_dict()
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
@@ -83,7 +85,11 @@ class PrefetchStream:
         self._start()
         if self._queue.empty():
             self.waits += 1
-        item = self._queue.get()
+            start = time.perf_counter()
+            item = self._queue.get()
+            self.wait_s += time.perf_counter() - start
+        else:
+            item = self._queue.get()
         if isinstance(item, _End):
             self._ended = item
             self._thread = None

@@ -30,6 +30,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from portachat.data.document_source import DataError, DocumentSource, check_split_args, split_range
+from portachat.data.synthetic.documents import SyntheticSource
 from portachat.i18n import _
 
 MIN_UNITS = 64  # fewer natural units than this in a split -> subdivide
@@ -40,61 +42,6 @@ TEXT_SUFFIXES = (".txt", ".txt.gz")
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
 PARQUET_SUFFIXES = (".parquet",)
 SUPPORTED_SUFFIXES = PARQUET_SUFFIXES + TEXT_SUFFIXES + JSONL_SUFFIXES
-
-
-class DataError(ValueError):
-    """Bad or missing data. The message says which file, what is wrong and what to do."""
-
-
-class DocumentSource:
-    """A fixed, ordered list of units; `read_unit(u)` returns the documents of unit `u`."""
-
-    name: str = "source"
-    num_units: int = 0
-
-    def read_unit(self, u: int) -> list[str]:
-        raise NotImplementedError
-
-    def iter_documents(self, limit_chars: int | None = None) -> Iterator[str]:
-        """All documents in order; with `limit_chars`, stop after that many characters (the last is cut)."""
-        remaining = limit_chars
-        for u in range(self.num_units):
-            for doc in self.read_unit(u):
-                if remaining is not None:
-                    if remaining <= 0:
-                        return
-                    doc = doc[:remaining]
-                    remaining -= len(doc)
-                yield doc
-
-    def _check_unit(self, u: int) -> None:
-        if not 0 <= u < self.num_units:
-            raise IndexError(f"unit {u} out of range for {self.name} ({self.num_units} units)")
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.name!r}, num_units={self.num_units})"
-
-
-# ----------------------------------------------------------------------------------------------
-# splitting and subdividing units
-
-
-def _split_range(n: int, split: str, val_fraction: float, what: str) -> range:
-    """The last `val_fraction` of n units (at least 1) are val, the rest train."""
-    if n < 2:
-        raise DataError(
-            _("{what} has only {n} unit(s) of data, too little to split into train and val; "
-              "give at least 2 documents (better: thousands)").format(what=what, n=n)
-        )
-    num_val = min(n - 1, max(1, round(n * val_fraction)))
-    return range(n - num_val, n) if split == "val" else range(0, n - num_val)
-
-
-def _check_split_args(split: str, val_fraction: float) -> None:
-    if split not in ("train", "val"):
-        raise DataError(f"split must be 'train' or 'val', got {split!r}")
-    if not 0.0 < val_fraction < 1.0:
-        raise DataError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -202,7 +149,7 @@ def _open_parquet(files: list[Path], split: str, val_fraction: float, label: str
         chosen = slice(-1, None) if split == "val" else slice(0, -1)
         return ParquetSource(files[chosen], metadata[chosen], f"{label} [{split}]")
     whole = ParquetSource(files, metadata, label)
-    units = [whole._units[i] for i in _split_range(whole.num_units, split, val_fraction, label)]
+    units = [whole._units[i] for i in split_range(whole.num_units, split, val_fraction, label)]
     return ParquetSource._with_units(whole, units, f"{label} [{split}]")
 
 
@@ -228,7 +175,7 @@ class _TextFile:
                 with open(path, "rb") as f:
                     self._scan(f)
         except (OSError, EOFError, gzip.BadGzipFile) as e:
-            raise DataError(f"{path}: cannot read the file ({e})") from e
+            raise DataError(_("{path}: cannot read the file ({error})").format(path=path, error=e)) from e
 
     @property
     def num_docs(self) -> int:
@@ -276,7 +223,8 @@ class _TextFile:
                     where=f"{self.path}:{lineno}", example='{"text": "..."}')
             )
         if not isinstance(obj["text"], str):
-            raise DataError(f"{self.path}:{lineno}: `text` must be a string, got {type(obj['text']).__name__}")
+            raise DataError(_("{where}: `text` must be a string, got {type}").format(
+                where=f"{self.path}:{lineno}", type=type(obj["text"]).__name__))
         return obj["text"]
 
     def read_docs(self, first: int, stop: int) -> list[str]:
@@ -289,9 +237,10 @@ class _TextFile:
                     f.seek(lo)
                     blob = f.read(hi - lo)
             except OSError as e:
-                raise DataError(f"{self.path}: cannot read the file ({e})") from e
+                raise DataError(_("{path}: cannot read the file ({error})").format(path=self.path, error=e)) from e
             if len(blob) != hi - lo:
-                raise DataError(f"{self.path}: the file changed or shrank since it was opened; open it again")
+                raise DataError(_("{path}: the file changed or shrank since it was opened; open it again").format(
+                    path=self.path))
         docs = []
         for i in range(first, stop):
             raw = blob[self.starts[i] - lo : self.ends[i] - lo]
@@ -334,7 +283,7 @@ def _open_text(paths: list[Path], split: str, val_fraction: float, label: str) -
     if sum(f.num_docs for f in files) == 0:
         raise DataError(_("{label}: no non-empty documents found; the file(s) are empty or blank").format(label=label))
     units = _plan_text_units(files)
-    chosen = [units[i] for i in _split_range(len(units), split, val_fraction, label)]
+    chosen = [units[i] for i in split_range(len(units), split, val_fraction, label)]
     return TextSource(files, chosen, f"{label} [{split}]")
 
 
@@ -366,10 +315,8 @@ def open_source(
     files the last file is the val split; otherwise the last `val_fraction` of units (at least one).
     Everything is checked now, so bad data fails before training starts.
     """
-    _check_split_args(split, val_fraction)
+    check_split_args(split, val_fraction)
     if spec is None or str(spec) == "synthetic":
-        from portachat.data.synthetic import SyntheticSource  # synthetic imports this module
-
         return SyntheticSource(split=split, val_fraction=val_fraction)
     path = Path(spec).expanduser()
     if not path.exists():

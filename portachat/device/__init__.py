@@ -4,7 +4,6 @@ telemetry, peak FLOPs and process groups for cuda / rocm / dcu / npu / xpu / mps
 Everything else in portachat asks `get_device()` instead of naming a vendor.
 """
 
-from portachat.device.attention import attention
 from portachat.device.device import Device, get_device, reset_device_cache
 from portachat.device.dist import DistEnv, destroy_distributed, dist_env, init_distributed
 from portachat.device.errors import DeviceError, Diagnosis, diagnose
@@ -22,7 +21,6 @@ __all__ = [
     "PeakFlops",
     "ProbeResult",
     "Telemetry",
-    "attention",
     "destroy_distributed",
     "diagnose",
     "dist_env",

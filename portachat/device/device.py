@@ -6,18 +6,18 @@ import contextlib
 import os
 import threading
 import time
-from dataclasses import dataclass
 
 import torch
 
 from portachat.device import flops as flops_mod
 from portachat.device import memory as memory_mod
-from portachat.device.attention import select_backend as select_attention_backend
-from portachat.device.dist import dist_env
+from portachat.device.dist import apply_env_defaults, dist_env, env_status
 from portachat.device.errors import DeviceError
 from portachat.device.flops import PeakFlops
+from portachat.device.fused_attention import select_backend as select_attention_backend
 from portachat.device.memory import MemoryStats
 from portachat.device.policy import (
+    DIST_TIMEOUT_ENV,
     DTYPES,
     Decision,
     bf16_support,
@@ -25,23 +25,18 @@ from portachat.device.policy import (
     decide_attention,
     decide_collective,
     decide_compile,
+    decide_dist_timeout,
     decide_dtype,
     decide_fused_optimizer,
+    decide_tf32,
     fp8_support,
+    npu_env_defaults,
 )
 from portachat.device.probe import KINDS, TORCH_TYPE, ProbeResult, device_module, probe
 from portachat.device.telemetry import Telemetry, read_telemetry
 from portachat.i18n import _
 
 DEVICE_KINDS_ENV = ("cpu", "cuda", "rocm", "dcu", "npu", "xpu", "mps")
-
-
-@dataclass(frozen=True)
-class TrainingDefaults:
-    depth: int
-    device_batch_size: int
-    max_seq_len: int
-    rl_groups_per_row_batch: int  # RL micro-batch = this many groups of --num-samples replies
 
 
 class Device:
@@ -57,6 +52,7 @@ class Device:
         dtype: str | None = None,
         compile: bool | None = None,
         attention: str | None = None,
+        dist_timeout: str | None = None,
     ) -> None:
         self.facts = facts
         self.kind: str = facts.kind
@@ -79,6 +75,8 @@ class Device:
             "attention": decide_attention(facts, attention),
             "collective": decide_collective(facts),
             "fused_optimizer": decide_fused_optimizer(facts),
+            "dist_timeout": decide_dist_timeout(dist_timeout),
+            "tf32": decide_tf32(facts),
         }
         d = self.decisions
         self.dtype_name: str = d["dtype"].value
@@ -99,6 +97,12 @@ class Device:
         self.dist_backend: str = d["collective"].value
         self.dist_reason: str = d["collective"].reason
         self.supports_distributed: bool = self.dist_backend != "none"
+        self.dist_timeout_s: float = float(d["dist_timeout"].value)
+        self.tf32: bool = bool(d["tf32"].value)
+        self.tf32_reason: str = d["tf32"].reason
+        # Runtime settings the vendor's stack reads from the environment (Ascend: allocator, task queue,
+        # HCCL timeouts); get_device() and init_distributed() set those the user left unset.
+        self.env_defaults = npu_env_defaults(facts.kind, self.dist_timeout_s)
         self._cpu_peak_floor: int | None = None
 
     @property
@@ -148,6 +152,19 @@ class Device:
             return t.pin_memory()  # pinned for the current accelerator (set_current() picks it)
         except RuntimeError:  # no pinned allocator for this backend: plain memory still works
             return t
+
+    def apply_math_settings(self) -> None:
+        """Process-wide math flags this device's decisions allow (TF32 on CUDA 8.0+); get_device()
+        calls it when it builds the device, before any training or serving work."""
+        if not self.tf32:
+            return
+        matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+        if hasattr(matmul, "fp32_precision"):  # torch >= 2.9's API; the flags below are its legacy form
+            matmul.fp32_precision = "tf32"
+            cudnn.conv.fp32_precision = "tf32"
+        else:
+            matmul.allow_tf32 = True
+            cudnn.allow_tf32 = True
 
     def set_current(self) -> None:
         """Make this the current device of the process (before allocating or joining a process group)."""
@@ -295,21 +312,15 @@ class Device:
         return torch.bfloat16 if self.dtype == torch.bfloat16 and self.type != "cpu" else torch.float32
 
     @property
+    def accumulate_dtype(self) -> torch.dtype:
+        """dtype for float sums kept and all-reduced on this device: float64 on the CPU (exact), float32 on
+        accelerators (Ascend's AI cores and HCCL lack float64 for most ops, MPS has none). Counts use int64."""
+        return torch.float64 if self.type == "cpu" else torch.float32
+
+    @property
     def allocator_tracks_peaks(self) -> bool:
         """Whether the device's allocator reports a high-water mark (the CPU's does not: count tensors)."""
         return self.type != "cpu"
-
-    @property
-    def training_defaults(self) -> TrainingDefaults:
-        """Model and batch sizes a command uses when the user gives none."""
-        if self.type == "cpu":
-            return TrainingDefaults(depth=4, device_batch_size=4, max_seq_len=256, rl_groups_per_row_batch=1)
-        return TrainingDefaults(depth=20, device_batch_size=32, max_seq_len=2048, rl_groups_per_row_batch=4)
-
-    @property
-    def price_per_device_hour(self) -> float:
-        """A rough rental price (USD) for cost estimates in reports: a cloud accelerator, or a CPU machine."""
-        return 0.05 if self.type == "cpu" else 2.0
 
     def describe(self) -> dict:
         """JSON-able summary for doctor and training logs."""
@@ -334,9 +345,14 @@ class Device:
             "attention_reason": self.attention_reason,
             "fused_optimizer": self.fused_optimizer,
             "fused_optimizer_reason": self.fused_optimizer_reason,
+            "tf32": self.tf32,
+            "tf32_reason": self.tf32_reason,
             "dist_backend": self.dist_backend,
             "dist_reason": self.dist_reason,
             "supports_distributed": self.supports_distributed,
+            "dist_timeout_s": self.dist_timeout_s,
+            "dist_timeout_reason": self.decisions["dist_timeout"].reason,
+            "env_defaults": env_status(self.env_defaults),
             "capability": list(self.facts.capability) if self.facts.capability else None,
             "gcn_arch": self.facts.gcn_arch,
             "cpu": {
@@ -398,13 +414,18 @@ def get_device(kind: str | None = None, dtype: str | None = None, compile: bool 
     if compile is None:
         compile = _env_compile()
     attention = os.environ.get("PORTACHAT_ATTENTION") or None
+    dist_timeout = os.environ.get(DIST_TIMEOUT_ENV) or None
     local_rank = dist_env().local_rank
-    key = (kind, dtype, compile, attention, local_rank, replica)
+    key = (kind, dtype, compile, attention, dist_timeout, local_rank, replica)
     with _LOCK:
         if key not in _CACHE:
-            facts = probe(kind)
+            timeout_s = float(decide_dist_timeout(dist_timeout).value)
+            facts = probe(kind, lambda device_type: apply_env_defaults(npu_env_defaults(device_type, timeout_s)))
             index = device_index(local_rank, facts) if replica is None else replica_index(replica, facts)
-            _CACHE[key] = Device(facts, index=index, dtype=dtype, compile=compile, attention=attention)
+            _CACHE[key] = Device(facts, index=index, dtype=dtype, compile=compile, attention=attention,
+                                 dist_timeout=dist_timeout)
+            apply_env_defaults(_CACHE[key].env_defaults)  # before the first tensor reaches the device
+            _CACHE[key].apply_math_settings()
         dev = _CACHE[key]
         select_attention_backend(dev.attention_backend)
         return dev
@@ -436,9 +457,10 @@ def replica_index(replica: int, facts: ProbeResult) -> int:
         return 0
     if not 0 <= replica < facts.count:
         visible = {"cuda": "CUDA_VISIBLE_DEVICES", "rocm": "HIP_VISIBLE_DEVICES", "dcu": "HIP_VISIBLE_DEVICES",
-                   "npu": "ASCEND_RT_VISIBLE_DEVICES", "xpu": "ZE_AFFINITY_MASK"}.get(facts.kind, "the visible devices")
-        raise DeviceError(f"replica {replica} needs device {replica}, but this process sees {facts.count} "
-                          f"{facts.kind} device(s): lower --data-parallel-size, or check {visible}.")
+                   "npu": "ASCEND_RT_VISIBLE_DEVICES", "xpu": "ZE_AFFINITY_MASK"}.get(facts.kind, _("the visible devices"))
+        raise DeviceError(_("replica {replica} needs device {replica}, but this process sees {count} "
+                            "{kind} device(s): lower --data-parallel-size, or check {visible}.").format(
+            replica=replica, count=facts.count, kind=facts.kind, visible=visible))
     return replica
 
 

@@ -3,18 +3,50 @@
 from __future__ import annotations
 
 import os
+import socket
+import tempfile
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from portachat.device.errors import DeviceError
+from portachat.device.policy import EnvDefault
 from portachat.device.probe import device_module
+from portachat.i18n import _
 
 if TYPE_CHECKING:
     from portachat.device.device import Device
 
 # Backends whose init_process_group accepts device_id= (binds the rank to its device, eager NCCL init).
 DEVICE_ID_BACKENDS = ("nccl", "xccl")
+# The variable that pins a backend's own sockets (gloo's pair listeners, NCCL's bootstrap) to one
+# interface; without it they bind the address the host name resolves to, often a LAN one.
+INTERFACE_VARS = {"gloo": "GLOO_SOCKET_IFNAME", "nccl": "NCCL_SOCKET_IFNAME"}
+
+
+_SET_BY_US: set[str] = set()  # the variables apply_env_defaults() set (the rest were the user's)
+
+
+def apply_env_defaults(defaults: tuple[EnvDefault, ...], environ: dict[str, str] | None = None) -> list[dict]:
+    """Set each default the user has not set (before the runtime reads it: first device use, process-group
+    init); returns env_status()."""
+    environ = os.environ if environ is None else environ
+    for d in defaults:
+        if d.name not in environ:
+            environ[d.name] = d.value
+            _SET_BY_US.add(d.name)
+    return env_status(defaults, environ)
+
+
+def env_status(defaults: tuple[EnvDefault, ...], environ: dict[str, str] | None = None) -> list[dict]:
+    """Each default as it stands: the value in effect, and whether it is portachat's, the user's, or unset."""
+    environ = os.environ if environ is None else environ
+    status = []
+    for d in defaults:
+        value = environ.get(d.name)
+        source = "unset" if value is None else "portachat" if d.name in _SET_BY_US and value == d.value else "user"
+        status.append({"name": d.name, "value": value, "source": source, "default": d.value, "reason": d.reason})
+    return status
 
 
 @dataclass
@@ -41,7 +73,8 @@ def _int_env(name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise DeviceError(
-            f"environment variable {name}={raw!r} must be an integer (torchrun sets it)"
+            _("environment variable {name}={value} must be an integer (torchrun sets it)").format(
+                name=name, value=repr(raw))
         ) from None
 
 
@@ -53,8 +86,9 @@ def dist_env() -> DistEnv:
     local_world = _int_env("LOCAL_WORLD_SIZE", world)
     if world < 1 or not 0 <= rank < world or not 0 <= local_rank < max(local_world, 1):
         raise DeviceError(
-            f"inconsistent torchrun environment: RANK={rank} LOCAL_RANK={local_rank} WORLD_SIZE={world} "
-            f"LOCAL_WORLD_SIZE={local_world}; launch with torchrun or unset these variables."
+            _("inconsistent torchrun environment: RANK={rank} LOCAL_RANK={local_rank} WORLD_SIZE={world} "
+              "LOCAL_WORLD_SIZE={local_world}; launch with torchrun or unset these variables.").format(
+                rank=rank, local_rank=local_rank, world=world, local_world=local_world)
         )
     return DistEnv(rank=rank, local_rank=local_rank, world_size=world, local_world_size=local_world)
 
@@ -65,14 +99,45 @@ def shard_device_index(replica: int, rank: int, tensor_parallel_size: int) -> in
     return replica * tensor_parallel_size + rank
 
 
-def init_distributed(dev: Device, timeout_s: float = 600, env: DistEnv | None = None, store=None,
-                     bind_device: bool = True) -> DistEnv:  # fmt: skip
+def loopback_interface() -> str:
+    """The loopback interface's name ("lo" on Linux, "lo0" on macOS and the BSDs)."""
+    names = [name for _index, name in socket.if_nameindex()]
+    return next((n for n in ("lo", "lo0") if n in names), "lo")
+
+
+def private_store(world_size: int, directory: str | None = None, timeout_s: float = 600):
+    """A rendezvous store that listens nowhere: a torch FileStore in a directory only this user can
+    enter (made with mode 0700 when `directory` is None; one given must be this user's and 0700).
+    For process groups whose ranks all run on this machine as this user (tensor-parallel workers).
+    Returns (store, directory); the caller removes the directory when the group is gone."""
+    import torch.distributed as dist
+
+    if directory is None:
+        directory = tempfile.mkdtemp(prefix="portachat-store-")  # 0700
+    info = os.stat(directory)
+    if info.st_uid != os.geteuid() or info.st_mode & 0o077:
+        raise DeviceError(_("the rendezvous directory {directory} must belong to this user with mode 0700 (it has "
+                            "uid {uid}, mode {mode}); restart the command").format(
+                                directory=directory, uid=info.st_uid, mode=oct(info.st_mode & 0o777)))
+    store = dist.FileStore(os.path.join(directory, "store"), world_size)
+    store.set_timeout(timedelta(seconds=timeout_s))
+    return store, directory
+
+
+def init_distributed(dev: Device, timeout_s: float | None = None, env: DistEnv | None = None, store=None,
+                     bind_device: bool = True, loopback: bool = False) -> DistEnv:  # fmt: skip
     """Join the process group when WORLD_SIZE > 1 (idempotent); a no-op for a single process.
+
+    `timeout_s` None takes the device's collective timeout (PORTACHAT_DIST_TIMEOUT, default 2 h: long
+    enough for rank-0-only preparation); the device's runtime defaults (HCCL timeouts on Ascend) are
+    set before the group starts.
 
     `env` and `store` replace torchrun's environment for a process that starts its own group (the
     tensor-parallel server is rank 0 and hosts the rendezvous store its workers connect to).
     `bind_device=False` for a process that drives several devices (rank 0 of several tensor-parallel
-    replicas): its groups must not all be bound to its first device."""
+    replicas): its groups must not all be bound to its first device. `loopback=True` for a group
+    whose ranks all run on this machine: the backend's own sockets are bound to the loopback
+    interface (gloo, NCCL; other backends' host sockets follow their own settings)."""
     env = env or dist_env()
     if not env.is_distributed:
         return env
@@ -82,15 +147,21 @@ def init_distributed(dev: Device, timeout_s: float = 600, env: DistEnv | None = 
         return env
     if not dev.supports_distributed:
         raise DeviceError(
-            f"{dev.kind} runs a single process only (no collective backend), but WORLD_SIZE={env.world_size}. "
-            "Run without torchrun, or set PORTACHAT_DEVICE=cpu to use gloo."
+            _("{kind} runs a single process only (no collective backend), but WORLD_SIZE={world}. "
+              "Run without torchrun, or set PORTACHAT_DEVICE=cpu to use gloo.").format(
+                kind=dev.kind, world=env.world_size)
         )
+    apply_env_defaults(dev.env_defaults)
+    timeout_s = dev.dist_timeout_s if timeout_s is None else timeout_s
     kwargs: dict = {"backend": dev.dist_backend, "timeout": timedelta(seconds=timeout_s)}
     if store is not None:
         kwargs.update(store=store, rank=env.rank, world_size=env.world_size)
     for var in ("MASTER_ADDR", "MASTER_PORT"):
         if store is None and var not in os.environ:
-            raise DeviceError(f"WORLD_SIZE={env.world_size} but {var} is not set; launch with torchrun.")
+            raise DeviceError(_("WORLD_SIZE={world} but {var} is not set; launch with torchrun.").format(
+                world=env.world_size, var=var))
+    if loopback and dev.dist_backend in INTERFACE_VARS:
+        os.environ[INTERFACE_VARS[dev.dist_backend]] = loopback_interface()
     if dev.type != "cpu":
         device_module(dev.type).set_device(dev.index)
         if bind_device and dev.dist_backend in DEVICE_ID_BACKENDS:
@@ -101,10 +172,10 @@ def init_distributed(dev: Device, timeout_s: float = 600, env: DistEnv | None = 
         from portachat.device.errors import diagnose
 
         hint = diagnose(exc)
-        remedies = ("; ".join(hint.remedies)) if hint else "check MASTER_ADDR/MASTER_PORT and the network"
+        remedies = ("; ".join(hint.remedies)) if hint else _("check MASTER_ADDR/MASTER_PORT and the network")
         raise DeviceError(
-            f"init_process_group(backend={dev.dist_backend!r}) failed on rank {env.rank}/{env.world_size}: "
-            f"{exc}. Try: {remedies}"
+            _("init_process_group(backend={backend}) failed on rank {rank}/{world}: {error}. Try: {remedies}").format(
+                backend=repr(dev.dist_backend), rank=env.rank, world=env.world_size, error=exc, remedies=remedies)
         ) from exc
     return env
 

@@ -1,7 +1,7 @@
 """Device-layer errors and the vendor-knowledge table that explains known failures.
 
 The table names vendor environment variables and tools, which is why it lives under device/;
-`portachat.tools.diagnose` is the public entry point.
+`portachat.device.explain` is the public entry point.
 """
 
 from __future__ import annotations
@@ -101,7 +101,8 @@ RULES: tuple[Rule, ...] = (
             N_("look at the other ranks' logs first: the real error is usually there"),
             N_("export NCCL_DEBUG=INFO and rerun to see where ranks disagree"),
             N_("make sure every rank runs the same number of steps and batches"),
-            N_("raise the timeout (init_distributed(timeout_s=...)) if a step legitimately takes long, e.g. evaluation"),
+            N_("raise the collective timeout (export PORTACHAT_DIST_TIMEOUT=SECONDS; default 7200) if rank 0 legitimately "
+               "works alone that long, e.g. evaluation"),
         ),
         pattern=r"(NCCL|ProcessGroupNCCL|collective operation).*(timeout|timed out)|Watchdog caught collective",
     ),

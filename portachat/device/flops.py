@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from portachat.paths import portachat_home
+from portachat.storage.paths import portachat_home
 
 T = 1e12
 
@@ -308,3 +308,12 @@ def quick_sizes(device_type: str) -> tuple[int, ...]:
 def calibrate_sizes(device_type: str) -> tuple[int, ...]:
     """The sweep `doctor --calibrate` runs: big enough to saturate accelerators, bounded on CPU."""
     return (512, 1024, 2048) if device_type in ("cpu", "mps") else (2048, 4096, 8192)
+
+
+def attention_flops_per_token(n_layer: int, n_head: int, head_dim: int, seq_len: int, causal: bool = True) -> float:
+    """Training FLOPs per token of attention's two matmuls (QK^T and AV; forward 4, backward 8 per
+    layer, head, head dimension and key): 12·L·H·D·T for full attention. A causal kernel (flash,
+    cuDNN, memory-efficient) skips the masked half, so MFU counted as the kernel works uses 6·L·H·D·T;
+    nanochat and most papers count 12, which flatters MFU: compare tokens/s with them, not MFU."""
+    full = 12.0 * n_layer * n_head * head_dim * seq_len
+    return full / 2 if causal else full

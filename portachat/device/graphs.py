@@ -8,10 +8,17 @@ uses graphs at all is `inference.decode_graphs`'s decision.
 
 A captured graph reads and writes fixed addresses: callers fill the inputs they captured in place
 and read the output tensor the capture returned, which the next replay overwrites.
+
+Engines served together (data-parallel replicas, several models) are threads of one process. A capture
+in the default "global" mode makes every other thread's sync or allocation an error (and theirs can
+invalidate it), so captures here take one process-wide lock, one at a time, and use the
+"thread_local" mode: only the capturing thread's own unsafe calls are errors.
 """
 
 from __future__ import annotations
 
+import inspect
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +26,8 @@ from typing import Any
 from portachat.device.probe import device_module
 
 GRAPH_CLASSES = {"cuda": "CUDAGraph", "npu": "NPUGraph", "xpu": "XPUGraph"}
+CAPTURE_MODE = "thread_local"  # other threads (engines of the same server) keep working during a capture
+CAPTURE_LOCK = threading.RLock()  # process-wide: one capture at a time, whichever engine runs it
 
 
 def graphs_available(device_type: str) -> bool:
@@ -55,13 +64,25 @@ class GraphCapturer:
         allocations happen outside the capture), then capture it. Captured work does not run:
         `fn` must be safe to run twice (the warm-up, then the first replay)."""
         mod = self.mod
-        side = mod.Stream()
-        side.wait_stream(mod.current_stream())
-        with mod.stream(side):
-            fn()
-        mod.current_stream().wait_stream(side)
-        graph = self.graph_class()
-        with mod.graph(graph, pool=self.pool):
-            output = fn()
-        self.num_captured += 1
+        with CAPTURE_LOCK:
+            side = mod.Stream()
+            side.wait_stream(mod.current_stream())
+            with mod.stream(side):
+                fn()
+            mod.current_stream().wait_stream(side)
+            graph = self.graph_class()
+            with mod.graph(graph, pool=self.pool, **capture_mode_kwargs(mod.graph)):
+                output = fn()
+            self.num_captured += 1
         return CapturedGraph(graph, output)
+
+
+def capture_mode_kwargs(graph_context: Callable) -> dict[str, str]:
+    """The thread-local capture mode where the vendor's `graph` context takes one (torch.cuda.graph
+    does since torch 1.13; a port without the argument captures in its own default mode)."""
+    try:
+        params = inspect.signature(graph_context).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: pass nothing it may reject
+        return {}
+    takes = "capture_error_mode" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+    return {"capture_error_mode": CAPTURE_MODE} if takes else {}

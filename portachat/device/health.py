@@ -10,6 +10,7 @@ import platform
 import re
 from dataclasses import asdict, dataclass
 
+import portachat
 from portachat.device.probe import TOOLKIT_VARS, VISIBLE_DEVICE_VARS, ProbeResult, run_cli
 from portachat.device.telemetry import parse_npu_smi_info
 from portachat.i18n import N_, _
@@ -31,8 +32,6 @@ class Check:
 
 
 def versions(p: ProbeResult) -> dict[str, str | None]:
-    import portachat
-
     return {
         "portachat": portachat.__version__,
         "python": platform.python_version(),

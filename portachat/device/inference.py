@@ -10,22 +10,15 @@ dtype, well under a second) and cached in the portachat home.
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from dataclasses import dataclass
 
 import torch
 
 from portachat.device.device import Device
+from portachat.device.dtypes import FLOAT_KV, KV_CACHE_DTYPES
 from portachat.device.graphs import graphs_available
-from portachat.device.kv_quant import FLOAT_KV, KV_CACHE_DTYPES
-from portachat.device.paged_attention import kv_cache_dtype
-from portachat.paths import portachat_home
-
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-_ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float": "fp32"}
-_memo: dict[str, str] = {}
+from portachat.i18n import _
 
 
 @dataclass
@@ -34,90 +27,33 @@ class Choice:
     reason: str
 
 
-def parse_dtype(name: str) -> torch.dtype:
-    key = _ALIASES.get(name.strip().lower(), name.strip().lower())
-    if key not in _DTYPES:
-        raise ValueError(f"dtype {name!r} is not valid; use one of fp32, bf16, fp16")
-    return _DTYPES[key]
+def kv_cache_dtype(device: torch.device | str, weight_dtype: torch.dtype) -> torch.dtype:
+    """The dtype keys and values are stored in. On a CPU attention computes in fp32 (its bf16
+    batched matmuls are slow), so the cache is fp32 too: every key read each step would otherwise
+    be converted again. Accelerators keep the weights' dtype (half the bytes per token)."""
+    return torch.float32 if torch.device(device).type == "cpu" else weight_dtype
 
 
-def _cache_file():
-    return portachat_home() / "inference_dtype.json"
+def attention_compute_dtype(device: torch.device | str, dtype: torch.dtype) -> torch.dtype:
+    """The dtype decode attention multiplies in: fp32 on a CPU whatever the cache holds (as
+    kv_cache_dtype's float cache), the given dtype elsewhere."""
+    return torch.float32 if torch.device(device).type == "cpu" else dtype
 
 
-def measure_cpu_matvec(dtype: torch.dtype, rows: int = 4096, cols: int = 2048, reps: int = 6) -> float:
-    """Seconds per matrix-vector product with a weight too large for the caches (decode's pattern),
-    through the packed kernel the engine would use when there is one."""
-    from portachat.device.cpu_linear import pack_linear
-
-    weight = torch.randn(rows, cols).to(dtype)
-    x = torch.randn(1, cols).to(dtype)
-    linear = pack_linear(weight) or (lambda v: torch.nn.functional.linear(v, weight))
-    linear(x)  # warm up
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        linear(x)
-        best = min(best, time.perf_counter() - t0)
-    return best
+def training_engine_dtype(dev: Device) -> torch.dtype | None:
+    """The dtype of the weight copy that engine work inside training (evaluations, samples, RL
+    rollouts) runs on: the device's compute dtype on accelerators (bf16; fp16 on a 910A), so decode
+    reads half the bytes of the fp32 master weights. None (no copy: the engine runs the master weights
+    as they are) on a CPU, whose bf16 may be emulated, and where training itself runs in fp32."""
+    if dev.type == "cpu" or dev.dtype == torch.float32:
+        return None
+    return dev.dtype
 
 
-def cpu_inference_dtype() -> Choice:
-    """bf16 if a measured memory-bound matvec runs faster in bf16 than in fp32, else fp32."""
-    from portachat.device.cpu_linear import kernels_available
-
-    kernels = "|own-kernels" if kernels_available("cpu") else ""
-    name = torch.__version__ + "|" + str(torch.backends.cpu.get_cpu_capability()) + "|packed-1t" + kernels
-    if name in _memo:
-        return Choice(_DTYPES[_memo[name]], "measured earlier in this process")
-    try:
-        cached = json.loads(_cache_file().read_text()).get(name)
-    except (OSError, ValueError):
-        cached = None
-    if cached in _DTYPES:
-        _memo[name] = cached
-        return Choice(_DTYPES[cached], f"measured before on this machine ({_cache_file()})")
-    # One thread, alternating dtypes, best of several: on a busy machine thread-pool stalls and other
-    # processes would otherwise decide, and a wrong answer is cached.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with torch.inference_mode():
-            fp32 = bf16 = float("inf")
-            for _ in range(3):
-                fp32 = min(fp32, measure_cpu_matvec(torch.float32))
-                bf16 = min(bf16, measure_cpu_matvec(torch.bfloat16))
-    finally:
-        torch.set_num_threads(threads)
-    choice = "bf16" if bf16 < 0.9 * fp32 else "fp32"
-    _memo[name] = choice
-    try:
-        path = _cache_file()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            data = {}
-        data[name] = choice
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=2))
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only home only costs a re-measurement next time
-    return Choice(_DTYPES[choice], f"measured: bf16 matvec {bf16 * 1e6:.0f} us vs fp32 {fp32 * 1e6:.0f} us")
-
-
-def inference_dtype(dev: Device, requested: str | None = None) -> Choice:
-    """Dtype for inference weights and KV cache. `requested` (fp32/bf16/fp16) wins;
-    PORTACHAT_INFERENCE_DTYPE is read next."""
-    requested = requested or os.environ.get("PORTACHAT_INFERENCE_DTYPE") or None
-    if requested and requested.strip().lower() != "auto":
-        return Choice(parse_dtype(requested), f"requested ({requested})")
-    if dev.type == "cpu":
-        return cpu_inference_dtype()
-    if dev.dtype in (torch.bfloat16, torch.float16):
-        return Choice(dev.dtype, f"the device's compute dtype ({dev.dtype_reason})")
-    return Choice(torch.float32, f"fp32: {dev.dtype_reason}")
+def measures_inference_dtype(dev: Device) -> bool:
+    """Whether the weights' inference dtype is measured rather than read off the device: on a CPU bf16
+    may be native (AVX512-BF16, AMX) or emulated, so only a measurement tells."""
+    return dev.type == "cpu"
 
 
 def choose_kv_cache_dtype(dev: Device, weight_dtype: torch.dtype, requested: str | None = None) -> Choice:
@@ -136,10 +72,12 @@ def choose_kv_cache_dtype(dev: Device, weight_dtype: torch.dtype, requested: str
     if name == "fp8":
         if dev.fp8_dtype is None:
             works = ", ".join(d for d in KV_CACHE_DTYPES if d != "fp8")
-            raise ValueError(f"--kv-cache-dtype fp8 needs native fp8 and {dev.name} has none ({dev.fp8_reason}); "
-                             f"use one of {works} (int8 saves the same memory)")  # fmt: skip
+            raise ValueError(_("--kv-cache-dtype fp8 needs native fp8 and {device} has none ({reason}); "
+                               "use one of {works} (int8 saves the same memory)").format(
+                device=dev.name, reason=dev.fp8_reason, works=works))
         return Choice(dev.fp8_dtype, f"requested (fp8 as {str(dev.fp8_dtype).removeprefix('torch.')}: {dev.fp8_reason})")
-    raise ValueError(f"--kv-cache-dtype {requested!r} is not valid; use one of {', '.join(KV_CACHE_DTYPES)}")
+    raise ValueError(_("--kv-cache-dtype {value} is not valid; use one of {choices}").format(
+        value=repr(requested), choices=", ".join(KV_CACHE_DTYPES)))
 
 
 def decode_compile(dev: Device, requested: bool | None = None, packed: bool = False) -> Choice:
@@ -180,16 +118,25 @@ def decode_graphs(dev: Device, requested: bool | None = None, packed: bool = Fal
     return Choice(False, f"eager: graph capture is not verified on {dev.kind} yet")
 
 
-def kv_cache_budget(dev: Device, utilization: float, wanted_bytes: int) -> Choice:
+def profiles_kv_budget(dev: Device) -> bool:
+    """Whether the KV budget waits for a start-up profile (a forward at the largest batch, one graph
+    captured) so that what fits at start fits under load: where the allocator reports a high-water
+    mark. The CPU's budget is a share of free RAM, which a profile would not change."""
+    return dev.allocator_tracks_peaks and dev.type != "mps"  # MPS keeps no high-water mark either
+
+
+def kv_cache_budget(dev: Device, utilization: float, wanted_bytes: int, transient_bytes: int = 0) -> Choice:
     """Bytes for the KV cache.
 
     Accelerators (vLLM's rule): `utilization` of total device memory, minus what is already used
-    (weights, activations), capped at what `wanted_bytes` (every sequence at full length) needs.
+    (weights, captured graphs: measure after capturing), minus `transient_bytes` (the activations of
+    the largest step, measured by the start-up profile), capped at what `wanted_bytes` (every
+    sequence at full length) needs.
     CPU: `wanted_bytes`, but at most `utilization` of the memory still available, since the cache
     shares RAM with everything else on the machine.
     """
     if not 0.0 < utilization <= 1.0:
-        raise ValueError(f"memory utilization must be in (0, 1], got {utilization}")
+        raise ValueError(_("memory utilization must be in (0, 1], got {value}").format(value=utilization))
     stats = dev.memory()
     if dev.type == "cpu" or stats.total is None:
         free = stats.free if stats.free is not None else wanted_bytes
@@ -200,12 +147,13 @@ def kv_cache_budget(dev: Device, utilization: float, wanted_bytes: int) -> Choic
             f"{utilization:.0%} of {free / 2**30:.1f} GiB available)",
         )
     used = stats.total - (stats.free if stats.free is not None else stats.total)
-    budget = int(utilization * stats.total) - used
+    budget = int(utilization * stats.total) - used - transient_bytes
     budget = min(budget, wanted_bytes)
+    peak = f" minus {transient_bytes / 2**30:.2f} GiB for the largest step" if transient_bytes else ""
     return Choice(
         max(budget, 0),
         f"{max(budget, 0) / 2**30:.2f} GiB: {utilization:.0%} of "
-        f"{stats.total / 2**30:.1f} GiB minus {used / 2**30:.2f} GiB in use",
+        f"{stats.total / 2**30:.1f} GiB minus {used / 2**30:.2f} GiB in use{peak}",
     )
 
 
@@ -215,7 +163,7 @@ def model_memory_budget(dev: Device, utilization: float) -> Choice:
     one model, applied to all of them). CPU: `utilization` of the RAM available at start-up, since
     the machine's other work holds the rest."""
     if not 0.0 < utilization <= 1.0:
-        raise ValueError(f"memory utilization must be in (0, 1], got {utilization}")
+        raise ValueError(_("memory utilization must be in (0, 1], got {value}").format(value=utilization))
     stats = dev.memory()
     if dev.type == "cpu" or stats.total is None:
         base, what = stats.free, "available RAM"
@@ -264,7 +212,7 @@ def measure_memory_bandwidth(dev: Device, megabytes: int = 256, reps: int = 5) -
         op()  # warm up (first touch, kernel selection)
         dev.synchronize()
         best = float("inf")
-        for _ in range(reps):
+        for _rep in range(reps):
             t0 = time.perf_counter()
             op()
             dev.synchronize()

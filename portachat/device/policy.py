@@ -9,22 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
+from portachat.device.dtypes import DTYPE_ALIASES, DTYPES
 from portachat.device.errors import DeviceError
 from portachat.device.probe import ProbeResult
 from portachat.i18n import N_, _, gettext
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-DTYPE_ALIASES = {
-    "bfloat16": "bf16",
-    "float16": "fp16",
-    "half": "fp16",
-    "float32": "fp32",
-    "float": "fp32",
-    "32": "fp32",
-    "16": "fp16",
-}
 ATTENTION_BACKENDS = ("sdpa", "npu_fusion_attention")
 DIST_BACKENDS = {"cuda": "nccl", "rocm": "nccl", "dcu": "nccl", "npu": "hccl", "xpu": "xccl", "cpu": "gloo"}
 
@@ -33,6 +22,12 @@ HIP_BF16_ARCHS = ("gfx908", "gfx90a", "gfx940", "gfx941", "gfx942", "gfx950", "g
 HIP_BF16_PREFIXES = ("gfx11", "gfx12")  # RDNA3/4 have bf16 WMMA
 # Upstream Triton (hence inductor) does not generate code for these older GCN/CDNA1 parts.
 HIP_NO_TRITON_ARCHS = ("gfx900", "gfx906", "gfx908")
+
+
+# torch_npu.npu_fusion_attention runs on Atlas A2/A3 training parts only (torch_npu API reference,
+# "supported products"): SoC names Ascend910B1..B4 (A2) and Ascend910_93xx (A3, 910C). Atlas training
+# parts of the first generation (Ascend910A / ProA / PremiumA / ProB) fail on the first forward.
+NPU_FUSION_SOC_PREFIXES = ("910b", "910_93", "910c")
 
 
 @dataclass(frozen=True)
@@ -206,7 +201,7 @@ def decide_compile(p: ProbeResult, requested: bool | None = None) -> Decision:
 
 
 def decide_attention(p: ProbeResult, requested: str | None = None) -> Decision:
-    """Attention kernel family used by portachat.device.attention()."""
+    """Attention kernel family used by portachat.ops.attention()."""
     if requested is not None:
         key = requested.strip().lower()
         if key not in ATTENTION_BACKENDS:
@@ -216,11 +211,20 @@ def decide_attention(p: ProbeResult, requested: str | None = None) -> Decision:
             )
         if key != "sdpa" and key not in p.attention_kernels:
             raise DeviceError(_("attention backend {key} is not available on {kind}; use sdpa").format(key=repr(key), kind=p.kind))
-        return Decision(key, _("requested (PORTACHAT_ATTENTION)"))
+        warning = None
+        if key == "npu_fusion_attention" and not npu_fusion_supported(p.name):
+            warning = _("npu_fusion_attention forced on {name}, which is not an Atlas A2/A3 part; "
+                        "expect the first forward to fail (unset PORTACHAT_ATTENTION)").format(name=p.name)
+        return Decision(key, _("requested (PORTACHAT_ATTENTION)"), warning)
     if p.kind == "npu" and "npu_fusion_attention" in p.attention_kernels:
-        return Decision(
-            "npu_fusion_attention", _("Ascend: torch_npu.npu_fusion_attention (fused FlashAttention kernel)")
-        )
+        if npu_fusion_supported(p.name):
+            return Decision(
+                "npu_fusion_attention",
+                _("Ascend {name} (Atlas A2/A3): torch_npu.npu_fusion_attention (fused FlashAttention kernel)").format(
+                    name=p.name),
+            )
+        return Decision("sdpa", _("SDPA: torch_npu.npu_fusion_attention supports Atlas A2/A3 (Ascend910B*, "
+                                  "Ascend910_93*) only, and this is {name}").format(name=p.name))
     reasons = {
         "cuda": N_("SDPA dispatches to FlashAttention-2 / memory-efficient kernels"),
         "rocm": N_("SDPA dispatches to the AOTriton / CK flash kernels on ROCm"),
@@ -231,6 +235,12 @@ def decide_attention(p: ProbeResult, requested: str | None = None) -> Decision:
         "cpu": N_("SDPA (fused flash kernel on CPU)"),
     }
     return Decision("sdpa", gettext(reasons[p.kind]))
+
+
+def npu_fusion_supported(soc_name: str) -> bool:
+    """Whether the Ascend SoC (torch.npu.get_device_name(), e.g. "Ascend910B3"; npu-smi says "910B3")
+    runs npu_fusion_attention."""
+    return soc_name.strip().lower().removeprefix("ascend").strip().startswith(NPU_FUSION_SOC_PREFIXES)
 
 
 def decide_collective(p: ProbeResult) -> Decision:
@@ -247,6 +257,17 @@ def decide_collective(p: ProbeResult) -> Decision:
         "gloo": N_("gloo (CPU collectives)"),
     }[table]
     return Decision(table, gettext(why))
+
+
+def decide_tf32(p: ProbeResult) -> Decision:
+    """Whether fp32 matmuls and convolutions may run on TF32 tensor cores (10-bit mantissa inputs,
+    fp32 accumulation): CUDA from compute capability 8.0 (Ampere) on. Autocast already runs the big
+    matmuls in bf16; TF32 speeds up what stays fp32 (the fp32 head, fp32 runs, evaluation)."""
+    if p.kind != "cuda":
+        return Decision(False, _("{kind}: TF32 is a CUDA setting; fp32 matmuls keep full precision").format(kind=p.kind))
+    if (p.capability or (0, 0)) < (8, 0):
+        return Decision(False, _("no TF32 tensor cores before compute capability 8.0"))
+    return Decision(True, _("TF32 tensor cores for fp32 matmuls and convolutions (compute capability 8.0+)"))
 
 
 def decide_fused_optimizer(p: ProbeResult) -> Decision:
@@ -270,6 +291,60 @@ def _version_tuple(text: str) -> tuple[int, ...]:
             break
         parts.append(int(digits))
     return tuple(parts)
+
+
+# --- collective timeout and the NPU runtime environment --------------------------------------------
+DIST_TIMEOUT_ENV = "PORTACHAT_DIST_TIMEOUT"
+DEFAULT_DIST_TIMEOUT_S = 7200
+HCCL_CONNECT_RANGE = (120, 7200)  # CANN's documented range for HCCL_CONNECT_TIMEOUT (default 120 s)
+HCCL_EXEC_RANGE = (68, 17340)  # and for HCCL_EXEC_TIMEOUT (default 1800 s)
+
+
+@dataclass(frozen=True)
+class EnvDefault:
+    name: str
+    value: str
+    reason: str
+
+
+def decide_dist_timeout(raw: str | None) -> Decision:
+    """Seconds a collective may wait for the slowest rank. Rank 0 alone trains the tokenizer, downloads
+    data and evaluates while the others wait in their next collective, so the default is long."""
+    if raw is None or not raw.strip():
+        return Decision(DEFAULT_DIST_TIMEOUT_S, _(
+            "{seconds} s: covers rank-0-only work (tokenizer training, data download, evaluation) while the other "
+            "ranks wait; set {env}=SECONDS to change it").format(seconds=DEFAULT_DIST_TIMEOUT_S, env=DIST_TIMEOUT_ENV))
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < float("inf"):  # also refuses nan
+        raise DeviceError(_("{env}={value} is not valid: give the collective timeout in seconds, e.g. {env}=7200, "
+                            "or unset it").format(env=DIST_TIMEOUT_ENV, value=repr(raw)))
+    return Decision(seconds, _("requested ({env})").format(env=DIST_TIMEOUT_ENV))
+
+
+def _clamp(value: float, bounds: tuple[int, int]) -> str:
+    return str(int(min(max(value, bounds[0]), bounds[1])))
+
+
+def npu_env_defaults(kind: str, timeout_s: float) -> tuple[EnvDefault, ...]:
+    """The Ascend runtime settings MindSpeed's launch scripts export, set for the user unless they set them.
+    HCCL's own timeouts follow the collective timeout, within the ranges CANN documents."""
+    if kind != "npu":
+        return ()
+    return (
+        EnvDefault("PYTORCH_NPU_ALLOC_CONF", "expandable_segments:True",
+                   _("the NPU caching allocator grows segments instead of fragmenting (fewer out-of-memory errors)")),
+        EnvDefault("TASK_QUEUE_ENABLE", "2", _("torch_npu's level-2 task queue: operators are dispatched off the "
+                                               "Python thread")),
+        EnvDefault("CPU_AFFINITY_CONF", "1", _("each rank's host threads are bound to the CPU cores next to its NPU")),
+        EnvDefault("HCCL_CONNECT_TIMEOUT", _clamp(timeout_s, HCCL_CONNECT_RANGE),
+                   _("HCCL waits this long for every rank to connect (its default 120 s is shorter than rank-0-only "
+                     "preparation); follows the collective timeout")),
+        EnvDefault("HCCL_EXEC_TIMEOUT", _clamp(timeout_s, HCCL_EXEC_RANGE),
+                   _("a collective waits this long for the slowest rank; follows the collective timeout")),
+    )
 
 
 def finetune_activation_checkpointing(device_type: str) -> bool:

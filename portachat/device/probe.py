@@ -14,12 +14,15 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from portachat.device.errors import DeviceError
+from portachat.i18n import _
+from portachat.storage.paths import portachat_home
 
 KINDS = ("cuda", "rocm", "dcu", "npu", "xpu", "mps", "cpu")
 # torch device type for each kind: ROCm and DCU builds of torch present themselves as "cuda".
@@ -257,19 +260,24 @@ def _fill_device_facts(res: ProbeResult) -> None:
             res.bf16_reported = None
 
 
-def probe(kind: str | None = None) -> ProbeResult:
-    """Probe the machine. `kind` forces a device kind (raises DeviceError when it is not there)."""
+def probe(kind: str | None = None, before_device_init: Callable[[str], None] | None = None) -> ProbeResult:
+    """Probe the machine. `kind` forces a device kind (raises DeviceError when it is not there).
+
+    `before_device_init(device_type)` runs before the first query that initialises the device's runtime
+    (the caller sets runtime environment defaults there: torch_npu reads them once, at init)."""
     if kind is not None and kind not in KINDS:
-        raise DeviceError(f"unknown device kind {kind!r}; valid kinds: {', '.join(KINDS)}")
+        raise DeviceError(_("unknown device kind {kind}; valid kinds: {valid}").format(
+            kind=repr(kind), valid=", ".join(KINDS)))
     env = _env_snapshot()
     npu_installed, npu_version, npu_error = _load_torch_npu()
     hip = getattr(torch.version, "hip", None)
     device_type = TORCH_TYPE[kind] if kind else _auto_type()
     if not _type_available(device_type):
         raise DeviceError(
-            f"device {kind!r} was requested but torch sees no {device_type} device "
-            f"(torch {torch.__version__}). Unset PORTACHAT_DEVICE / --device to auto-detect, "
-            "or install the torch build for this accelerator."
+            _("device {kind} was requested but torch sees no {type} device "
+              "(torch {version}). Unset PORTACHAT_DEVICE / --device to auto-detect, "
+              "or install the torch build for this accelerator.").format(
+                kind=repr(kind), type=device_type, version=torch.__version__)
         )
     clis = {c: shutil.which(c) is not None for c in VENDOR_CLIS}
     try:
@@ -312,9 +320,12 @@ def probe(kind: str | None = None) -> ProbeResult:
         _fill_device_facts(res)
         res.kind = classify_hip(res.gcn_arch, res.names, clis["hy-smi"]) if hip else "cuda"
         if kind in ("rocm", "dcu") and res.kind != kind:
-            raise DeviceError(f"device {kind!r} was requested but this is a {res.kind} machine ({res.name}).")
+            raise DeviceError(_("device {kind} was requested but this is a {found} machine ({name}).").format(
+                kind=repr(kind), found=res.kind, name=res.name))
     elif device_type in ("npu", "xpu"):
         res.kind = device_type
+        if before_device_init is not None:
+            before_device_init(device_type)
         _fill_device_facts(res)
         if device_type == "npu" and hasattr(sys.modules.get("torch_npu"), "npu_fusion_attention"):
             res.attention_kernels = ("npu_fusion_attention",)
@@ -393,7 +404,6 @@ def cpu_probe_cache() -> Path:
     override = os.environ.get("PORTACHAT_CPU_PROBE_CACHE")
     if override:
         return Path(override)
-    from portachat.paths import portachat_home
 
     return portachat_home() / _CPU_PROBE_FILE
 

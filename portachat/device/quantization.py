@@ -22,6 +22,7 @@ import torch
 
 from portachat.device.errors import DeviceError
 from portachat.device.probe import ProbeResult
+from portachat.i18n import _
 
 QUANT_MODES = ("int8", "int4")
 INT4_GROUP_SIZES = (128, 64, 32)  # largest first: fewer scales; the int4 kernels accept 32..256
@@ -50,18 +51,19 @@ def normalize_mode(mode: str) -> str:
     key = str(mode).strip().lower()
     if key not in QUANT_MODES:
         raise DeviceError(
-            f"--quantize {mode!r} is not valid; valid values: {', '.join(QUANT_MODES)} "
-            "(or leave --quantize out to run unquantized weights)."
+            _("--quantize {mode} is not valid; valid values: {valid} "
+              "(or leave --quantize out to run unquantized weights).").format(
+                mode=repr(mode), valid=", ".join(QUANT_MODES))
         )
     return key
 
 
 def _no_kernel(kind: str, mode: str, why: str) -> DeviceError:
     return DeviceError(
-        f"--quantize {mode} is not available on {kind}: {why}. Dequantizing per matmul would be slower than "
-        "the unquantized model, so portachat refuses instead of falling back silently. Run without --quantize "
-        "(the device's bf16/fp16 weights), or export a GGUF (`portachat export gguf --type q8_0`) for a "
-        "runtime with kernels for this device."
+        _("--quantize {mode} is not available on {kind}: {why}. Dequantizing per matmul would be slower than "
+          "the unquantized model, so portachat refuses instead of falling back silently. Run without --quantize "
+          "(the device's bf16/fp16 weights), or export a GGUF (`portachat export gguf --type q8_0`) for a "
+          "runtime with kernels for this device.").format(mode=mode, kind=kind, why=why)
     )
 
 
@@ -80,8 +82,8 @@ def decide_quantization(
         warning = None
         if cap not in FAST_CPU_CAPABILITIES:
             warning = (
-                f"CPU capability {cap}: the ATen weight-only kernels were measured only on AVX2/AVX512 x86; "
-                "check `python benchmarks/quantize.py` before relying on the speed"
+                _("CPU capability {cap}: the ATen weight-only kernels were measured only on AVX2/AVX512 x86; "
+                  "check `python benchmarks/quantize.py` before relying on the speed").format(cap=cap)
             )
         kernel = "_weight_int8pack_mm" if mode == "int8" else "_weight_int4pack_mm_for_cpu"
         return QuantPlan(
@@ -90,46 +92,51 @@ def decide_quantization(
             activation_dtype=torch.bfloat16,
             group_size=DEFAULT_INT4_GROUP_SIZE if mode == "int4" else None,
             reason=(
-                f"CPU ({cap}): ATen torch.{kernel} with bf16 activations (vectorised there; batch-1 decode "
-                "measured faster than fp32 dense; torchao's CPU path dequantizes per call)"
+                _("CPU ({cap}): ATen torch.{kernel} with bf16 activations (vectorised there; batch-1 decode "
+                  "measured faster than fp32 dense; torchao's CPU path dequantizes per call)").format(
+                    cap=cap, kernel=kernel)
             ),
             warning=warning,
         )
     if kind in ("cuda", "rocm"):
         cap = facts.capability or (0, 0)
         if kind == "cuda" and cap < (8, 0):
-            raise _no_kernel(kind, mode, f"compute capability {cap[0]}.{cap[1]} < 8.0 (tinygemm needs bf16)")
+            raise _no_kernel(kind, mode, _("compute capability {major}.{minor} < 8.0 (tinygemm needs bf16)").format(
+                major=cap[0], minor=cap[1]))
         if kind == "rocm" and not (facts.gcn_arch or "").startswith(("gfx90a", "gfx94", "gfx95")):
-            raise _no_kernel(kind, mode, f"{facts.gcn_arch}: torchao's int4/int8 kernels target CDNA2+ only")
+            raise _no_kernel(kind, mode, _("{arch}: torchao's int4/int8 kernels target CDNA2+ only").format(
+                arch=facts.gcn_arch))
         if mode == "int4":
             return QuantPlan(
                 mode=mode,
                 backend=BACKEND_TORCHAO,
                 activation_dtype=torch.bfloat16,
                 group_size=128,
-                reason=f"{kind}: torchao Int4WeightOnlyConfig, tinygemm tile-packed kernel, bf16 activations",
+                reason=_("{kind}: torchao Int4WeightOnlyConfig, tinygemm tile-packed kernel, bf16 activations").format(
+                    kind=kind),
             )
         if not compiles:
             raise _no_kernel(
                 kind,
                 mode,
-                "torchao's int8 weight-only linear is fast only when inductor fuses the dequantization into "
-                "the matmul, and this run is eager (set PORTACHAT_COMPILE=1, or use --quantize int4)",
+                _("torchao's int8 weight-only linear is fast only when inductor fuses the dequantization into "
+                  "the matmul, and this run is eager (set PORTACHAT_COMPILE=1, or use --quantize int4)"),
             )
         return QuantPlan(
             mode=mode,
             backend=BACKEND_TORCHAO,
             activation_dtype=torch.bfloat16,
             group_size=None,
-            reason=f"{kind}: torchao Int8WeightOnlyConfig (per-channel), dequant fused into the matmul by inductor",
+            reason=_("{kind}: torchao Int8WeightOnlyConfig (per-channel), dequant fused into the matmul by inductor").format(
+                kind=kind),
         )
     reasons = {
-        "dcu": "Hygon DCU (DTK) builds ship no weight-only int8/int4 matmul kernel in torch or torchao",
-        "npu": "torch_npu's npu_weight_quant_batchmatmul is not wired into portachat yet",
-        "xpu": "no XPU weight-only kernel is wired into portachat yet",
-        "mps": "no MPS weight-only kernel is wired into portachat yet",
+        "dcu": _("Hygon DCU (DTK) builds ship no weight-only int8/int4 matmul kernel in torch or torchao"),
+        "npu": _("torch_npu's npu_weight_quant_batchmatmul is not wired into portachat yet"),
+        "xpu": _("no XPU weight-only kernel is wired into portachat yet"),
+        "mps": _("no MPS weight-only kernel is wired into portachat yet"),
     }
-    raise _no_kernel(kind, mode, reasons.get(kind, f"unknown device kind {kind!r}"))
+    raise _no_kernel(kind, mode, reasons.get(kind) or _("unknown device kind {kind}").format(kind=repr(kind)))
 
 
 def quantization_plan(device, mode: str, compiled: bool | None = None) -> QuantPlan:

@@ -1,8 +1,9 @@
 """Runs inside the sandbox: disables dangerous Python APIs, then runs the program file given.
 
 A standalone script (stdlib only, no portachat import): the supervisor runs its source as
-`python -I -S -c SOURCE ../program.py` in the sandbox's working directory. Exit status 0
-means the program ran to the end without an exception.
+`python -I -S -c SOURCE PROGRAM.py --nproc N [--no-guard]` in the sandbox's working directory. It
+first lowers RLIMIT_NPROC to N (here, inside the sandbox's user namespace, it counts only the
+program's processes). Exit status 0 means the program ran to the end without an exception.
 
 This is human-eval's `reliability_guard`, made stricter. It is NOT a security boundary on its own
 (Python code can find ways around it); the operating-system limits set by the supervisor (resource
@@ -12,6 +13,7 @@ hostile or careless programs fail fast and cleanly instead of hitting those limi
 
 import builtins
 import os
+import resource
 import sys
 
 WORKDIR = os.path.realpath(os.getcwd())
@@ -116,14 +118,17 @@ def install_guard() -> None:
 
 
 def main() -> None:
-    if len(sys.argv) not in (2, 3) or (len(sys.argv) == 3 and sys.argv[2] != "--no-guard"):
-        print("usage: python -c GUARD_SOURCE PROGRAM.py [--no-guard]", file=sys.stderr)
+    args = sys.argv[1:]
+    if len(args) not in (3, 4) or args[1] != "--nproc" or not args[2].isdigit() or args[3:] not in ([], ["--no-guard"]):
+        print("usage: python -c GUARD_SOURCE PROGRAM.py --nproc N [--no-guard]", file=sys.stderr)
         os._exit(2)
-    with open(sys.argv[1], encoding="utf-8") as f:
+    nproc = int(args[2])
+    resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))  # soft = hard: the program cannot raise it
+    with open(args[0], encoding="utf-8") as f:
         source = f.read()
     code = compile(source, "program.py", "exec")
     real_exit = os._exit
-    if len(sys.argv) == 2:  # --no-guard exists to test the operating-system layers on their own
+    if not args[3:]:  # --no-guard exists to test the operating-system layers on their own
         install_guard()
     try:
         exec(code, {"__name__": "__main__", "__builtins__": builtins})

@@ -38,9 +38,12 @@ def evaluate_bpb(
         total_bytes += int(nbytes.sum().item())
     model.train(was_training)
     if dist.is_available() and dist.is_initialized():
-        totals = torch.tensor([total_nats, float(total_bytes)], dtype=torch.float64, device=device)
-        dist.all_reduce(totals)
-        total_nats, total_bytes = totals[0].item(), int(totals[1].item())
+        # fp32 nats and int64 bytes: no float64 on the device (Ascend's HCCL and MPS lack it)
+        nats = torch.tensor([total_nats], dtype=torch.float32, device=device)
+        nbytes_all = torch.tensor([total_bytes], dtype=torch.int64, device=device)
+        dist.all_reduce(nats)
+        dist.all_reduce(nbytes_all)
+        total_nats, total_bytes = nats.item(), int(nbytes_all.item())
     if total_bytes == 0:
         raise ValueError("validation data spelled 0 bytes: nothing to evaluate")
     return total_nats / (math.log(2) * total_bytes)

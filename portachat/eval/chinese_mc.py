@@ -32,6 +32,7 @@ from portachat.eval.chinese_subjects import CEVAL_SUBJECTS, CMMLU_SUBJECTS
 from portachat.eval.data_files import EvalDataError
 from portachat.eval.multiple_choice import MCQuestion, score_letter_prompts
 from portachat.eval.report import EvalResult
+from portachat.i18n import _
 from portachat.tokenizer.protocol import ChatTokenizer
 
 SPLITS = ("dev", "val", "test")
@@ -82,7 +83,7 @@ def _zip_files(path: Path) -> list[_File]:
     try:
         archive = zipfile.ZipFile(path)
     except zipfile.BadZipFile as exc:
-        raise EvalDataError(f"{path} is not a readable zip file ({exc})") from None
+        raise EvalDataError(_("{path} is not a readable zip file ({error})").format(path=path, error=exc)) from None
     names = [n for n in archive.namelist() if n.lower().endswith((".csv", ".parquet"))
              and not any(part.startswith((".", "__MACOSX")) for part in n.split("/"))]
     return [_File(PurePosixPath(n), f"{path}:{n}", lambda n=n: archive.read(n)) for n in sorted(names)]
@@ -105,7 +106,7 @@ def _files(path: Path) -> list[_File]:
             elif p.suffix.lower() in (".csv", ".parquet"):
                 out.append(_File(PurePosixPath(rel.as_posix()), str(p), p.read_bytes))
         return out
-    raise EvalDataError(f"no evaluation data at {path}: pass --data DIR_OR_ZIP")
+    raise EvalDataError(_("no evaluation data at {path}: pass --data DIR_OR_ZIP").format(path=path))
 
 
 def _split_and_subject(rel: PurePosixPath) -> tuple[str | None, str]:
@@ -131,10 +132,11 @@ def _rows(file: _File) -> list[dict[str, str]]:
         else:
             rows = list(csv.DictReader(io.StringIO(data.decode("utf-8-sig"), newline="")))
     except UnicodeDecodeError as exc:
-        raise EvalDataError(f"{file.where} is not UTF-8 text ({exc})") from None
+        raise EvalDataError(_("{path} is not UTF-8 text ({error})").format(path=file.where, error=exc)) from None
     except Exception as exc:  # pyarrow raises its own error types on a damaged file
         if type(exc).__module__.startswith("pyarrow"):
-            raise EvalDataError(f"{file.where} is not a readable parquet file: {exc}") from None
+            raise EvalDataError(_("{path} is not a readable parquet file: {error}").format(
+                path=file.where, error=exc)) from None
         raise
     return [{str(k).strip().lower(): "" if v is None else str(v).strip() for k, v in row.items() if k is not None}
             for row in rows]
@@ -143,13 +145,15 @@ def _rows(file: _File) -> list[dict[str, str]]:
 def _question(bench: Benchmark, row: dict[str, str], where: str, subject: str) -> MCQuestion | None:
     """The row as a question; None when its answer is withheld (C-Eval's test split)."""
     if "question" not in row or any(o.lower() not in row for o in _OPTIONS):
-        raise EvalDataError(f"{where} is not a {bench.title} row: expected columns question, A, B, C, D, answer "
-                            f"(got {', '.join(sorted(row)) or 'none'})")
+        raise EvalDataError(_("{where} is not a {title} row: expected columns question, A, B, C, D, answer (got "
+                              "{columns})").format(where=where, title=bench.title,
+                                                   columns=", ".join(sorted(row)) or _("none")))
     answer = row.get("answer", "").upper()  # C-Eval's test csv has no answer column at all
     if not answer:
         return None
     if answer not in _OPTIONS:
-        raise EvalDataError(f"{where}: answer {row['answer']!r} is not one of A, B, C, D")
+        raise EvalDataError(_("{where}: answer {answer} is not one of A, B, C, D").format(
+            where=where, answer=repr(row["answer"])))
     return MCQuestion(row["question"], tuple(row[o.lower()] for o in _OPTIONS), _OPTIONS.index(answer), subject)
 
 
@@ -165,18 +169,20 @@ def read_chinese_mc(bench: Benchmark | str, path: str | Path, limit: int | None 
         if split is None or (subjects and subject not in subjects):
             continue
         for i, row in enumerate(_rows(file)):
-            q = _question(bench, row, f"{file.where}: row {i + 1}", subject)
+            q = _question(bench, row, _("{path}: row {row}").format(path=file.where, row=i + 1), subject)
             if q is None:
                 unlabelled += 1
             else:
                 by_split[split][subject].append(q)
     scored = by_split[bench.eval_split]
     if not scored:
-        extra = (f" ({unlabelled} rows without answers: {bench.title}'s test answers are not public, the "
-                 f"{bench.eval_split} split is scored)") if unlabelled else ""
-        raise EvalDataError(f"{path} holds no {bench.title} {bench.eval_split} questions{extra}. Expected the "
-                            f"released layout ({bench.eval_split}/<subject>{'_val' if bench is CEVAL else ''}.csv "
-                            f"and dev/...) or the Hub's parquet files, as a directory or a .zip")
+        extra = (" " + _("({count} rows without answers: {title}'s test answers are not public, the {split} split "
+                         "is scored)").format(count=unlabelled, title=bench.title, split=bench.eval_split)
+                 ) if unlabelled else ""
+        raise EvalDataError(_("{path} holds no {title} {split} questions{extra}. Expected the released layout "
+                              "({layout} and dev/...) or the Hub's parquet files, as a directory or a .zip").format(
+            path=path, title=bench.title, split=bench.eval_split, extra=extra,
+            layout=f"{bench.eval_split}/<subject>{'_val' if bench is CEVAL else ''}.csv"))
     questions = [q for subject in sorted(scored) for q in scored[subject]]
     return ChineseMC(bench, questions[:limit] if limit is not None else questions, dict(by_split["dev"]))
 
@@ -228,12 +234,13 @@ def evaluate_chinese_mc(
         raise ValueError(f"shots must be >= 0, got {shots}")
     bench = data.benchmark
     if not data.questions:
-        raise EvalDataError(f"no {bench.title} questions to evaluate")
+        raise EvalDataError(_("no {task} questions to evaluate").format(task=bench.title))
     missing = sorted({q.subject for q in data.questions if not data.shots.get(q.subject)})
     if shots and missing:  # fewer than `shots` is fine (the dev split has 5 per subject); none is a mistake
-        raise EvalDataError(f"{bench.title}: no dev examples for {len(missing)} subject(s) "
-                            f"({', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}) for {shots}-shot "
-                            "prompts; give the whole release (with its dev split), or pass --shots 0")
+        raise EvalDataError(_("{title}: no dev examples for {count} subject(s) ({subjects}) for {shots}-shot prompts; "
+                              "give the whole release (with its dev split), or pass --shots 0").format(
+            title=bench.title, count=len(missing), shots=shots,
+            subjects=", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")))
     max_len = getattr(getattr(model, "config", None), "max_seq_len", None)
     prompts, used = [], []
     for q in data.questions:

@@ -1,5 +1,5 @@
 """Reading evaluation sets from local files in their public formats (jsonl, jsonl.gz, parquet, csv),
-and fetching them from the Hugging Face Hub or ModelScope when a network is there (portachat.data.hubs:
+and fetching them from the Hugging Face Hub or ModelScope when a network is there (portachat.storage.hubs:
 HF_ENDPOINT, HF_HUB_OFFLINE and PORTACHAT_HUB apply)."""
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from portachat.paths import portachat_home
+from portachat.i18n import _
+from portachat.storage import hubs
+from portachat.storage.paths import portachat_home
 
 SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".parquet", ".csv")
 
@@ -50,8 +52,8 @@ def data_files(path: Path) -> list[Path]:
                        and not any(part.startswith(".") for part in p.relative_to(path).parts))
         if files:
             return files
-        raise EvalDataError(f"{path} holds no {'/'.join(SUFFIXES)} files")
-    raise EvalDataError(f"no evaluation data at {path}: pass --data FILE_OR_DIR")
+        raise EvalDataError(_("{path} holds no {suffixes} files").format(path=path, suffixes="/".join(SUFFIXES)))
+    raise EvalDataError(_("no evaluation data at {path}: pass --data FILE_OR_DIR").format(path=path))
 
 
 def read_rows(path: Path) -> Iterator[dict[str, Any]]:
@@ -71,7 +73,8 @@ def read_rows(path: Path) -> Iterator[dict[str, Any]]:
                             try:
                                 yield json.loads(line)
                             except json.JSONDecodeError as exc:
-                                raise EvalDataError(f"{file}:{n} is not valid JSON ({exc})") from None
+                                raise EvalDataError(_("{where} is not valid JSON ({error})").format(
+                                    where=f"{file}:{n}", error=exc)) from None
             elif name.endswith(".json"):
                 data = json.loads(file.read_text(encoding="utf-8"))
                 yield from (data if isinstance(data, list) else [data])
@@ -80,10 +83,11 @@ def read_rows(path: Path) -> Iterator[dict[str, Any]]:
                     for row in csv.reader(f):
                         yield {str(i): v for i, v in enumerate(row)}
         except (OSError, UnicodeDecodeError, gzip.BadGzipFile) as exc:
-            raise EvalDataError(f"cannot read {file}: {exc}") from None
+            raise EvalDataError(_("cannot read {path}: {error}").format(path=file, error=exc)) from None
         except Exception as exc:  # pyarrow raises its own error types on a damaged parquet file
             if type(exc).__module__.startswith("pyarrow"):
-                raise EvalDataError(f"{file} is not a readable parquet file: {exc}") from None
+                raise EvalDataError(_("{path} is not a readable parquet file: {error}").format(
+                    path=file, error=exc)) from None
             raise
 
 
@@ -94,14 +98,13 @@ def default_data_path(task: str) -> Path:
 def resolve_data(task: str, data: str | Path | None) -> Path:
     """`--data` if given (a path, or `hf:OWNER/NAME[:GLOB]` / `modelscope:OWNER/NAME[:GLOB]` to download);
     else <home>/eval_data/<task>, downloaded from the default hub if absent and online."""
-    from portachat.data import hubs
 
     if data is not None and hubs.has_hub_prefix(str(data)):
         return _download_named(task, str(data))
     if data is not None:
         path = Path(data).expanduser()
         if not path.exists():
-            raise EvalDataError(f"--data {path} does not exist")
+            raise EvalDataError(_("--data {path} does not exist").format(path=path))
         return path
     path = default_data_path(task)
     if path.exists() and any(path.rglob("*")):
@@ -112,19 +115,18 @@ def resolve_data(task: str, data: str | Path | None) -> Path:
         raise EvalDataError(str(exc)) from None
     sources = MODELSCOPE_SOURCES if hub == hubs.MODELSCOPE else HUB_SOURCES
     if task not in sources:
-        raise EvalDataError(f"no data for {task}: pass --data FILE_OR_DIR")
+        raise EvalDataError(_("no data for {task}: pass --data FILE_OR_DIR").format(task=task))
     repo, patterns = sources[task]
     _download(task, hubs.RepoRef(hub, repo), patterns, path)
     return path
 
 
 def _download_named(task: str, spec: str) -> Path:
-    from portachat.data import hubs
-
-    hub_name, _, rest = spec.partition(":")
-    repo, _, pattern = rest.partition(":")
+    hub_name, _sep, rest = spec.partition(":")
+    repo, _sep, pattern = rest.partition(":")
     if repo.count("/") != 1:
-        raise EvalDataError(f"--data {spec}: expected {hub_name}:OWNER/NAME or {hub_name}:OWNER/NAME:GLOB")
+        raise EvalDataError(_("--data {spec}: expected {hub}:OWNER/NAME or {hub}:OWNER/NAME:GLOB").format(
+            spec=spec, hub=hub_name))
     ref = hubs.parse_repo(f"{hub_name}:{repo}")
     path = default_data_path(task) / f"{ref.hub}__{repo.replace('/', '__')}"
     if not (path.exists() and any(p.is_file() for p in path.rglob("*") if ".cache" not in p.relative_to(path).parts)):
@@ -133,15 +135,15 @@ def _download_named(task: str, spec: str) -> Path:
 
 
 def _download(task: str, ref, patterns: tuple[str, ...] | None, path: Path) -> None:
-    from portachat.data import hubs
-
     try:
         hubs.snapshot(ref, path, repo_type="dataset", allow_patterns=list(patterns) if patterns else None)
     except Exception as exc:  # offline, no access, moved files, no client library: all mean the same to the user
         reason = str(exc) if isinstance(exc, hubs.HubError) else f"{type(exc).__name__}: {exc}"
         raise EvalDataError(
-            f"no local data for {task} at {path} and downloading {ref} failed ({reason}). "
-            f"Pass --data FILE_OR_DIR with the {task} test set in its public format (jsonl, parquet or csv)."
+            _("no local data for {task} at {path} and downloading {ref} failed ({reason}). Pass --data FILE_OR_DIR "
+              "with the {task} test set in its public format (jsonl, parquet or csv).").format(
+                task=task, path=path, ref=ref, reason=reason)
         ) from None
     if not any(p.is_file() for p in path.rglob("*") if ".cache" not in p.relative_to(path).parts):
-        raise EvalDataError(f"{ref} has no files matching {list(patterns or [])} for {task}; pass --data FILE_OR_DIR")
+        raise EvalDataError(_("{ref} has no files matching {patterns} for {task}; pass --data FILE_OR_DIR").format(
+            ref=ref, patterns=list(patterns or []), task=task))

@@ -19,6 +19,9 @@ from typing import Any
 
 import torch
 
+from portachat.engine.oneshot import MAX_NUM_SEQS, engine_for, eval_mode
+from portachat.engine.types import SamplingParams
+from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
 from portachat.tokenizer.protocol import ChatTokenizer
 
 Conversation = list[dict[str, Any]]
@@ -54,14 +57,12 @@ def as_chat_tokenizer(tokenizer: Any) -> ChatTokenizer:
     """Our bpe Tokenizer wrapped as a ChatTokenizer; a ChatTokenizer is returned as it is."""
     if isinstance(tokenizer, ChatTokenizer):
         return tokenizer
-    from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
 
     return PortachatChatTokenizer(tokenizer)
 
 
 def engine_complete(engine: Any, tokenizer: ChatTokenizer, seed: int = 0, top_k: int = 0) -> CompleteFn:
-    """Complete over an `LLMEngine` (portachat.serve.engine): all prompts queued at once."""
-    from portachat.serve.engine.types import SamplingParams
+    """Complete over an `LLMEngine` (portachat.engine): all prompts queued at once."""
 
     def complete(conversations: list[Conversation], max_tokens: int, temperature: float) -> list[str]:
         prompts = [tokenizer.render_prompt(c) for c in conversations]
@@ -84,7 +85,6 @@ def model_complete(model: torch.nn.Module, tokenizer: ChatTokenizer, seed: int =
     device and train/eval mode untouched): for a model in memory, e.g. one still training.
 
     The context is the model's own: a reply gets min(max_tokens, max_seq_len - prompt) tokens."""
-    from portachat.serve.engine.oneshot import MAX_NUM_SEQS, engine_for, eval_mode
 
     def complete(conversations: list[Conversation], max_tokens: int, temperature: float) -> list[str]:
         if not conversations:

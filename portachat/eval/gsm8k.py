@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from portachat.data.synthetic_tasks import extract_answer, final_segment
+from portachat.data.synthetic.tasks import extract_answer, final_segment
 from portachat.eval.data_files import EvalDataError, read_rows
 from portachat.eval.generation import CompleteFn
 from portachat.eval.report import EvalResult
+from portachat.i18n import _
 
 MAX_TOKENS = 256
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
@@ -46,16 +47,17 @@ def read_gsm8k(path: str | Path, limit: int | None = None) -> list[GSM8KProblem]
     for i, row in enumerate(read_rows(Path(path))):
         if not isinstance(row.get("question"), str) or not isinstance(row.get("answer"), str) or "####" not in row["answer"]:
             raise EvalDataError(
-                f"{path}: row {i + 1} is not in GSM8K's format ({{'question': str, 'answer': '... #### N'}})"
+                _("{path}: row {row} is not in GSM8K's format ({shape})").format(
+                    path=path, row=i + 1, shape="{'question': str, 'answer': '... #### N'}")
             )
         answer = normalize_number(row["answer"].rsplit("####", 1)[1])
         if answer is None:
-            raise EvalDataError(f"{path}: row {i + 1} has no number after ####")
+            raise EvalDataError(_("{path}: row {row} has no number after ####").format(path=path, row=i + 1))
         problems.append(GSM8KProblem(row["question"], row["answer"], answer))
         if limit is not None and len(problems) >= limit:
             break
     if not problems:
-        raise EvalDataError(f"{path} holds no GSM8K problems")
+        raise EvalDataError(_("{path} holds no GSM8K problems").format(path=path))
     return problems
 
 

@@ -19,7 +19,8 @@ from pathlib import Path
 from portachat.eval.data_files import EvalDataError, read_rows
 from portachat.eval.generation import MARKERS, CompleteFn
 from portachat.eval.report import EvalResult
-from portachat.eval.sandbox import SandboxLimits, SandboxResult, run_program
+from portachat.eval.sandbox import SandboxLimits, SandboxResult, require_isolation, run_program
+from portachat.i18n import _
 
 MAX_TOKENS = 384
 FIELDS = ("task_id", "prompt", "canonical_solution", "test", "entry_point")
@@ -38,12 +39,13 @@ def read_humaneval(path: str | Path, limit: int | None = None) -> list[HumanEval
     out = []
     for i, row in enumerate(read_rows(Path(path))):
         if not all(isinstance(row.get(k), str) for k in FIELDS):
-            raise EvalDataError(f"{path}: row {i + 1} is not a HumanEval problem (needs string fields {FIELDS})")
+            raise EvalDataError(_("{path}: row {row} is not a HumanEval problem (needs string fields {fields})").format(
+                path=path, row=i + 1, fields=FIELDS))
         out.append(HumanEvalProblem(*(row[k] for k in FIELDS)))
         if limit is not None and len(out) >= limit:
             break
     if not out:
-        raise EvalDataError(f"{path} holds no HumanEval problems")
+        raise EvalDataError(_("{path} holds no HumanEval problems").format(path=path))
     return out
 
 
@@ -109,7 +111,10 @@ def evaluate_humaneval(
     workers: int | None = None,
     batch_size: int = 16,
 ) -> EvalResult:
-    """pass@1 with greedy completions."""
+    """pass@1 with greedy completions. Raises SandboxUnavailable before generating anything when the
+    programs could not run confined and `limits.allow_unsandboxed` is off."""
+    limits = limits or SandboxLimits()
+    require_isolation(limits)
     problems = list(problems)
     replies: list[str] = []
     for i in range(0, len(problems), batch_size):

@@ -24,6 +24,7 @@ import torch
 from portachat.eval.data_files import EvalDataError, data_files, read_rows
 from portachat.eval.generation import next_token_logits
 from portachat.eval.report import EvalResult
+from portachat.i18n import _
 from portachat.tokenizer.protocol import ChatTokenizer
 
 LETTERS = "ABCDEFGHIJ"
@@ -51,11 +52,13 @@ def _arc_row(row: dict[str, Any], where: str) -> MCQuestion:
         if isinstance(choices, list):
             choices = {"text": [c.get("text") for c in choices], "label": [c.get("label") for c in choices]}
     if not isinstance(question, str) or not isinstance(choices, dict) or "answerKey" not in row:
-        raise EvalDataError(f"{where} is not an ARC row ({{'question', 'choices': {{'text', 'label'}}, 'answerKey'}})")
+        raise EvalDataError(_("{where} is not an ARC row ({shape})").format(
+            where=where, shape="{'question', 'choices': {'text', 'label'}, 'answerKey'}"))
     labels, texts = list(choices.get("label") or []), list(choices.get("text") or [])
     key = str(row["answerKey"]).strip()
     if len(labels) != len(texts) or key not in labels or not 2 <= len(texts) <= len(LETTERS):
-        raise EvalDataError(f"{where}: answerKey {key!r} is not one of the labels {labels}")
+        raise EvalDataError(_("{where}: answerKey {key} is not one of the labels {labels}").format(
+            where=where, key=repr(key), labels=labels))
     return MCQuestion(question, tuple(texts), labels.index(key))
 
 
@@ -66,23 +69,24 @@ def _mmlu_row(row: dict[str, Any], where: str, subject: str) -> MCQuestion:
             answer = LETTERS.index(answer.strip().upper())
         if not isinstance(row.get("question"), str) or not isinstance(choices, list) or not isinstance(answer, int) \
                 or not 0 <= answer < len(choices):
-            raise EvalDataError(f"{where} is not an MMLU row ({{'question', 'choices': [...], 'answer': int}})")
+            raise EvalDataError(_("{where} is not an MMLU row ({shape})").format(
+                where=where, shape="{'question', 'choices': [...], 'answer': int}"))
         return MCQuestion(row["question"], tuple(map(str, choices)), answer, str(row.get("subject") or subject))
     cells = [row.get(str(i)) for i in range(6)]  # original csv: question, A, B, C, D, letter
     if any(c is None for c in cells) or cells[5].strip().upper() not in "ABCD":
-        raise EvalDataError(f"{where} is not an MMLU row (jsonl/parquet with question/choices/answer, "
-                            "or csv question,A,B,C,D,answer)")
+        raise EvalDataError(_("{where} is not an MMLU row (jsonl/parquet with question/choices/answer, or csv "
+                              "question,A,B,C,D,answer)").format(where=where))
     return MCQuestion(cells[0], tuple(cells[1:5]), "ABCD".index(cells[5].strip().upper()), subject)
 
 
 def read_arc(path: str | Path, limit: int | None = None) -> list[MCQuestion]:
     out = []
     for i, row in enumerate(read_rows(Path(path))):
-        out.append(_arc_row(row, f"{path}: row {i + 1}"))
+        out.append(_arc_row(row, _("{path}: row {row}").format(path=path, row=i + 1)))
         if limit is not None and len(out) >= limit:
             break
     if not out:
-        raise EvalDataError(f"{path} holds no ARC questions")
+        raise EvalDataError(_("{path} holds no ARC questions").format(path=path))
     return out
 
 
@@ -91,11 +95,11 @@ def read_mmlu(path: str | Path, limit: int | None = None) -> list[MCQuestion]:
     for file in data_files(Path(path)):
         subject = file.name.split(".")[0].removesuffix("_test").removesuffix("_dev").removesuffix("_val")
         for i, row in enumerate(read_rows(file)):
-            out.append(_mmlu_row(row, f"{file}: row {i + 1}", subject))
+            out.append(_mmlu_row(row, _("{path}: row {row}").format(path=file, row=i + 1), subject))
             if limit is not None and len(out) >= limit:
                 return out
     if not out:
-        raise EvalDataError(f"{path} holds no MMLU questions")
+        raise EvalDataError(_("{path} holds no MMLU questions").format(path=path))
     return out
 
 
@@ -119,7 +123,7 @@ def evaluate_multiple_choice(
 ) -> EvalResult:
     """Accuracy of the highest-logit option letter; chance is the mean of 1/len(choices)."""
     if not questions:
-        raise EvalDataError(f"no {task} questions to evaluate")
+        raise EvalDataError(_("no {task} questions to evaluate").format(task=task))
     prompts = [tokenizer.render_prompt(render_question(q)) for q in questions]
     max_len = getattr(getattr(model, "config", None), "max_seq_len", None)
     if max_len is not None:  # keep the end of an over-long prompt: the options and the instruction
@@ -139,7 +143,7 @@ def score_letter_prompts(
     """Score rendered prompts (one per question, each ending where the reply begins) by the logits of
     the option letters. Per-subject accuracies and their mean go to details when there are several."""
     if not questions:
-        raise EvalDataError(f"no {task} questions to evaluate")
+        raise EvalDataError(_("no {task} questions to evaluate").format(task=task))
     logits = next_token_logits(model, prompts, batch_size=batch_size, autocast=autocast)
     all_letters = letter_ids(tokenizer, max(len(q.choices) for q in questions))
     per_subject: dict[str, list[bool]] = defaultdict(list)

@@ -16,8 +16,14 @@ from typing import Any
 
 import torch
 
+from portachat.data.sources import open_source
+from portachat.device import get_device
+from portachat.engine.loading import LoadOptions, engine_for_model, load_served_model
 from portachat.eval.data_files import EvalDataError, default_data_path, resolve_data
 from portachat.eval.report import EvalResult
+from portachat.eval.sandbox import SandboxLimits, SandboxUnavailable, require_isolation
+from portachat.i18n import _
+from portachat.model.load import load_for_inference
 
 TASKS = ("bpb", "synthetic", "gsm8k", "arc", "mmlu", "ceval", "cmmlu", "humaneval")
 CHOICES = (*TASKS, "core", "all")
@@ -38,6 +44,7 @@ class EvalOptions:
     quantize: str | None = None  # "int8" / "int4" weight-only, as the device layer plans it
     shots: int = 5  # C-Eval / CMMLU examples from the dev split before each question
     tensor_parallel_size: int = 1  # generative tasks only: the engine over N worker processes
+    allow_unsandboxed_code: bool = False  # HumanEval where the sandbox has no namespaces (--allow-unsandboxed-code)
 
 
 FORWARD_TASKS = ("bpb", "arc", "mmlu")  # scored from the model's own forward, on one device
@@ -45,12 +52,13 @@ FORWARD_TASKS = ("bpb", "arc", "mmlu")  # scored from the model's own forward, o
 
 def _task_list(opts: EvalOptions) -> list[str]:
     if opts.task not in CHOICES:
-        raise EvalDataError(f"unknown evaluation {opts.task!r}; choose one of {', '.join(CHOICES)}")
+        raise EvalDataError(_("unknown evaluation {task}; choose one of {choices}").format(
+            task=repr(opts.task), choices=", ".join(CHOICES)))
     if opts.task in ("all", "core"):
         if opts.data is not None:
-            raise EvalDataError("--data names one task's data; use it with a single task (e.g. `portachat eval "
-                                "gsm8k --data test.jsonl`). `all` reads each task's data from "
-                                f"{default_data_path('<task>')}")
+            raise EvalDataError(_("--data names one task's data; use it with a single task (e.g. `portachat eval "
+                                  "gsm8k --data test.jsonl`). `all` reads each task's data from {path}").format(
+                path=default_data_path("<task>")))
         return list(TASKS)
     return [opts.task]
 
@@ -64,7 +72,6 @@ def token_bytes_tensor(tokenizer: Any, vocab_size: int) -> torch.Tensor:
 def text_bpb(model: torch.nn.Module, tokenizer: Any, data: str | None, limit: int | None,
              batch_size: int = 8) -> EvalResult:
     """Bits per byte on the validation split of `data` (default: the built-in synthetic curriculum)."""
-    from portachat.data.sources import open_source
     from portachat.eval.bpb import evaluate_bpb
 
     seq_len = min(512, model.config.max_seq_len)
@@ -83,7 +90,8 @@ def text_bpb(model: torch.nn.Module, tokenizer: Any, data: str | None, limit: in
     if not rows and len(stream) > 1:
         rows.append(stream)
     if not rows:
-        raise EvalDataError(f"{data or 'the synthetic curriculum'} gave no validation text for bits per byte")
+        raise EvalDataError(_("{source} gave no validation text for bits per byte").format(
+            source=data or _("the synthetic curriculum")))
     device = next(model.parameters()).device
     batches = [(torch.tensor([r[:-1]]), torch.tensor([r[1:]])) for r in rows]
     table = token_bytes_tensor(tokenizer, model.config.vocab_size)
@@ -96,20 +104,18 @@ def text_bpb(model: torch.nn.Module, tokenizer: Any, data: str | None, limit: in
 
 
 def run_evals(opts: EvalOptions, log: Callable[[str], None] = print) -> list[EvalResult]:
-    from portachat.model.load import load_for_inference
-
     tasks = _task_list(opts)
     single = len(tasks) == 1
     data: dict[str, Path | None] = {}
     for task in tasks:  # find all data before loading the model: a typo should fail in a second
         if task == "synthetic":
             if opts.data:
-                raise EvalDataError("the synthetic held-out set is built in: drop --data")
+                raise EvalDataError(_("the synthetic held-out set is built in: drop --data"))
             data[task] = None
         elif task == "bpb":
             data[task] = Path(opts.data) if opts.data else None
             if opts.data and not Path(opts.data).exists() and str(opts.data) != "synthetic":
-                raise EvalDataError(f"--data {opts.data} does not exist")
+                raise EvalDataError(_("--data {path} does not exist").format(path=opts.data))
         elif single:
             data[task] = resolve_data(task, opts.data)
         else:
@@ -119,17 +125,14 @@ def run_evals(opts: EvalOptions, log: Callable[[str], None] = print) -> list[Eva
             else:
                 log(f"[eval] {task}: skipped, no data at {path} (`portachat eval {task}` downloads it when online, "
                     "or pass --data)")
+    if "humaneval" in data and not _sandbox_ready(opts, single, log):
+        del data["humaneval"]
     if opts.tensor_parallel_size > 1:
         return _run_tensor_parallel(opts, tasks, data, log)
     loaded = load_for_inference(opts.model, device=opts.device, dtype=opts.dtype)
-    log(f"[eval] model: {loaded.description}")
-    if opts.quantize:
-        from portachat.device import get_device
-        from portachat.quant import quantize_model
-
-        log(f"[eval] {quantize_model(loaded.model, opts.quantize, get_device(kind=opts.device)).summary()}")
+    complete, description = _make_complete(loaded, opts)  # quantizes the model in place with --quantize
+    log(f"[eval] model: {description}")
     model, tokenizer = loaded.model, loaded.tokenizer
-    complete = _make_complete(loaded, opts)
     results: list[EvalResult] = []
     for task in tasks:
         if task not in data:
@@ -143,16 +146,29 @@ def run_evals(opts: EvalOptions, log: Callable[[str], None] = print) -> list[Eva
     return results
 
 
+def _sandbox_ready(opts: EvalOptions, single: bool, log: Callable[[str], None]) -> bool:
+    """Before loading the model: can HumanEval's programs run here? Alone it fails with the reason,
+    within `all` it is skipped with it."""
+    try:
+        require_isolation(SandboxLimits(allow_unsandboxed=opts.allow_unsandboxed_code))
+    except SandboxUnavailable as exc:
+        if single:
+            raise
+        log(_("[eval] humaneval: skipped: {reason}").format(reason=exc))
+        return False
+    return True
+
+
 def _run_tensor_parallel(opts: EvalOptions, tasks: list[str], data: dict[str, Path | None],
                          log: Callable[[str], None]) -> list[EvalResult]:  # fmt: skip
     """Generative tasks through an engine split over -tp N worker processes (started and stopped here)."""
     from portachat.eval.generation import engine_complete
-    from portachat.serve.api.loading import LoadOptions, load_served_model
 
     forward = [t for t in tasks if t in FORWARD_TASKS and t in data]
     if forward:
-        raise EvalDataError(f"{', '.join(forward)} score the model's own forward on one device: run them without "
-                            "--tensor-parallel-size (it applies to the generative tasks: synthetic, gsm8k, humaneval)")  # fmt: skip
+        raise EvalDataError(_("{tasks} score the model's own forward on one device: run them without "
+                              "--tensor-parallel-size (it applies to the generative tasks: synthetic, gsm8k, "
+                              "humaneval)").format(tasks=", ".join(forward)))
     served = load_served_model(LoadOptions(model=opts.model, device=opts.device, dtype=opts.dtype,
                                            quantize=opts.quantize, max_model_len=MAX_EVAL_CONTEXT,
                                            tensor_parallel_size=opts.tensor_parallel_size))  # fmt: skip
@@ -170,18 +186,18 @@ def _run_tensor_parallel(opts: EvalOptions, tasks: list[str], data: dict[str, Pa
             served.close()
 
 
-def _make_complete(loaded: Any, opts: EvalOptions):
-    from portachat.device import get_device
+def _make_complete(loaded: Any, opts: EvalOptions) -> tuple[Callable, str]:
+    """The generative tasks' complete function over the loaded model, through the engine builder
+    the server uses, and the model's description."""
     from portachat.eval.generation import engine_complete
-    from portachat.serve.engine.config import EngineConfig
-    from portachat.serve.engine.engine import LLMEngine
 
     dev = get_device(kind=opts.device, dtype=opts.dtype)
     # Eval prompts are short (HumanEval's longest ~1k tokens with its reply): no need to reserve a KV
     # cache for a model's full context (8k for SmolLM2) times the batch.
-    max_len = min(loaded.model.config.max_seq_len, MAX_EVAL_CONTEXT)
-    engine = LLMEngine(loaded.model, loaded.tokenizer, EngineConfig(dtype="model", max_model_len=max_len), device=dev)
-    return engine_complete(engine, loaded.tokenizer, seed=opts.seed)
+    options = LoadOptions(model=opts.model, device=opts.device, dtype=opts.dtype, quantize=opts.quantize,
+                          max_model_len=min(loaded.model.config.max_seq_len, MAX_EVAL_CONTEXT))
+    engine, tokenizer, description = engine_for_model(loaded, options, dev)
+    return engine_complete(engine, tokenizer, seed=opts.seed), description
 
 
 def _run_one(task: str, data: Path | None, model, tokenizer, complete, opts: EvalOptions) -> EvalResult:
@@ -207,4 +223,5 @@ def _run_one(task: str, data: Path | None, model, tokenizer, complete, opts: Eva
         return evaluate_chinese_mc(read_chinese_mc(task, data, opts.limit), model, tokenizer, shots=opts.shots)
     from portachat.eval.humaneval import evaluate_humaneval, read_humaneval
 
-    return evaluate_humaneval(complete, read_humaneval(data, opts.limit), workers=opts.workers, **kw)
+    return evaluate_humaneval(complete, read_humaneval(data, opts.limit), workers=opts.workers,
+                              limits=SandboxLimits(allow_unsandboxed=opts.allow_unsandboxed_code), **kw)

@@ -1,34 +1,41 @@
 """Run untrusted Python (model-written code) in a confined subprocess, for HumanEval.
 
-Each program runs in its own fresh temporary directory (under /run/portachat-sandbox as root, else
-the system temp dir), in a new session, under a supervisor
-process (`_sandbox_supervisor.py`) that kills it at the timeout and then kills every process it
-left behind (the supervisor is a child subreaper, so even processes that called setsid() come back
-to it). Layers, from the operating system up:
+Each program runs under a supervisor process (`_sandbox_supervisor.py`) that kills it at the
+timeout and then kills every process it left behind (the supervisor is a child subreaper, so even
+processes that called setsid() come back to it). Layers, from the operating system up:
 
-Guaranteed (on Linux):
-  - wall-clock timeout, then SIGKILL of the process group and of every descendant;
+Namespaces (bubblewrap, `bwrap`, for root and ordinary users alike; `available_isolation()` says
+whether this machine gives them): the program runs in new user, mount, PID, network, IPC and UTS
+namespaces. `/` is mounted read-only; /tmp is a private tmpfs of bounded size holding its work
+dir (/tmp/work) and the program; /home, /root, /run and the evaluator's $HOME are empty read-only
+tmpfs mounts (no view of anyone's files there); /proc is the new PID namespace's own (the
+host's processes, their command lines included, are invisible); /dev holds only null, zero,
+random and a bounded /dev/shm; there is no network at all, not even loopback; no capabilities and
+no further user namespaces; a new, empty session keyring (the evaluator's keys out of reach).
+Model code does not run where these namespaces are unavailable unless the user passes
+`--allow-unsandboxed-code` (`SandboxLimits.allow_unsandboxed`).
+Also guaranteed (on Linux):
+  - wall-clock timeout, then SIGKILL of the program, its PID namespace and every descendant;
   - resource limits with soft = hard (the program cannot raise them): address space (memory
-    bombs get MemoryError), CPU seconds, size of any file written, open files, no core dumps;
+    bombs get MemoryError), CPU seconds, size of any file written, open files, processes
+    (RLIMIT_NPROC, counted inside the user namespace: fork bombs stop there), no core dumps;
   - when running as root (as CI does): the program runs as an unprivileged user (`nobody` by
-    default), so root does not defeat the limits - RLIMIT_NPROC caps the processes it can start
-    (fork bombs stop there), it cannot signal the evaluator or other users' processes, and it can
-    write only where that user may: its own temp dir, plus the world-writable dirs (/tmp,
-    /var/tmp, /dev/shm, /run/lock), which a private mount namespace covers with empty tmpfs
-    mounts that vanish with the program; sandboxes running at the same time use different uids
+    default) inside the namespaces too; sandboxes running at the same time use different uids
     (`SandboxLimits.slot`), so one's processes neither count against nor can signal another's;
-  - when the kernel allows it (root, or unprivileged user namespaces): a fresh network namespace,
-    so no network at all, not even loopback. `SandboxResult.isolation` says which layers were on
-    ("network-namespace", "private-tmp", "uid-N", "rlimits", "subreaper").
   - the temp dir is deleted afterwards, whatever the program wrote in it.
+  `SandboxResult.isolation` says which layers were on ("bubblewrap", "pid-namespace",
+  "network-namespace", "read-only-root", "private-tmp", "private-keyring", "uid-N", "rlimits",
+  "subreaper").
 Best effort (a Python-level guard in `_sandbox_guard.py`, like human-eval's reliability_guard; a
 program can get around it - e.g. by re-importing a fresh `posix` - and then meets the layers above):
   os.kill/fork/exec/system are disabled, writing, deleting and renaming files only work inside the
-  temp dir, importing socket/subprocess/ctypes/signal/multiprocessing/... fails, and sys.exit is
+  work dir, importing socket/subprocess/ctypes/signal/multiprocessing/... fails, and sys.exit is
   disabled so a program cannot pass by exiting early.
-Not guaranteed: reading world-readable files; without root, a program that defeats the Python
-guard could signal processes of the same user; the machine's CPU is shared (bounded by the CPU and
-process limits, not reserved). Do not run code you would not run on this machine as `nobody`.
+Not guaranteed: reading world-readable files outside the hidden directories (the installed
+system, /etc, checkouts outside $HOME); the machine's CPU is shared (bounded by the CPU and process
+limits, not reserved). Without namespaces (`--allow-unsandboxed-code`) only the rlimits, the uid
+switch as root and the Python guard remain: the program can then read and, as an ordinary user,
+write what that user can.
 """
 
 from __future__ import annotations
@@ -43,13 +50,24 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from portachat.i18n import _
 
 _HERE = Path(__file__).resolve().parent
 GUARD = _HERE / "_sandbox_guard.py"
 SUPERVISOR = _HERE / "_sandbox_supervisor.py"
 OUTPUT_TAIL = 2000  # characters of stdout/stderr kept in a result
+ISOLATIONS = ("bubblewrap", "none")  # what `available_isolation()` can answer
+# Inside the namespaces: /tmp is the private tmpfs, the program is read-only beside its work dir.
+INSIDE_WORK = "/tmp/work"
+INSIDE_PROGRAM = "/tmp/program.py"
+# Covered by empty read-only tmpfs mounts (with the evaluator's $HOME): other people's files, the
+# host's runtime sockets (/run/user/*/bus, /run/docker.sock: a read-only mount does not stop connect()).
+HIDDEN = ("/home", "/root", "/run", "/var/tmp", "/mnt", "/media")
+SHM_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -63,6 +81,8 @@ class SandboxLimits:
     user: str = "nobody"  # the user a root evaluator drops to
     slot: int = 0  # concurrent sandboxes use different slots: slot k > 0 runs as an unused uid below `user`'s
     python_guard: bool = True  # False only to test the operating-system layers on their own
+    tmp_bytes: int = 64 << 20  # size of the private /tmp (work dir included)
+    allow_unsandboxed: bool = False  # run even where namespaces are unavailable (--allow-unsandboxed-code)
 
 
 @dataclass
@@ -107,14 +127,8 @@ def sandbox_python(uid: int | None, gid: int | None) -> str:
         seen.append(exe)
         if uid is None:
             return exe
-
-        def as_user() -> None:
-            os.setgroups([])
-            os.setgid(gid)
-            os.setuid(uid)
-
         try:
-            ok = subprocess.run([exe, "-I", "-S", "-c", "import math, json"], preexec_fn=as_user, cwd="/",
+            ok = subprocess.run([exe, "-I", "-S", "-c", "import math, json"], preexec_fn=_as_user(uid, gid), cwd="/",
                                 capture_output=True, timeout=30).returncode == 0
         except (OSError, subprocess.SubprocessError):
             ok = False
@@ -150,7 +164,7 @@ def sandbox_ids(user: str, slot: int) -> tuple[int, int]:
         raise RuntimeError(f"sandbox user {user!r} does not exist; create it or set "
                            "SandboxLimits(user=...) to an unprivileged user") from None
     uid = entry.pw_uid
-    for _ in range(slot):
+    for _slot in range(slot):
         uid -= 1
         while _uid_exists(uid):
             uid -= 1
@@ -167,13 +181,109 @@ def _uid_exists(uid: int) -> bool:
         return False
 
 
+class SandboxUnavailable(RuntimeError):
+    """Model-written code would run without namespaces and the user did not allow that."""
+
+
+def unavailable_message() -> str:
+    return _("model-written code runs only inside new user, mount, PID and network namespaces, and this machine "
+             "gives none to the sandbox: bubblewrap (`bwrap`) is missing or cannot create an unprivileged user "
+             "namespace. Install it (`apt-get install bubblewrap`; `bash scripts/setup.sh` does as root) and allow "
+             "user namespaces (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0), or pass "
+             "--allow-unsandboxed-code to run it with only resource limits and a Python guard (it can then read "
+             "and write whatever you can). `portachat doctor` shows the isolation this machine gives.")
+
+
+def _as_user(uid: int | None, gid: int | None) -> Callable[[], None] | None:
+    """A preexec_fn that switches to (uid, gid) between fork and exec; None when there is nothing to switch."""
+    if uid is None:
+        return None
+
+    def switch() -> None:
+        os.setgroups([])
+        os.setgid(gid)
+        os.setuid(uid)
+
+    return switch
+
+
+@functools.cache
+def _bwrap_disables_userns(bwrap: str) -> bool:
+    """bubblewrap 0.8+ can forbid further user namespaces inside (less kernel surface for the program)."""
+    try:
+        return "--disable-userns" in subprocess.run([bwrap, "--help"], capture_output=True, text=True,
+                                                    timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def _under(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def bwrap_command(bwrap: str, program: str, python: str, tmp_bytes: int = 64 << 20) -> list[str]:
+    """bubblewrap's arguments up to (and including) `--`: the namespaces and mounts the module
+    docstring promises. `program` (a host path) is seen read-only at INSIDE_PROGRAM; `python` (the
+    interpreter that will run inside) is mounted back when a hidden directory covers it."""
+    home = os.path.realpath(os.path.expanduser("~"))
+    hidden: list[str] = []
+    for d in [*HIDDEN, home]:  # real paths: /home may be a link to /usr/home, $HOME one into /data
+        d = os.path.realpath(d)
+        if d != "/" and os.path.isdir(d) and not any(_under(d, h) for h in [*hidden, "/tmp"]):
+            hidden.append(d)
+    args = [bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    if _bwrap_disables_userns(bwrap):
+        args.append("--disable-userns")
+    args += ["--ro-bind", "/", "/", "--dev", "/dev", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm",
+             "--remount-ro", "/dev", "--proc", "/proc"]
+    for d in hidden:
+        args += ["--tmpfs", d]
+    args += ["--size", str(tmp_bytes), "--tmpfs", "/tmp", "--dir", INSIDE_WORK, "--ro-bind", program, INSIDE_PROGRAM]
+    prefix = str(Path(os.path.realpath(python)).parent.parent)  # .../bin/python3 -> the installation
+    if any(_under(prefix, d) for d in [*hidden, "/tmp"]):
+        args += ["--ro-bind", prefix, prefix]
+    for d in hidden:  # read-only only now: mounting the interpreter back needed its parent dirs made
+        args += ["--remount-ro", d]
+    return [*args, "--chdir", INSIDE_WORK, "--"]
+
+
+@functools.cache
+def available_isolation(user: str = "nobody") -> str:
+    """Which isolation this machine gives model-written code, one of ISOLATIONS: "bubblewrap" when
+    `bwrap` can make the namespaces here as the user the program runs as (`user` when the evaluator
+    is root), else "none". Tests simulate machines by monkeypatching this function."""
+    bwrap = shutil.which("bwrap")
+    if sys.platform != "linux" or bwrap is None:
+        return "none"
+    uid = gid = None
+    if os.geteuid() == 0:
+        uid, gid = sandbox_ids(user, 0)
+    try:
+        ok = subprocess.run([*bwrap_command(bwrap, "/dev/null", "/bin/true"), "/bin/true"], cwd="/",
+                            stdin=subprocess.DEVNULL, capture_output=True, timeout=30,
+                            preexec_fn=_as_user(uid, gid)).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        ok = False
+    return "bubblewrap" if ok else "none"
+
+
+def require_isolation(limits: SandboxLimits) -> str:
+    """The isolation model code will get; raises SandboxUnavailable when there is none and
+    `limits.allow_unsandboxed` is off. Call it before expensive work (generating the completions)."""
+    if sys.platform != "linux":
+        raise RuntimeError(_("the code sandbox needs Linux (namespaces, resource limits, /proc); run "
+                             "`portachat eval humaneval` on a Linux machine"))
+    isolation = available_isolation(limits.user)
+    if isolation == "none" and not limits.allow_unsandboxed:
+        raise SandboxUnavailable(unavailable_message())
+    return isolation
+
+
 def run_program(source: str, limits: SandboxLimits | None = None) -> SandboxResult:
     """Run `source` (a whole Python program) confined; "passed" means it ran to the end without
     raising, within the limits. Never raises for anything the program does."""
     limits = limits or SandboxLimits()
-    if sys.platform != "linux":
-        raise RuntimeError("the HumanEval sandbox needs Linux (resource limits, /proc, namespaces); "
-                           "run `portachat eval humaneval` on a Linux machine")
+    isolation = require_isolation(limits)
     is_root = os.geteuid() == 0
     uid = gid = None
     if is_root:
@@ -192,8 +302,13 @@ def run_program(source: str, limits: SandboxLimits | None = None) -> SandboxResu
         shutil.copyfile(GUARD, guard)
         for p in (program, guard):
             os.chmod(p, 0o644)  # readable, not writable, by the sandbox user
+        python = sandbox_python(uid, gid)
+        wrap = []
+        if isolation == "bubblewrap":
+            wrap = bwrap_command(shutil.which("bwrap") or "bwrap", str(program), python, limits.tmp_bytes)
         config = {
-            "python": sandbox_python(uid, gid), "guard": str(guard), "program": str(program), "workdir": str(work),
+            "python": python, "guard": str(guard), "program": str(program), "workdir": str(work), "wrap": wrap,
+            "inside": {"program": INSIDE_PROGRAM, "workdir": INSIDE_WORK} if wrap else None,
             "stdout": str(root / "stdout"), "stderr": str(root / "stderr"), "timeout_s": limits.timeout_s,
             "cpu_seconds": limits.cpu_seconds, "memory_bytes": limits.memory_bytes,
             "file_bytes": limits.file_bytes, "open_files": limits.open_files, "processes": limits.processes,

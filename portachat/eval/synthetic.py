@@ -1,11 +1,11 @@
-"""Accuracy on the held-out split of the synthetic task curriculum (portachat/data/synthetic_tasks.py)."""
+"""Accuracy on the held-out split of the synthetic task curriculum (portachat/data/synthetic/tasks.py)."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
 
-from portachat.data.synthetic_tasks import heldout_set
+from portachat.data.synthetic.tasks import heldout_set
 from portachat.eval.generation import CompleteFn
 from portachat.eval.report import EvalResult
 

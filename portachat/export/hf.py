@@ -15,12 +15,12 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from portachat.checkpoint.atomic import atomic_directory
-from portachat.checkpoint.model_dir import FORMAT_VERSION, META, WEIGHTS
 from portachat.export.errors import ExportError
 from portachat.export.source import check_output_free, load_exportable
 from portachat.i18n import _
 from portachat.model.hf import generation_config, to_hf_config
+from portachat.model.model_dir import FORMAT_VERSION, META, WEIGHTS
+from portachat.storage.atomic import atomic_directory
 
 HF_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

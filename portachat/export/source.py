@@ -4,19 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from portachat.checkpoint.atomic import CheckpointError
-from portachat.checkpoint.model_dir import LoadedModel, load_model_dir
-from portachat.checkpoint.runs import resolve_model_path
 from portachat.export.errors import ExportError
 from portachat.i18n import _
-from portachat.model.hf import exportable
+from portachat.model.hf import UnsupportedConfigError, exportable
+from portachat.model.model_dir import LoadedModel, load_model_dir
+from portachat.model.source import resolve
+from portachat.storage.atomic import CheckpointError
 
 
 def load_exportable(path: str | Path) -> LoadedModel:
     """Our checkpoint at `path` (weights on the CPU), refused with the reason when it is outside the HF mapping."""
     try:
-        path = resolve_model_path(path)
-    except CheckpointError as exc:
+        path = resolve(path).path
+    except (CheckpointError, UnsupportedConfigError) as exc:
         raise ExportError(
             _("{error}. Pass one of our checkpoints: a step directory, a stage directory (its `latest` is used) "
               "or RUN/STAGE under PORTACHAT_HOME, e.g. `--model myrun/sft`").format(error=exc)

@@ -5,7 +5,10 @@
 
 Problems found: a message with no (or a fuzzy) msgstr, a msgstr whose {placeholders} differ from
 the msgid's (str.format would fail), a non-literal argument (an f-string can never be in the
-catalog), and a function that rebinds `_` (e.g. `for _ in ...`) while also calling _().
+catalog), a function that rebinds `_` (e.g. `for _ in ...`) while also calling _(), and text that
+reaches a user without _(): a string literal or f-string given as the message of portachat's own
+exceptions (classes named ...Error defined in the package), of an HTTP error (`APIError`), or of a
+progress line (`say(...)`). A bracketed prefix such as `"[portachat] " + _(...)` is not text.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ PACKAGE = Path(__file__).resolve().parents[1]
 MARKERS = {"_": 1, "N_": 1, "ngettext": 2}  # function name -> how many leading literal arguments
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)  # their variables are their own
+USER_FACING_CALLS = {"say", "APIError"}  # besides portachat's own ...Error classes
+_PREFIX = re.compile(r"^\s*\[[\w -]+\]")  # "[portachat] ": a log prefix, not text
 _PLACEHOLDER = re.compile(r"\{[^{}]*\}|%%|%\([^)]*\)[a-z]|%[sdr]")  # %% too: argparse %-formats help
 
 
@@ -84,6 +89,46 @@ def extract_file(path: Path, root: Path) -> tuple[list[Message], list[str]]:
     return messages, problems
 
 
+def own_error_classes(root: Path = PACKAGE) -> set[str]:
+    """The exception classes portachat defines (by name): their messages reach users."""
+    names = set()
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef) and node.name.endswith("Error"):
+                names.add(node.name)
+    return names
+
+
+def _has_words(text: str) -> bool:
+    return any(c.isalpha() for c in _PREFIX.sub("", text))
+
+
+def _bare_text(node: ast.AST) -> bool:
+    """Whether an expression carries words of its own outside _(): a literal or an f-string with letters
+    beyond a bracketed log prefix (punctuation, rules and values alone are not text)."""
+    if isinstance(node, ast.JoinedStr):
+        return any(isinstance(v, ast.Constant) and _has_words(v.value) for v in node.values)
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return _has_words(node.value)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _bare_text(node.left) or _bare_text(node.right)
+    return False
+
+
+def untranslated_text(path: Path, root: Path, sinks: set[str]) -> list[str]:
+    """Calls in one module whose user-facing message is text that bypasses _()."""
+    rel = path.relative_to(root.parent) if path.is_relative_to(root.parent) else path
+    problems = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if not isinstance(node, ast.Call) or not node.args:
+            continue
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+        if name in sinks and _bare_text(node.args[0]):
+            problems.append(f"{rel}:{node.lineno}: the message of {name}() is not passed through _()")
+    return problems
+
+
 def extract(paths: list[Path] | None = None, root: Path = PACKAGE) -> tuple[list[Message], list[str]]:
     messages: list[Message] = []
     problems: list[str] = []
@@ -101,6 +146,10 @@ def _placeholders(text: str) -> list[str]:
 def check(paths: list[Path] | None = None, catalog: Path = CATALOG["zh"], root: Path = PACKAGE) -> list[str]:
     """Every problem as one line; an empty list means the catalog covers the code."""
     messages, problems = extract(paths, root)
+    sinks = USER_FACING_CALLS | own_error_classes(root)
+    for path in sorted(paths if paths is not None else root.rglob("*.py")):
+        if "i18n" not in path.relative_to(root).parts:  # the catalog tools talk to developers
+            problems += untranslated_text(path, root, sinks)
     entries = {e.msgid: e for e in read_po(catalog) if e.msgid}
     for m in messages:
         e = entries.get(m.msgid)

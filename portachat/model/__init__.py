@@ -1,4 +1,4 @@
-"""The GPT model: configuration, modules, Hugging Face mapping (generation is the engine's: portachat.serve.engine)."""
+"""The GPT model: configuration, modules, Hugging Face mapping (generation is the engine's: portachat.engine)."""
 
 from __future__ import annotations
 

@@ -16,8 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from portachat.checkpoint.atomic import CheckpointError
-from portachat.device.attention import attention
+from portachat.i18n import _
+from portachat.ops.attention import attention
+from portachat.storage.atomic import CheckpointError
 
 # transformers' ACT2FN names for the activations BERT-family configs use.
 _ACTIVATIONS = {
@@ -47,14 +48,17 @@ class BertConfig:
     def from_hf(cls, config: Mapping[str, Any], where: str = "config.json") -> BertConfig:
         """config.json's dict -> BertConfig; a clear error for what this encoder does not implement."""
         if config.get("model_type") != "bert":
-            raise CheckpointError(f"{where}: model_type {config.get('model_type')!r} is not a BERT encoder "
-                                  f"(supported: model_type 'bert', architectures {', '.join(BERT_ARCHITECTURES)})")
+            raise CheckpointError(_("{where}: model_type {model_type} is not a BERT encoder "
+                                    "(supported: model_type 'bert', architectures {supported})").format(
+                where=where, model_type=repr(config.get("model_type")), supported=", ".join(BERT_ARCHITECTURES)))
         position = config.get("position_embedding_type", "absolute")
         if position != "absolute":
-            raise CheckpointError(f"{where}: position_embedding_type {position!r} is not supported (only 'absolute')")
+            raise CheckpointError(_("{where}: position_embedding_type {value} is not supported (only 'absolute')").format(
+                where=where, value=repr(position)))
         act = config.get("hidden_act", "gelu")
         if act not in _ACTIVATIONS:
-            raise CheckpointError(f"{where}: hidden_act {act!r} is not supported ({', '.join(_ACTIVATIONS)})")
+            raise CheckpointError(_("{where}: hidden_act {value} is not supported ({supported})").format(
+                where=where, value=repr(act), supported=", ".join(_ACTIVATIONS)))
         try:
             cfg = cls(**{k: config[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                                                   "intermediate_size", "max_position_embeddings")},
@@ -62,10 +66,11 @@ class BertConfig:
                       layer_norm_eps=config.get("layer_norm_eps", 1e-12), hidden_act=act,
                       pad_token_id=config.get("pad_token_id") or 0)
         except KeyError as exc:
-            raise CheckpointError(f"{where}: missing {exc.args[0]!r}") from None
+            raise CheckpointError(_("{where}: missing {key}").format(where=where, key=repr(exc.args[0]))) from None
         if cfg.hidden_size % cfg.num_attention_heads:
-            raise CheckpointError(f"{where}: hidden_size {cfg.hidden_size} is not a multiple of "
-                                  f"num_attention_heads {cfg.num_attention_heads}")
+            raise CheckpointError(_("{where}: hidden_size {hidden_size} is not a multiple of "
+                                    "num_attention_heads {heads}").format(
+                where=where, hidden_size=cfg.hidden_size, heads=cfg.num_attention_heads))
         return cfg
 
 
@@ -164,7 +169,8 @@ class BertEncoder(nn.Module):
         """Last hidden states [B, T, hidden] for token ids [B, T]; `attention_mask` [B, T] is 1 on real
         tokens and 0 on padding (padding keys are never attended to)."""
         if ids.size(1) > self.config.max_position_embeddings:
-            raise ValueError(f"{ids.size(1)} tokens exceed this encoder's {self.config.max_position_embeddings} positions")
+            raise ValueError(_("{tokens} tokens exceed this encoder's {positions} positions").format(
+                tokens=ids.size(1), positions=self.config.max_position_embeddings))
         mask = attention_mask.bool()[:, None, None, :]  # [B, 1, 1, T]: every query sees the real keys
         x = self.embeddings(ids)
         for layer in self.encoder.layer:
@@ -185,13 +191,15 @@ def build_bert(config: Mapping[str, Any], state_dict: Mapping[str, torch.Tensor]
     missing = sorted(set(expected) - set(names))
     unexpected = sorted(k for k in set(names) - set(expected) if not k.startswith("cls."))  # MLM head: unused
     if missing or unexpected:
-        raise CheckpointError(f"{where}: the weights do not match a BERT encoder: missing {missing[:5]}, "
-                              f"unexpected {unexpected[:5]}")
+        raise CheckpointError(_("{where}: the weights do not match a BERT encoder: missing {missing}, "
+                                "unexpected {unexpected}").format(
+            where=where, missing=missing[:5], unexpected=unexpected[:5]))
     state = {}
     for name, shape in expected.items():
         tensor = state_dict[names[name]]
         if tuple(tensor.shape) != shape:
-            raise CheckpointError(f"{where}: {name} has shape {tuple(tensor.shape)}, config.json implies {shape}")
+            raise CheckpointError(_("{where}: {name} has shape {shape}, config.json implies {expected}").format(
+                where=where, name=name, shape=tuple(tensor.shape), expected=shape))
         state[name] = tensor.to(device=device, dtype=dtype)
     model.load_state_dict(state, assign=True)
     model.requires_grad_(False)

@@ -12,6 +12,8 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from portachat.i18n import _
+
 
 class ConfigError(ValueError):
     """A model configuration that cannot be built (bad size, inconsistent heads, ...)."""
@@ -28,27 +30,30 @@ def check_rope_scaling(rope_scaling: dict[str, Any] | None) -> dict[str, Any] | 
     if rope_scaling is None:
         return None
     if not isinstance(rope_scaling, dict):
-        raise ConfigError(f"rope_scaling must be a dict or None, got {rope_scaling!r}")
+        raise ConfigError(_("rope_scaling must be a dict or None, got {value}").format(value=repr(rope_scaling)))
     rope_type = rope_scaling.get("rope_type", rope_scaling.get("type"))
     if rope_type in (None, "default"):
         return None
     if rope_type not in ROPE_SCALING_TYPES:
         raise ConfigError(
-            f"rope scaling type {rope_type!r} is not supported; supported types are "
-            f"{', '.join(ROPE_SCALING_TYPES)} (or none)"
+            _("rope scaling type {type} is not supported; supported types are {supported} (or none)").format(
+                type=repr(rope_type), supported=", ".join(ROPE_SCALING_TYPES))
         )
     keys = ("factor",) if rope_type == "linear" else _LLAMA3_KEYS
     missing = [k for k in keys if k not in rope_scaling]
     if missing:
-        raise ConfigError(f"rope scaling {rope_type!r} needs {missing}; got {rope_scaling!r}")
+        raise ConfigError(_("rope scaling {type} needs {missing}; got {value}").format(
+            type=repr(rope_type), missing=missing, value=repr(rope_scaling)))
     out: dict[str, Any] = {"rope_type": rope_type}
     for k in keys:
         value = rope_scaling[k]
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise ConfigError(f"rope scaling {k} must be a positive number, got {value!r}")
+            raise ConfigError(_("rope scaling {key} must be a positive number, got {value}").format(
+                key=k, value=repr(value)))
         out[k] = int(value) if k == "original_max_position_embeddings" else float(value)
     if rope_type == "llama3" and out["high_freq_factor"] <= out["low_freq_factor"]:
-        raise ConfigError(f"llama3 rope scaling needs high_freq_factor > low_freq_factor, got {rope_scaling!r}")
+        raise ConfigError(_("llama3 rope scaling needs high_freq_factor > low_freq_factor, got {value}").format(
+            value=repr(rope_scaling)))
     return out
 
 
@@ -89,18 +94,21 @@ class GPTConfig:
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
+                raise ConfigError(_("GPTConfig.{name} must be a positive integer, got {value}").format(
+                    name=name, value=repr(value)))
         if self.n_head % self.n_kv_head != 0:
             raise ConfigError(
-                f"n_head ({self.n_head}) must be a multiple of n_kv_head ({self.n_kv_head}) "
-                "for grouped-query attention; pick n_kv_head among the divisors of n_head"
+                _("n_head ({n_head}) must be a multiple of n_kv_head ({n_kv_head}) "
+                  "for grouped-query attention; pick n_kv_head among the divisors of n_head").format(
+                    n_head=self.n_head, n_kv_head=self.n_kv_head)
             )
         if self.head_dim % 2 != 0:
-            raise ConfigError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+            raise ConfigError(_("head_dim must be even for rotary embeddings, got {value}").format(value=self.head_dim))
         if not (isinstance(self.rope_theta, int | float) and self.rope_theta > 0):
-            raise ConfigError(f"rope_theta must be a positive number, got {self.rope_theta!r}")
+            raise ConfigError(_("rope_theta must be a positive number, got {value}").format(value=repr(self.rope_theta)))
         if not (isinstance(self.rms_norm_eps, int | float) and self.rms_norm_eps > 0):
-            raise ConfigError(f"rms_norm_eps must be a positive number, got {self.rms_norm_eps!r}")
+            raise ConfigError(_("rms_norm_eps must be a positive number, got {value}").format(
+                value=repr(self.rms_norm_eps)))
         self.rope_theta = float(self.rope_theta)
         self.rms_norm_eps = float(self.rms_norm_eps)
         self.tie_embeddings = bool(self.tie_embeddings)
@@ -108,7 +116,8 @@ class GPTConfig:
         self.attention_bias = bool(self.attention_bias)
         if self.architecture not in ARCHITECTURES:
             raise ConfigError(
-                f"architecture must be one of {', '.join(ARCHITECTURES)}, got {self.architecture!r}"
+                _("architecture must be one of {supported}, got {value}").format(
+                    supported=", ".join(ARCHITECTURES), value=repr(self.architecture))
             )
         self.rope_scaling = check_rope_scaling(self.rope_scaling)
 
@@ -137,10 +146,12 @@ class GPTConfig:
             ("kv_head_ratio", kv_head_ratio),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r} (e.g. --depth 12)")
+                raise ConfigError(_("{name} must be a positive integer, got {value} (e.g. --depth 12)").format(
+                    name=name, value=repr(value)))
         n_embd = depth * aspect_ratio
         if n_embd % 2 != 0:
-            raise ConfigError(f"depth * aspect_ratio = {n_embd} must be even (rotary needs even head dims)")
+            raise ConfigError(_("depth * aspect_ratio = {width} must be even (rotary needs even head dims)").format(
+                width=n_embd))
         # Keep n_embd == n_head * head_dim: start from the requested head size and, for widths it does
         # not divide (tiny or odd depths), add heads until the split is exact with an even head size.
         n_head = max(1, n_embd // head_dim)
@@ -191,12 +202,13 @@ class GPTConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise ConfigError(f"unknown GPTConfig fields {unknown}; known fields are {sorted(known)}")
+            raise ConfigError(_("unknown GPTConfig fields {unknown}; known fields are {known}").format(
+                unknown=unknown, known=sorted(known)))
         return cls(**d)
 
 
 def training_tokens(cfg: GPTConfig, tokens_per_param: float = 20.0) -> int:
     """Chinchilla-style horizon (as nanochat): train on ~20 tokens per parameter."""
     if not tokens_per_param > 0:
-        raise ConfigError(f"tokens_per_param must be positive, got {tokens_per_param!r}")
+        raise ConfigError(_("tokens_per_param must be positive, got {value}").format(value=repr(tokens_per_param)))
     return int(tokens_per_param * cfg.num_params())

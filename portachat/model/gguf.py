@@ -366,7 +366,7 @@ def read_gguf(path: str | Path) -> GGUFParts:
     try:
         tokenizer = build_tokenizer(metadata)
     except GGUFTokenizerError as e:
-        raise UnsupportedGGUFError(f"{path.name}: {e}") from e
+        raise UnsupportedGGUFError(_("{path}: {error}").format(path=path.name, error=e)) from e
     tok_config = tokenizer_config(metadata, tokenizer)
     tok_config["model_max_length"] = config["max_position_embeddings"]
     scalars = {k: v for k, v in metadata.items() if not isinstance(v, list)}

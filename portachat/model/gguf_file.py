@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from portachat.i18n import _
+
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 
@@ -90,7 +92,7 @@ class _Cursor:
                 self.pos += count * dtype.itemsize
                 return values
             return [self.value(item_kind) for _ in range(count)]
-        raise GGUFFormatError(f"unknown metadata value type {kind}")
+        raise GGUFFormatError(_("unknown metadata value type {kind}").format(kind=kind))
 
 
 def _nbytes(ggml_type: int, shape: tuple[int, ...]) -> int:
@@ -99,7 +101,7 @@ def _nbytes(ggml_type: int, shape: tuple[int, ...]) -> int:
     try:
         block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
     except (ValueError, KeyError):
-        raise GGUFFormatError(f"unknown ggml tensor type id {ggml_type}") from None
+        raise GGUFFormatError(_("unknown ggml tensor type id {type}").format(type=ggml_type)) from None
     return int(np.prod(shape, dtype=np.int64)) // block * size
 
 
@@ -116,24 +118,25 @@ class GGUFFile:
             self._map.close()
             if isinstance(e, GGUFFormatError):
                 raise
-            raise GGUFFormatError(f"truncated or damaged header ({e})") from e
+            raise GGUFFormatError(_("truncated or damaged header ({error})").format(error=e)) from e
 
     def _parse(self) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
         if self._map[:4] != GGUF_MAGIC:
-            raise GGUFFormatError("the file does not start with the GGUF magic bytes")
+            raise GGUFFormatError(_("the file does not start with the GGUF magic bytes"))
         c = _Cursor(self._map, 4)
         version = c.unpack("<I")
         if version not in (2, 3):
             raise GGUFFormatError(
-                f"GGUF version {version} is not supported (2 and 3 are; big-endian files are not)"
+                _("GGUF version {version} is not supported (2 and 3 are; big-endian files are not)").format(
+                    version=version)
             )
         n_tensors, n_kv = c.unpack("<Q"), c.unpack("<Q")
         metadata: dict[str, Any] = {}
-        for _ in range(n_kv):
+        for _key in range(n_kv):
             key = c.string()
             metadata[key] = c.value(c.unpack("<I"))
         table = []
-        for _ in range(n_tensors):
+        for _tensor in range(n_tensors):
             name = c.string()
             dims = [c.unpack("<Q") for _ in range(c.unpack("<I"))]
             table.append((name, tuple(reversed(dims)), c.unpack("<I"), c.unpack("<Q")))
@@ -143,7 +146,8 @@ class GGUFFile:
         for name, shape, ggml_type, offset in table:
             info = TensorInfo(name, shape, ggml_type, data_start + offset, _nbytes(ggml_type, shape))
             if info.start + info.nbytes > len(self._map):
-                raise GGUFFormatError(f"tensor {name} runs past the end of the file (truncated download?)")
+                raise GGUFFormatError(_("tensor {name} runs past the end of the file (truncated download?)").format(
+                    name=name))
             tensors[name] = info
         return metadata, tensors
 

@@ -17,6 +17,8 @@ from typing import Any
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers, processors
 from tokenizers.models import BPE
 
+from portachat.i18n import _
+
 
 class GGUFTokenizerError(ValueError):
     """A GGUF whose tokenizer metadata we cannot rebuild (not byte-level BPE, unknown pre-tokenizer)."""
@@ -124,13 +126,15 @@ def build_tokenizer(metadata: dict[str, Any]) -> Tokenizer:
     model = metadata.get("tokenizer.ggml.model")
     if model != "gpt2":
         raise GGUFTokenizerError(
-            f"this GGUF's tokenizer is {model!r}; only byte-level BPE ('gpt2': Llama 3, SmolLM2, Qwen2, Qwen3) "
-            "is supported. Use the model's Hugging Face directory (with tokenizer.json) instead."
+            _("this GGUF's tokenizer is {model}; only byte-level BPE ('gpt2': Llama 3, SmolLM2, Qwen2, Qwen3) "
+              "is supported. Use the model's Hugging Face directory (with tokenizer.json) instead.").format(
+                model=repr(model))
         )
     pre = metadata.get("tokenizer.ggml.pre", "default")
     if pre not in _PRE_TOKENIZERS:
         raise GGUFTokenizerError(
-            f"unknown pre-tokenizer tokenizer.ggml.pre={pre!r}; supported: {', '.join(SUPPORTED_PRE_TOKENIZERS)}"
+            _("unknown pre-tokenizer tokenizer.ggml.pre={pre}; supported: {supported}").format(
+                pre=repr(pre), supported=", ".join(SUPPORTED_PRE_TOKENIZERS))
         )
     rule = _PRE_TOKENIZERS[pre]
 

@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from portachat.device.attention import attention, packed_causal_mask
 from portachat.model.config import GPTConfig
 from portachat.model.loss import chunked_cross_entropy, loss_chunk_size
+from portachat.ops.attention import attention, packed_causal_mask
 
 
 class RMSNorm(nn.Module):
@@ -264,13 +264,15 @@ class GPT(nn.Module):
         *,
         weights: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
+        supervised: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits [B, T, V] in fp32, or the fp32 cross-entropy loss: causal attention over `idx`
-        (inference with a KV cache is the engine's: portachat.serve.engine).
+        (inference with a KV cache is the engine's: portachat.engine).
 
         Targets equal to -1 are ignored; `loss_reduction` is "mean", "sum" or "none" ([B, T]). The loss
         computes logits only at supervised positions, a chunk at a time (portachat.model.loss);
         `weights` [B, T] multiply each token's loss. `positions`: see hidden_states (packed rows).
+        `supervised`: the flat indices of targets >= 0 when the caller has them (no device sync to find them).
         """
         if idx.dim() != 2:
             raise ValueError(f"idx must be a [batch, time] tensor of token ids, got shape {tuple(idx.shape)}")
@@ -280,7 +282,7 @@ class GPT(nn.Module):
         if targets is None:
             return self.lm_head(hidden).float()
         return chunked_cross_entropy(hidden, self.lm_head, targets, weights=weights, reduction=loss_reduction,
-                                     chunk=loss_chunk_size(self.config.vocab_size))
+                                     chunk=loss_chunk_size(self.config.vocab_size), keep=supervised)
 
     # ----------------------------------------------------------------------------- accounting
 
@@ -301,12 +303,12 @@ class GPT(nn.Module):
             + 12.0 * cfg.n_layer * cfg.n_head * cfg.head_dim * seq_len
         )
 
-    def training_flop_rates(self) -> tuple[float, float, float]:
-        """FLOPs a training step needs, as (per real token, per supervised token, per attention pair):
+    def training_flop_rates(self) -> tuple[float, float]:
+        """FLOPs of the weights' matmuls in a training step, as (per real token, per supervised token):
         forward 2 per weight, backward 2 more for the input's gradient and 2 for a weight that trains
         (a frozen one, as under LoRA, needs none); the output head only at supervised positions (the
-        loss computes nothing else); attention 12 * layers * heads * head_dim per (query, key) pair of
-        a sequence. With every weight training and every position supervised this is flops_per_token."""
+        loss computes nothing else). With every weight training and every position supervised their sum
+        is flops_per_token without attention."""
         cfg = self.config
         head = self.model.embed_tokens.weight if cfg.tie_embeddings else self.lm_head.weight
         skip = {id(self.model.embed_tokens.weight), id(head)}
@@ -316,8 +318,7 @@ class GPT(nn.Module):
                 body += p.numel()
                 trains += p.numel() if p.requires_grad else 0
         head_params = cfg.vocab_size * cfg.n_embd
-        per_pair = 12.0 * cfg.n_layer * cfg.n_head * cfg.head_dim
-        return 4.0 * body + 2.0 * trains, (4.0 + 2.0 * head.requires_grad) * head_params, per_pair
+        return 4.0 * body + 2.0 * trains, (4.0 + 2.0 * head.requires_grad) * head_params
 
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
         """Parameters split by how optimizers treat them. "matrix": 2-D weights inside the layers

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from portachat.i18n import _
 from portachat.model.config import ConfigError, GPTConfig, check_rope_scaling
 
 # family -> (HF class, qk_norm, attention_bias): the only combinations transformers builds.
@@ -42,9 +43,10 @@ def exportable(cfg: GPTConfig) -> tuple[bool, str]:
     hf_class, qk_norm, bias = FAMILIES[cfg.architecture]
     if (cfg.qk_norm, cfg.attention_bias) != (qk_norm, bias):
         return False, (
-            f"qk_norm={cfg.qk_norm}, attention_bias={cfg.attention_bias} does not match {hf_class} "
-            f"(qk_norm={qk_norm}, attention_bias={bias}); set architecture to the family that has these options "
-            "(qwen3: QK-norm, no biases; qwen2: q/k/v biases; llama: neither)"
+            _("qk_norm={qk_norm}, attention_bias={bias} does not match {hf_class} "
+              "(qk_norm={want_qk_norm}, attention_bias={want_bias}); set architecture to the family that has these "
+              "options (qwen3: QK-norm, no biases; qwen2: q/k/v biases; llama: neither)").format(
+                qk_norm=cfg.qk_norm, bias=cfg.attention_bias, hf_class=hf_class, want_qk_norm=qk_norm, want_bias=bias)
         )
     return True, f"maps onto {hf_class}"
 
@@ -52,7 +54,8 @@ def exportable(cfg: GPTConfig) -> tuple[bool, str]:
 def _dtype_name(dtype: str | torch.dtype) -> str:
     name = str(dtype).removeprefix("torch.")
     if name not in ("float32", "bfloat16", "float16"):
-        raise UnsupportedConfigError(f"checkpoint dtype must be float32, bfloat16 or float16, got {dtype!r}")
+        raise UnsupportedConfigError(_("checkpoint dtype must be float32, bfloat16 or float16, got {dtype}").format(
+            dtype=repr(dtype)))
     return name
 
 
@@ -77,7 +80,8 @@ def to_hf_config(
     ok, reason = exportable(cfg)
     hf_class = FAMILIES[cfg.architecture][0]
     if not ok:
-        raise UnsupportedConfigError(f"this model cannot be exported as {hf_class}: {reason}")
+        raise UnsupportedConfigError(_("this model cannot be exported as {hf_class}: {reason}").format(
+            hf_class=hf_class, reason=reason))
     dtype_name = _dtype_name(dtype)
     d: dict[str, Any] = {
         "architectures": [hf_class],
@@ -133,22 +137,23 @@ def _rope(d: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     """(rope_theta, rope_scaling) from either spelling: `rope_parameters` (5.x) or `rope_scaling` (4.x)."""
     params = d.get("rope_parameters") or d.get("rope_scaling") or {}
     if not isinstance(params, dict):
-        raise UnsupportedConfigError(f"rope_parameters must be a dict, got {params!r}")
+        raise UnsupportedConfigError(_("rope_parameters must be a dict, got {value}").format(value=repr(params)))
     if "full_attention" in params and isinstance(params["full_attention"], dict):
         params = params["full_attention"]  # per-layer-type form; all our layers are full attention
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in ("default", "linear", "llama3"):
         raise UnsupportedConfigError(
-            f"rope type {rope_type!r} (context extension) is not supported; supported: default, linear, llama3"
+            _("rope type {type} (context extension) is not supported; supported: default, linear, llama3").format(
+                type=repr(rope_type))
         )
     if float(params.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0)) or 1.0) != 1.0:
-        raise UnsupportedConfigError("partial_rotary_factor other than 1.0 is not supported")
+        raise UnsupportedConfigError(_("partial_rotary_factor other than 1.0 is not supported"))
     theta = float(params.get("rope_theta", d.get("rope_theta", 10000.0)))
     scaling_keys = ("rope_type", "type", "rope_theta", "partial_rotary_factor", "factor", "low_freq_factor",
                     "high_freq_factor", "original_max_position_embeddings")  # fmt: skip
     extra = sorted(set(params) - set(scaling_keys))
     if extra:
-        raise UnsupportedConfigError(f"rope options {extra} are not supported")
+        raise UnsupportedConfigError(_("rope options {names} are not supported").format(names=extra))
     if rope_type == "default":
         return theta, None
     try:
@@ -159,22 +164,24 @@ def _rope(d: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
 
 def _check_family_options(d: dict[str, Any], family: str) -> None:
     if d.get("hidden_act", "silu") != "silu":
-        raise UnsupportedConfigError(f"hidden_act={d['hidden_act']!r} is not supported; only silu is")
+        raise UnsupportedConfigError(_("hidden_act={value} is not supported; only silu is").format(
+            value=repr(d["hidden_act"])))
     if family == "llama":
         if d.get("mlp_bias", False):
-            raise UnsupportedConfigError("mlp_bias=true is not supported (this model's MLP has no biases)")
+            raise UnsupportedConfigError(_("mlp_bias=true is not supported (this model's MLP has no biases)"))
         if d.get("attention_bias", False):
             raise UnsupportedConfigError(
-                "attention_bias=true is not supported for llama (it also puts a bias on o_proj, which this model lacks)"
+                _("attention_bias=true is not supported for llama (it also puts a bias on o_proj, which this model lacks)")
             )
         return
     if family == "qwen3" and d.get("attention_bias", False):
-        raise UnsupportedConfigError("attention_bias=true is not supported for qwen3 (this model has no o_proj bias)")
+        raise UnsupportedConfigError(_("attention_bias=true is not supported for qwen3 (this model has no o_proj bias)"))
     if d.get("use_sliding_window", False):
-        raise UnsupportedConfigError("sliding-window attention is not supported; only full attention is")
+        raise UnsupportedConfigError(_("sliding-window attention is not supported; only full attention is"))
     layer_types = d.get("layer_types") or []
     if any(t != "full_attention" for t in layer_types):
-        raise UnsupportedConfigError(f"layer_types must all be 'full_attention', got {sorted(set(layer_types))}")
+        raise UnsupportedConfigError(_("layer_types must all be 'full_attention', got {value}").format(
+            value=sorted(set(layer_types))))
 
 
 def from_hf_config(d: dict[str, Any]) -> GPTConfig:
@@ -186,16 +193,19 @@ def from_hf_config(d: dict[str, Any]) -> GPTConfig:
         try:
             return GPTConfig.from_dict(d["portachat_config"])
         except (KeyError, TypeError) as exc:
-            raise UnsupportedConfigError(f"a portachat config.json needs a 'portachat_config' dict ({exc})") from None
+            raise UnsupportedConfigError(_("a portachat config.json needs a 'portachat_config' dict ({error})").format(
+                error=exc)) from None
     if model_type not in FAMILIES:
         raise UnsupportedConfigError(
-            f"model_type={model_type!r} (architectures={architectures!r}) is not supported; "
-            f"supported families: {SUPPORTED}"
+            _("model_type={model_type} (architectures={architectures}) is not supported; "
+              "supported families: {supported}").format(
+                model_type=repr(model_type), architectures=repr(architectures), supported=SUPPORTED)
         )
     hf_class, qk_norm, bias = FAMILIES[model_type]
     if architectures and hf_class not in architectures:
         raise UnsupportedConfigError(
-            f"architectures={architectures!r} is not supported for model_type {model_type!r}; only {hf_class} is"
+            _("architectures={architectures} is not supported for model_type {model_type}; only {hf_class} is").format(
+                architectures=repr(architectures), model_type=repr(model_type), hf_class=hf_class)
         )
     _check_family_options(d, model_type)
     theta, scaling = _rope(d)
@@ -220,7 +230,7 @@ def from_hf_config(d: dict[str, Any]) -> GPTConfig:
             architecture=model_type,
         )
     except KeyError as e:
-        raise UnsupportedConfigError(f"config.json lacks the required field {e.args[0]!r}") from None
+        raise UnsupportedConfigError(_("config.json lacks the required field {name}").format(name=repr(e.args[0]))) from None
 
 
 def generation_config(

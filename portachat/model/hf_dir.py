@@ -19,8 +19,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from tokenizers import Tokenizer as HFTokenizer
 
-from portachat.checkpoint.atomic import CheckpointError
 from portachat.i18n import _
+from portachat.storage.atomic import CheckpointError
 
 SAFETENSORS, SAFETENSORS_INDEX = "model.safetensors", "model.safetensors.index.json"
 TORCH_BIN, TORCH_BIN_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"

@@ -9,7 +9,6 @@ directory of the same model load identically.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,13 +16,18 @@ from typing import Any
 
 import torch
 
-from portachat.checkpoint.atomic import CheckpointError
 from portachat.device import Device, get_device
+from portachat.device.dtypes import parse_dtype
 from portachat.i18n import _
 from portachat.model.config import GPTConfig
 from portachat.model.gpt import GPT
-from portachat.model.hf import SUPPORTED, UnsupportedConfigError, from_hf_config
+from portachat.model.hf import from_hf_config
 from portachat.model.hf_dir import ModelParts, read_hf_dir, read_json
+from portachat.model.source import GGUF, PEFT, PORTACHAT, ModelSource, display_name, resolve
+from portachat.ops.inference_dtype import inference_dtype
+from portachat.storage.atomic import CheckpointError
+from portachat.tokenizer.bpe import Tokenizer
+from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer, TemplateChatTokenizer
 from portachat.tokenizer.protocol import ChatTokenizer
 
 # Rotary tables are built for at most this many positions up front and grow on demand: a model
@@ -115,13 +119,15 @@ def check_state_dict(cfg: GPTConfig, state: Mapping[str, torch.Tensor], where: s
     if missing or unexpected:
         hint = ""
         if missing == ["lm_head.weight"]:
-            hint = " (config.json says tie_word_embeddings=false but the weights have no lm_head)"
+            hint = _(" (config.json says tie_word_embeddings=false but the weights have no lm_head)")
         raise CheckpointError(
-            f"{where}: the weights do not match config.json: missing {missing[:5]}, unexpected {unexpected[:5]}{hint}"
+            _("{where}: the weights do not match config.json: missing {missing}, unexpected {unexpected}{hint}").format(
+                where=where, missing=missing[:5], unexpected=unexpected[:5], hint=hint)
         )
     wrong = [f"{k}: {_shape(state, k)} != {s}" for k, s in expected.items() if _shape(state, k) != s]
     if wrong:
-        raise CheckpointError(f"{where}: tensor shapes do not match config.json: {wrong[:3]}")
+        raise CheckpointError(_("{where}: tensor shapes do not match config.json: {wrong}").format(
+            where=where, wrong=wrong[:3]))
     return sorted(expected)
 
 
@@ -155,37 +161,19 @@ def build_from_parts(
 ) -> tuple[GPT, ChatTokenizer, GenerationDefaults]:
     """Model, chat tokenizer and generation defaults from in-memory parts (an HF directory's or a
     GGUF's: anything with ModelParts' fields). The chat tokenizer is the template one."""
-    from portachat.tokenizer.chat_tokenizer import TemplateChatTokenizer
-
     cfg = from_hf_config(parts.config)
     model = build_model(cfg, parts.state_dict, device, dtype, where)
     eos = _eos_ids(parts.generation_config.get("eos_token_id"), parts.config.get("eos_token_id"))
     tokenizer = TemplateChatTokenizer(parts.tokenizer, parts.tokenizer_config, eos_ids=eos)
     if tokenizer.vocab_size > cfg.vocab_size:
         raise CheckpointError(
-            f"{where}: the tokenizer has {tokenizer.vocab_size} tokens but the model embeds only {cfg.vocab_size}"
+            _("{where}: the tokenizer has {tokens} tokens but the model embeds only {vocab}").format(
+                where=where, tokens=tokenizer.vocab_size, vocab=cfg.vocab_size)
         )
     return model, tokenizer, GenerationDefaults.from_dict(parts.generation_config)
 
 
 # ----------------------------------------------------------------------------- dispatch
-
-
-def is_portachat_dir(directory: Path) -> bool:
-    """Whether a model directory is one of our checkpoints (our tokenizer and chat format)."""
-    return _is_our_tokenizer(Path(directory))
-
-
-def _is_our_tokenizer(directory: Path) -> bool:
-    """Whether tokenizer.json carries portachat's chat tokens (then our format and tool apply)."""
-    from portachat.tokenizer.bpe import SPECIAL_TOKENS
-
-    try:
-        data = read_json(directory / "tokenizer.json")
-    except CheckpointError:
-        return False
-    added = {t.get("content") for t in data.get("added_tokens") or [] if isinstance(t, dict)}
-    return all(t in added for t in SPECIAL_TOKENS)
 
 
 def _describe(cfg: GPTConfig, model: GPT, dtype: torch.dtype, source: str, path: Path) -> str:
@@ -200,8 +188,6 @@ def _describe(cfg: GPTConfig, model: GPT, dtype: torch.dtype, source: str, path:
 
 def _resolve_device(device: Device | torch.device | str | None, dtype: torch.dtype | str | None
                     ) -> tuple[torch.device, torch.dtype]:  # fmt: skip
-    from portachat.device.inference import inference_dtype, parse_dtype
-
     dev = get_device() if device is None else device if isinstance(device, Device) else None
     torch_device = dev.torch_device if dev is not None else torch.device(device)
     if isinstance(dtype, str):
@@ -212,13 +198,13 @@ def _resolve_device(device: Device | torch.device | str | None, dtype: torch.dty
 
 
 def load_for_inference(
-    path: str | Path,
+    path: str | Path | ModelSource,
     device: Device | torch.device | str | None = None,
     dtype: torch.dtype | str | None = None,
     lora: str | Path | None = None,
 ) -> InferenceModel:
     """Load a model for inference from our checkpoint directory, a Hugging Face model directory
-    (Llama / SmolLM2, Qwen2, Qwen3) or a .gguf file.
+    (Llama / SmolLM2, Qwen2, Qwen3) or a .gguf file: any spec `resolve` accepts, or its ModelSource.
 
     `device` defaults to `get_device()`; `dtype` (torch dtype or "fp32"/"bf16"/"fp16") to the device
     layer's inference dtype. `lora` is a PEFT LoRA adapter directory trained on this model: it is
@@ -226,17 +212,18 @@ def load_for_inference(
     Unsupported architectures raise UnsupportedConfigError naming the supported ones; missing or
     damaged files raise CheckpointError saying which file.
     """
+    source = resolve(path)
     if lora is not None:
-        return _with_adapter(path, device, dtype, _adapter_dir(lora))
-    path = resolve_model_source(path)
-    if path.is_dir() and (path / "adapter_config.json").is_file() and not (path / "config.json").is_file():
-        return _with_adapter(_adapter_base(path), device, dtype, path)  # a LoRA run's checkpoint: base + adapter
+        return _with_adapter(source, device, dtype, _adapter_dir(lora))
+    path = source.path
+    if source.format == PEFT:  # a LoRA run's checkpoint: base + adapter
+        return _with_adapter(_adapter_base(path), device, dtype, path)
     torch_device, dtype = _resolve_device(device, dtype)
-    if path.is_file():
+    if source.format == GGUF:
         return _load_gguf(path, torch_device, dtype)
     from_hf_config(read_json(path / "config.json"))  # an unsupported family fails before any weight is read
     parts = read_hf_dir(path)
-    if _is_our_tokenizer(path):
+    if source.format == PORTACHAT:
         return _load_ours(path, parts, torch_device, dtype)
     model, tokenizer, generation = build_from_parts(parts, torch_device, dtype, where=str(path))
     return InferenceModel(
@@ -253,120 +240,8 @@ def load_for_inference(
     )
 
 
-def display_name(path: Path) -> str:
-    """A short model name: `run-stage` for our step directories, `org/name` for a Hub cache
-    snapshot, the file stem of a .gguf, else the directory name."""
-    if path.is_file():
-        return path.stem
-    if path.name.startswith("step_"):  # <run>/<stage>/step_N: the run and stage say more
-        return f"{path.parent.parent.name}-{path.parent.name}"
-    repo = path.parent.parent.name
-    if path.parent.name == "snapshots" and repo.startswith("models--"):
-        return repo.removeprefix("models--").replace("--", "/")
-    return path.name
-
-
-# What a model directory needs from a hub repo (weights, configs, tokenizer, chat template), not the
-# other formats many repos also carry (pytorch_model.bin, onnx/, gguf files).
-MODEL_FILE_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer.model", "*.tiktoken", "merges.txt",
-                       "vocab.*"]
-
-
-def _hub_snapshot(repo_id: str) -> Path | None:
-    """The local snapshot of a Hugging Face Hub model already in the HF cache (never downloads)."""
-    if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo_id):
-        return None
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(repo_id=repo_id, local_files_only=True))
-    except Exception:  # noqa: BLE001 - not cached, no huggingface_hub, bad name: all mean "not here"
-        return None
-
-
-def _hub_download(spec: str) -> Path:
-    """`hf:OWNER/NAME` or `modelscope:OWNER/NAME` (a bare id when PORTACHAT_HUB=modelscope): the model's
-    files in that hub's cache, downloaded when missing and a network is there (HF_HUB_OFFLINE=1: the
-    cache only). HF_ENDPOINT / MODELSCOPE_DOMAIN choose the server."""
-    from portachat.data import hubs
-
-    try:
-        ref = hubs.parse_repo(spec)
-    except hubs.HubError as e:
-        raise CheckpointError(str(e)) from None
-    if not re.fullmatch(r"[\w.-]+/[\w.-]+", ref.repo_id):
-        raise CheckpointError(f"{spec}: expected a hub model id OWNER/NAME (e.g. hf:Qwen/Qwen3-0.6B)")
-    try:
-        return hubs.snapshot(ref, repo_type="model", allow_patterns=MODEL_FILE_PATTERNS)
-    except hubs.HubError as e:
-        raise CheckpointError(f"{spec}: {e}") from None
-    except Exception as e:  # offline and not cached, no access, a typo in the id
-        offline = " (HF_HUB_OFFLINE is set and it is not in the cache)" if hubs.is_offline() else ""
-        raise CheckpointError(
-            f"cannot get model {ref}{offline}: {type(e).__name__}: {e}. Check the id, or download the model "
-            "elsewhere and pass its directory"
-        ) from None
-
-
-def resolve_model_source(spec: str | Path) -> Path:
-    """The model directory or .gguf file `spec` names: a path (a stage directory means its latest
-    checkpoint; a directory holding one .gguf means that file), `run/stage` under the portachat
-    home, a Hub id (`org/name`) already in the Hugging Face cache, or `hf:org/name` /
-    `modelscope:org/name` (downloaded when not cached; see portachat.data.hubs)."""
-    from portachat.checkpoint.runs import latest_checkpoint
-    from portachat.data import hubs
-    from portachat.paths import portachat_home
-
-    if isinstance(spec, str) and hubs.has_hub_prefix(spec) and not Path(spec).expanduser().exists():
-        return resolve_model_source(_hub_download(spec))
-    path = Path(spec).expanduser()
-    if not path.exists():
-        runs = portachat_home() / "runs" / str(spec)
-        hub = None
-        if not (path.is_absolute() or runs.exists()):
-            try:
-                on_modelscope = hubs.default_hub() == hubs.MODELSCOPE
-            except hubs.HubError as e:
-                raise CheckpointError(str(e)) from None
-            if on_modelscope:
-                hub = _hub_download(str(spec))  # a bare id on the hub PORTACHAT_HUB names
-            else:
-                hub = _hub_snapshot(str(spec))
-        if path.is_absolute() or (not runs.exists() and hub is None):
-            looked = "" if path.is_absolute() else " " + _("(also looked in {runs} and the Hugging Face cache)").format(
-                runs=runs)
-            raise CheckpointError(
-                _("no model at {spec}{looked}: pass a checkpoint directory, a Hugging Face model directory "
-                  "(config.json + safetensors + tokenizer.json) or a .gguf file; or hf:OWNER/NAME or "
-                  "modelscope:OWNER/NAME to download one").format(spec=spec, looked=looked)
-            )
-        path = runs if runs.exists() else hub
-    if path.is_file():
-        if path.suffix.lower() != ".gguf":
-            raise UnsupportedConfigError(
-                _("{path} is a file but not a .gguf; pass a model directory or a .gguf file ({families} families)")
-                .format(path=path, families=SUPPORTED)
-            )
-        return path
-    if (path / "config.json").is_file():
-        return path
-    latest = latest_checkpoint(path)
-    if latest is not None:
-        return latest
-    ggufs = sorted(path.glob("*.gguf"))
-    if len(ggufs) == 1:
-        return ggufs[0]
-    raise CheckpointError(
-        (_("{path} is not a model directory: config.json is missing and it holds {n} .gguf files; pass one of them")
-         if ggufs else _("{path} is not a model directory: config.json is missing and it has no `latest` checkpoint"))
-        .format(path=path, n=len(ggufs))
-    )
-
-
 def _load_ours(path: Path, parts: ModelParts, device: torch.device, dtype: torch.dtype) -> InferenceModel:
-    from portachat.checkpoint.model_dir import check_tokenizer_matches, read_meta
-    from portachat.tokenizer.bpe import Tokenizer
-    from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
+    from portachat.model.model_dir import check_tokenizer_matches, read_meta
 
     cfg = from_hf_config(parts.config)
     tokenizer = Tokenizer(parts.tokenizer)
@@ -391,7 +266,8 @@ def _load_gguf(path: Path, device: torch.device, dtype: torch.dtype) -> Inferenc
     try:
         from portachat.model.gguf import read_gguf
     except ImportError as exc:
-        raise NotImplementedError(f"loading .gguf files is not available in this build ({exc})") from exc
+        raise NotImplementedError(_("loading .gguf files is not available in this build ({error})").format(
+            error=exc)) from exc
 
     parts = read_gguf(path)
     model, tokenizer, generation = build_from_parts(parts, device, dtype, where=str(path))
@@ -409,7 +285,7 @@ def _load_gguf(path: Path, device: torch.device, dtype: torch.dtype) -> Inferenc
     )
 
 
-def _with_adapter(path: str | Path, device: Device | torch.device | str | None, dtype: torch.dtype | str | None,
+def _with_adapter(path: str | Path | ModelSource, device: Device | torch.device | str | None, dtype: torch.dtype | str | None,
                   adapter: Path) -> InferenceModel:
     from portachat.model.lora import load_lora, merge_into
 

@@ -24,7 +24,9 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from portachat.checkpoint.atomic import CheckpointError
+from portachat.i18n import _
+from portachat.storage.atomic import CheckpointError
+from portachat.storage.runs import latest_checkpoint
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -41,10 +43,11 @@ class LoraOptions:
 
     def check(self) -> None:
         if self.rank <= 0:
-            raise ValueError(f"--lora-rank must be positive, got {self.rank}")
+            raise ValueError(_("--lora-rank must be positive, got {value}").format(value=self.rank))
         unknown = sorted(set(self.targets) - set(ALL_LINEAR))
         if unknown or not self.targets:
-            raise ValueError(f"--lora-targets {unknown or '(none)'}: choose from {', '.join(ALL_LINEAR)}")
+            raise ValueError(_("--lora-targets {targets}: choose from {choices}").format(
+                targets=unknown or _("(none)"), choices=", ".join(ALL_LINEAR)))
 
 
 @dataclass
@@ -74,16 +77,19 @@ def read_adapter(directory: str | Path) -> tuple[LoraOptions, dict[str, Any], di
     config_path, weights_path = directory / ADAPTER_CONFIG, directory / ADAPTER_WEIGHTS
     if not config_path.is_file() or not weights_path.is_file():
         raise CheckpointError(
-            f"{directory} is not a LoRA adapter: it needs {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS} "
-            "(what `portachat train sft --lora-rank R` and peft's save_pretrained write)"
+            _("{path} is not a LoRA adapter: it needs {config} and {weights} "
+              "(what `portachat train sft --lora-rank R` and peft's save_pretrained write)").format(
+                path=directory, config=ADAPTER_CONFIG, weights=ADAPTER_WEIGHTS)
         )
     try:
         raw = json.loads(config_path.read_text(encoding="utf-8"))
         tensors = load_file(str(weights_path), device="cpu")
     except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{directory}: the adapter cannot be read ({exc}); it is damaged") from exc
+        raise CheckpointError(_("{path}: the adapter cannot be read ({error}); it is damaged").format(
+            path=directory, error=exc)) from exc
     if raw.get("peft_type", "LORA") != "LORA" or raw.get("use_dora") or raw.get("modules_to_save"):
-        raise CheckpointError(f"{directory}: only plain LoRA adapters are supported (no DoRA, no modules_to_save)")
+        raise CheckpointError(_("{path}: only plain LoRA adapters are supported (no DoRA, no modules_to_save)").format(
+            path=directory))
     targets = raw.get("target_modules") or []
     targets = [targets] if isinstance(targets, str) else list(targets)
     opts = LoraOptions(rank=int(raw.get("r", 8)), alpha=float(raw.get("lora_alpha", 8)), targets=targets,
@@ -93,7 +99,6 @@ def read_adapter(directory: str | Path) -> tuple[LoraOptions, dict[str, Any], di
 
 def find_adapter_dir(spec: str | Path) -> Path:
     """A LoRA adapter directory: given as is, or a LoRA run's stage directory (its latest checkpoint)."""
-    from portachat.checkpoint.runs import latest_checkpoint
 
     path = Path(spec).expanduser()
     if (path / ADAPTER_CONFIG).is_file():
@@ -101,8 +106,9 @@ def find_adapter_dir(spec: str | Path) -> Path:
     latest = latest_checkpoint(path) if path.is_dir() else None
     if latest is not None and (latest / ADAPTER_CONFIG).is_file():
         return latest
-    raise CheckpointError(f"--lora {spec}: no LoRA adapter there ({ADAPTER_CONFIG} missing); pass the adapter "
-                          "directory or the stage directory of a `train sft --lora-rank R` run")
+    raise CheckpointError(_("--lora {spec}: no LoRA adapter there ({config} missing); pass the adapter "
+                            "directory or the stage directory of a `train sft --lora-rank R` run").format(
+        spec=spec, config=ADAPTER_CONFIG))
 
 
 def _pattern_value(patterns: dict[str, Any], module: str, default: Any) -> Any:
@@ -128,19 +134,22 @@ def load_lora(directory: str | Path) -> LoraWeights:
     for key, t in tensors.items():
         m = re.fullmatch(rf"{re.escape(PEFT_PREFIX)}(.+)\.lora_([AB])(?:\.[^.]+)?\.weight", key)
         if m is None:
-            raise CheckpointError(f"{directory}: unexpected tensor {key} (only lora_A / lora_B weights are supported)")
+            raise CheckpointError(_("{path}: unexpected tensor {key} (only lora_A / lora_B weights are supported)").format(
+                path=directory, key=key))
         pairs.setdefault(m.group(1), {})[m.group(2)] = t
     modules = {}
     for name, pair in sorted(pairs.items()):
         if set(pair) != {"A", "B"}:
-            raise CheckpointError(f"{directory}: {name} has lora_{''.join(pair)} without its partner")
+            raise CheckpointError(_("{path}: {name} has lora_{half} without its partner").format(
+                path=directory, name=name, half="".join(pair)))
         A, B = pair["A"].float(), pair["B"].float()
         if A.dim() != 2 or B.dim() != 2 or B.size(1) != A.size(0):
-            raise CheckpointError(f"{directory}: {name} has lora_A {tuple(A.shape)} and lora_B {tuple(B.shape)}, "
-                                  "which do not multiply")
+            raise CheckpointError(_("{path}: {name} has lora_A {a_shape} and lora_B {b_shape}, "
+                                    "which do not multiply").format(
+                path=directory, name=name, a_shape=tuple(A.shape), b_shape=tuple(B.shape)))
         modules[name] = LoraModule(A.contiguous(), (B * scaling(raw, name, A.size(0))).contiguous())
     if not modules:
-        raise CheckpointError(f"{directory}: the adapter holds no LoRA weights")
+        raise CheckpointError(_("{path}: the adapter holds no LoRA weights").format(path=directory))
     return LoraWeights(directory, raw.get("base_model_name_or_path"), modules)
 
 
@@ -153,12 +162,14 @@ def check_fits(lora: LoraWeights, model: nn.Module) -> None:
             layer = None
         # nn.Linear, or a weight-only quantized one (portachat.quant): both say their features
         if not hasattr(layer, "in_features") or not hasattr(layer, "out_features"):
-            raise CheckpointError(f"{lora.path}: the adapter changes {name}, which this model does not have "
-                                  "as a linear layer (was it trained on another base model?)")
+            raise CheckpointError(_("{path}: the adapter changes {name}, which this model does not have "
+                                    "as a linear layer (was it trained on another base model?)").format(
+                path=lora.path, name=name))
         want = (layer.out_features, layer.in_features)
         if (m.B.size(0), m.A.size(1)) != want:
-            raise CheckpointError(f"{lora.path}: {name} maps {m.A.size(1)} -> {m.B.size(0)} features, this model's "
-                                  f"layer maps {want[1]} -> {want[0]} (was it trained on another base model?)")
+            raise CheckpointError(_("{path}: {name} maps {a_in} -> {a_out} features, this model's "
+                                    "layer maps {in_features} -> {out_features} (was it trained on another base model?)").format(
+                path=lora.path, name=name, a_in=m.A.size(1), a_out=m.B.size(0), in_features=want[1], out_features=want[0]))
 
 
 @torch.no_grad()
@@ -168,7 +179,7 @@ def merge_into(model: nn.Module, lora: LoraWeights) -> nn.Module:
     for name, m in lora.modules.items():
         weight = getattr(model.get_submodule(name), "weight", None)
         if weight is None:
-            raise CheckpointError(f"{lora.path}: {name} is quantized; fold the adapter in before quantizing, or "
-                                  "serve it unmerged (--lora NAME=PATH)")
+            raise CheckpointError(_("{path}: {name} is quantized; fold the adapter in before quantizing, or "
+                                    "serve it unmerged (--lora NAME=PATH)").format(path=lora.path, name=name))
         weight.copy_((weight.float() + m.B.to(weight.device) @ m.A.to(weight.device)).to(weight.dtype))
     return model

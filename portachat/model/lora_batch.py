@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from portachat.i18n import _
 from portachat.model.lora import LoraWeights, check_fits
 
 # fused product -> (its modules, in output order); the names PEFT's target_modules use
@@ -79,7 +80,8 @@ class AdapterSet:
         check_fits(lora, self.model)
         outside = sorted(n for n in lora.modules if not n.startswith("model.layers."))
         if outside:
-            raise ValueError(f"{lora.path}: batched LoRA covers the transformer layers only, not {outside[:3]}")
+            raise ValueError(_("{path}: batched LoRA covers the transformer layers only, not {modules}").format(
+                path=lora.path, modules=outside[:3]))
         layers = []
         for i in range(len(self.model.model.layers)):
             fused = {}

@@ -103,6 +103,7 @@ def chunked_cross_entropy(
     weights: torch.Tensor | None = None,
     reduction: str = "mean",
     chunk: int | None = None,
+    keep: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Cross-entropy of `head(hidden)` against `targets`, in fp32, skipping targets equal to -1.
 
@@ -110,13 +111,15 @@ def chunked_cross_entropy(
     (the model's lm_head module: LoRA, tied or quantized heads all work). `weights` [...] multiplies
     each token's loss (RL advantages). reduction "sum", "mean" (over supervised tokens; NaN when
     there are none, as torch's) or "none" (per-token losses shaped like targets, 0 where ignored).
-    `chunk`: positions per chunk (default loss_chunk_size of the vocabulary)."""
+    `chunk`: positions per chunk (default loss_chunk_size of the vocabulary). `keep`: the flat indices of
+    the supervised targets, when the caller found them on the host (else found here: a device sync)."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"loss_reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     shape = targets.shape
     flat_targets = targets.reshape(-1)
     flat_hidden = hidden.reshape(-1, hidden.size(-1))
-    keep = (flat_targets >= 0).nonzero().squeeze(1)
+    if keep is None:
+        keep = (flat_targets >= 0).nonzero().squeeze(1)
     picked = flat_hidden.index_select(0, keep)
     picked_targets = flat_targets.index_select(0, keep)
     n = keep.numel()

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from portachat.i18n import _
 from portachat.model.config import ConfigError, GPTConfig
 from portachat.model.gpt import GPT
 
@@ -67,8 +68,10 @@ def plan_shard(cfg: GPTConfig, rank: int, world_size: int) -> ShardPlan:
     if not _fits(cfg, world_size) or cfg.intermediate_size < world_size:
         sizes = ", ".join(map(str, working_sizes(cfg, up_to=max(16, world_size))))
         raise ConfigError(
-            f"--tensor-parallel-size {world_size} cannot split this model's {cfg.n_head} query heads over "
-            f"{cfg.n_kv_head} kv heads (groups of {cfg.n_head // cfg.n_kv_head}); sizes that work: {sizes}"
+            _("--tensor-parallel-size {size} cannot split this model's {n_head} query heads over "
+              "{n_kv_head} kv heads (groups of {group}); sizes that work: {sizes}").format(
+                size=world_size, n_head=cfg.n_head, n_kv_head=cfg.n_kv_head, group=cfg.n_head // cfg.n_kv_head,
+                sizes=sizes)
         )
     group = cfg.n_head // cfg.n_kv_head
     if world_size <= cfg.n_kv_head:

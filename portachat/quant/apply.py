@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from portachat.device import get_device
 from portachat.device.quantization import BACKEND_ATEN_CPU, BACKEND_TORCHAO, QuantPlan, quantization_plan
+from portachat.i18n import _
 from portachat.quant.int4 import INT4_N_MULTIPLE, Int4Linear
 from portachat.quant.int8 import INT8_K_MULTIPLE, Int8Embedding, Int8Linear
 
@@ -37,15 +39,17 @@ class QuantReport:
         return self.bytes_before / max(self.bytes_after, 1)
 
     def summary(self) -> str:
-        line = (
-            f"quantize {self.mode}: {len(self.quantized)} modules via {self.backend} "
-            f"({self.reason}); weights {self.bytes_before / 2**20:.1f} MiB -> {self.bytes_after / 2**20:.1f} MiB "
-            f"({self.ratio:.2f}x smaller)"
-        )
+        line = _(
+            "quantize {mode}: {count} modules via {backend} ({reason}); weights {before} MiB -> {after} MiB "
+            "({ratio}x smaller)"
+        ).format(mode=self.mode, count=len(self.quantized), backend=self.backend, reason=self.reason,
+                 before=f"{self.bytes_before / 2**20:.1f}", after=f"{self.bytes_after / 2**20:.1f}",
+                 ratio=f"{self.ratio:.2f}")
         if self.skipped:
-            line += f"; kept unquantized: {', '.join(f'{k} ({v})' for k, v in self.skipped.items())}"
+            line += _("; kept unquantized: {modules}").format(
+                modules=", ".join(f"{k} ({v})" for k, v in self.skipped.items()))
         if self.warning:
-            line += f"; warning: {self.warning}"
+            line += _("; warning: {warning}").format(warning=self.warning)
         return line
 
 
@@ -81,7 +85,7 @@ def model_dtype(model: nn.Module) -> torch.dtype:
     for p in model.parameters():
         if p.is_floating_point():
             return p.dtype
-    raise QuantizationError("the model has no floating-point parameters to read its dtype from")
+    raise QuantizationError(_("the model has no floating-point parameters to read its dtype from"))
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -105,13 +109,13 @@ def _aten_linear(linear: nn.Linear, plan: QuantPlan) -> tuple[nn.Module | None, 
     n, k = linear.weight.shape
     if plan.mode == "int8":
         if k % INT8_K_MULTIPLE:
-            return None, f"in_features {k} is not a multiple of {INT8_K_MULTIPLE}"
+            return None, _("in_features {k} is not a multiple of {multiple}").format(k=k, multiple=INT8_K_MULTIPLE)
         return Int8Linear.from_linear(linear, plan.activation_dtype), ""
     group = _int4_group(k, plan.group_size or 64)
     if group is None:
-        return None, f"in_features {k} is not a multiple of 32"
+        return None, _("in_features {k} is not a multiple of {multiple}").format(k=k, multiple=32)
     if n % INT4_N_MULTIPLE:
-        return None, f"out_features {n} is not a multiple of {INT4_N_MULTIPLE}"
+        return None, _("out_features {n} is not a multiple of {multiple}").format(n=n, multiple=INT4_N_MULTIPLE)
     return Int4Linear.from_linear(linear, group, plan.activation_dtype), ""
 
 
@@ -146,14 +150,13 @@ def quantize_model(
     """
     if plan is None:
         if device is None:
-            from portachat.device import get_device
-
             device = get_device()
         plan = quantization_plan(device, mode, compiled)
     elif plan.mode != mode:
-        raise QuantizationError(f"plan is for {plan.mode}, but mode {mode!r} was asked")
+        raise QuantizationError(_("the quantization plan is for {plan}, but mode {mode} was asked").format(
+            plan=plan.mode, mode=repr(mode)))
     if any(isinstance(m, (Int8Linear, Int4Linear, Int8Embedding)) for m in model.modules()):
-        raise QuantizationError("the model is already quantized; load it again to quantize it differently")
+        raise QuantizationError(_("the model is already quantized; load it again to quantize it differently"))
     before = weight_bytes(model)
     report = QuantReport(plan.mode, plan.backend, plan.reason, before, before, warning=plan.warning)
 
@@ -177,7 +180,7 @@ def quantize_model(
         _torchao_quantize(model, names, plan)
         report.quantized += names
     else:
-        raise QuantizationError(f"unknown quantization backend {plan.backend!r}")
+        raise QuantizationError(_("unknown quantization backend {backend}").format(backend=repr(plan.backend)))
 
     if embed is not None:
         qembed = Int8Embedding.from_embedding(embed)

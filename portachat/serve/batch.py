@@ -21,12 +21,18 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from portachat.serve.engine.structured import StructuredError
-from portachat.serve.engine.structured.fields import structured_spec
-from portachat.serve.engine.types import EngineError, SamplingParams
+from portachat.engine.sampling_params import SamplingError, SamplingFallback, with_fields
+from portachat.engine.structured import StructuredError
+from portachat.engine.structured.fields import structured_spec
+from portachat.engine.types import EngineError, SamplingParams
+from portachat.i18n import _
 from portachat.tokenizer.protocol import ChatTokenizer
 
 ROW_PARAMS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+
+# `generate`'s own defaults for what neither a row, the flags nor the model's generation_config
+# set: greedy, so a batch run is reproducible unless it asks for sampling.
+GENERATE_FALLBACK = SamplingFallback(temperature=0.0, max_tokens=256)
 
 
 class BatchInputError(ValueError):
@@ -64,13 +70,16 @@ def read_rows(
             try:
                 obj = json.loads(raw)
             except json.JSONDecodeError as exc:
-                raise BatchInputError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
+                raise BatchInputError(_("{where}: not valid JSON ({error})").format(
+                    where=f"{path}:{n}", error=exc.msg)) from None
             rows.append(_parse_row(obj, n, path, tokenizer, defaults, prepend_bos))
             if rows[-1].row_id in seen:
-                raise BatchInputError(f"{path}:{n}: id {rows[-1].row_id!r} repeats an earlier row; ids must be unique")
+                raise BatchInputError(_("{where}: id {id} repeats an earlier row; ids must be unique").format(
+                    where=f"{path}:{n}", id=repr(rows[-1].row_id)))
             seen.add(rows[-1].row_id)
     if not rows:
-        raise BatchInputError(f"{path} has no rows: expected one JSON object per line with 'prompt' or 'messages'")
+        raise BatchInputError(_("{path} has no rows: expected one JSON object per line with 'prompt' or "
+                                "'messages'").format(path=path))
     return rows
 
 
@@ -79,32 +88,31 @@ def _parse_row(
 ) -> BatchRow:
     where = f"{path}:{n}"
     if not isinstance(obj, dict):
-        raise BatchInputError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+        raise BatchInputError(_("{where}: expected a JSON object, got {type}").format(
+            where=where, type=type(obj).__name__))
     row_id = str(obj.get("id", n))
     if "messages" in obj:
         try:
             prompt_ids = tokenizer.render_prompt(obj["messages"])
         except (ValueError, TypeError, KeyError) as exc:
-            raise BatchInputError(f"{where}: bad 'messages': {exc}") from None
+            raise BatchInputError(_("{where}: bad 'messages': {error}").format(where=where, error=exc)) from None
     elif isinstance(obj.get("prompt"), str) and obj["prompt"]:
         # Our own models were pretrained on BOS-led documents; existing models' tokenizers decide themselves.
         bos = [tokenizer.bos_id] if prepend_bos and tokenizer.bos_id is not None else []
         prompt_ids = bos + tokenizer.encode(obj["prompt"])
     else:
-        raise BatchInputError(f"{where}: each row needs a non-empty 'prompt' string or a 'messages' list")
-    overrides = {k: obj[k] for k in ROW_PARAMS if k in obj}
-    if isinstance(overrides.get("stop"), str):
-        overrides["stop"] = [overrides["stop"]]
+        raise BatchInputError(_("{where}: each row needs a non-empty 'prompt' string or a 'messages' list").format(
+            where=where))
     try:
         constraint = structured_spec(obj)
     except StructuredError as exc:
-        raise BatchInputError(f"{where}: {exc}") from None
+        raise BatchInputError(_("{where}: {error}").format(where=where, error=exc)) from None
+    try:  # the row's fields over the command's (flags > the model's generation_config > GENERATE_FALLBACK)
+        params = with_fields(defaults, {k: obj[k] for k in ROW_PARAMS if k in obj})
+    except SamplingError as exc:
+        raise BatchInputError(_("{where}: {error}").format(where=where, error=exc)) from None
     if constraint is not None:
-        overrides["structured"] = constraint
-    try:
-        params = replace(defaults, **overrides)
-    except TypeError as exc:
-        raise BatchInputError(f"{where}: bad sampling field: {exc}") from None
+        params = replace(params, structured=constraint)
     return BatchRow(line=n, row_id=row_id, prompt_ids=prompt_ids, params=params)
 
 
@@ -182,7 +190,8 @@ def run_batch(
                     if exc.kind == "queue_full":  # come back after a step frees room
                         todo = _prepend(row, todo)
                         break
-                    raise BatchInputError(f"{input_path}:{row.line}: {exc}") from None
+                    raise BatchInputError(_("{where}: {error}").format(
+                        where=f"{input_path}:{row.line}", error=exc)) from None
                 in_flight[rid] = (row, [], [])
             if not in_flight:
                 break

@@ -12,9 +12,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
+from portachat.engine.sampling_params import TEMPERATURE_MAX, SamplingError, SamplingFallback, with_fields
+from portachat.engine.types import EngineError, SamplingParams
 from portachat.i18n import N_, _, gettext
-from portachat.serve.engine.types import EngineError, SamplingParams
 from portachat.tokenizer.protocol import ChatTokenizer
+
+# `chat`'s own defaults for what neither the flags nor the model's generation_config set: a little
+# below 1 so a small model's replies stay on topic (nanochat's chat_cli samples at 0.6).
+CHAT_FALLBACK = SamplingFallback(temperature=0.6, max_tokens=512)
 
 HELP = N_("""commands:
   /clear            start a new conversation
@@ -94,21 +99,19 @@ def handle_command(line: str, session: ChatSession, out: TextIO) -> bool:
         print(_("(conversation cleared)"), file=out)
     elif name == "/temperature":
         try:
-            value = float(arg)
-            if value < 0:
-                raise ValueError
-        except ValueError:
-            print(_("/temperature needs a number >= 0, e.g. /temperature 0.7 (now {value})").format(
-                value=session.params.temperature), file=out)
+            session.params = with_fields(session.params, {"temperature": float(arg)})
+        except (ValueError, SamplingError):  # not a number, or out of the one sampling check's range
+            print(_("/temperature needs a number from 0 to {high}, e.g. /temperature 0.7 (now {value})").format(
+                high=f"{TEMPERATURE_MAX:g}", value=session.params.temperature), file=out)
         else:
-            session.params = replace(session.params, temperature=value)
-            print(_("(temperature {value})").format(value=value), file=out)
+            print(_("(temperature {value})").format(value=session.params.temperature), file=out)
     elif name == "/max-tokens":
-        if not arg.isdigit() or int(arg) < 1:
+        try:
+            session.params = with_fields(session.params, {"max_tokens": int(arg) if arg.isdigit() else arg})
+        except SamplingError:
             print(_("/max-tokens needs a positive integer (now {value})").format(value=session.params.max_tokens), file=out)
         else:
-            session.params = replace(session.params, max_tokens=int(arg))
-            print(_("(max tokens {value})").format(value=arg), file=out)
+            print(_("(max tokens {value})").format(value=session.params.max_tokens), file=out)
     elif name == "/system":
         session.system = arg or None
         session.messages.clear()
@@ -126,8 +129,8 @@ def stream_reply(engine, tokenizer: ChatTokenizer, session: ChatSession, out: Te
     prompt = tokenizer.render_prompt(session.history())
     room = engine.max_model_len - len(prompt)
     if room < 1:
-        raise EngineError(f"the conversation ({len(prompt)} tokens) fills the context window of "
-                          f"{engine.max_model_len} tokens", kind="too_long")
+        raise EngineError(_("the conversation ({tokens} tokens) fills the context window of {window} tokens").format(
+            tokens=len(prompt), window=engine.max_model_len), kind="too_long")
     # A reply may use whatever room the context leaves, up to --max-tokens.
     rid = engine.add_request(prompt, replace(session.params, max_tokens=min(session.params.max_tokens, room)))
     texts: list[str] = []

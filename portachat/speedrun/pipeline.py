@@ -18,11 +18,19 @@ from typing import Any
 
 from portachat.checkpoint import latest_checkpoint, stage_dir
 from portachat.checkpoint.replicate import rank0_decides
-from portachat.checkpoint.runs import list_steps
+from portachat.data.sources import open_source
 from portachat.device import Device, DistEnv, get_device, init_distributed
+from portachat.eval.data_files import default_data_path
+from portachat.eval.report import format_table, summary
+from portachat.eval.run import EvalOptions, run_evals
 from portachat.i18n import N_, _, gettext
-from portachat.speedrun.presets import Preset, StagePlan, choose_preset
+from portachat.speedrun.presets import Preset, StagePlan, choose_preset, price_per_device_hour
 from portachat.speedrun.report import hardware_summary, write_report
+from portachat.storage.runs import list_steps
+from portachat.train.base import BaseOptions, prepare_tokenizer, run_base
+from portachat.train.chat_stage import ChatOptions, run_chat_stage
+from portachat.train.rl import RLOptions, run_rl
+from portachat.train.trainer import TrainConfig
 
 STAGES = ("tokenizer", "base", "mid", "sft", "rl", "eval")
 STATE_FILE = "speedrun.json"
@@ -80,8 +88,6 @@ def _plan(preset: Preset, stage: str, overrides: dict[str, Any]) -> StagePlan:
 
 
 def _train_config(plan: StagePlan, stage: str, opts: SpeedrunOptions):
-    from portachat.train.trainer import TrainConfig
-
     return TrainConfig(
         run=opts.run,
         stage=stage,
@@ -149,7 +155,7 @@ def run_speedrun(opts: SpeedrunOptions, dev: Device | None = None, print_fn: Cal
     base_data, chat_data, data_note = _data_source(opts, say)
     price = opts.price_per_device_hour
     if price is None:
-        price = dev.price_per_device_hour
+        price = price_per_device_hour(dev)
     state.update(run=opts.run, preset=preset.name, preset_reason=why, data_note=data_note,
                  world_size=env.world_size, price_per_device_hour=price)
     state.setdefault("stages", {})
@@ -203,8 +209,6 @@ def run_speedrun(opts: SpeedrunOptions, dev: Device | None = None, print_fn: Cal
 
 def _tokenizer_stage(opts: SpeedrunOptions, preset: Preset, base_data: str | None, run_dir: Path, env: DistEnv,
                      say) -> dict[str, Any]:
-    from portachat.data.sources import open_source
-    from portachat.train.base import BaseOptions, prepare_tokenizer
 
     base_opts = BaseOptions(data=base_data, vocab_size=preset.vocab_size,
                             tokenizer_max_chars=int(opts.overrides.get("tokenizer_max_chars", preset.tokenizer_max_chars)))
@@ -214,8 +218,6 @@ def _tokenizer_stage(opts: SpeedrunOptions, preset: Preset, base_data: str | Non
 
 
 def _base_stage(opts: SpeedrunOptions, preset: Preset, base_data: str | None, dev: Device, say) -> dict[str, Any]:
-    from portachat.train.base import BaseOptions, run_base
-
     plan = _plan(preset, "base", opts.overrides)
     result = run_base(
         BaseOptions(
@@ -235,7 +237,6 @@ def _base_stage(opts: SpeedrunOptions, preset: Preset, base_data: str | None, de
 
 def _chat_stage(stage: str, opts: SpeedrunOptions, preset: Preset, chat_data: list[str], dev: Device,
                 say) -> dict[str, Any]:
-    from portachat.train.chat_stage import ChatOptions, run_chat_stage
 
     plan = _plan(preset, stage, opts.overrides)
     result = run_chat_stage(
@@ -259,8 +260,6 @@ def _chat_stage(stage: str, opts: SpeedrunOptions, preset: Preset, chat_data: li
 
 def _rl_stage(opts: SpeedrunOptions, preset: Preset, dev: Device, say) -> dict[str, Any]:
     from dataclasses import replace
-
-    from portachat.train.rl import RLOptions, run_rl
 
     steps = int(opts.overrides.get("rl.steps", preset.rl_steps))
     group = preset.rl_samples_per_prompt
@@ -288,8 +287,6 @@ def _rl_stage(opts: SpeedrunOptions, preset: Preset, dev: Device, say) -> dict[s
 def _eval_stage(opts: SpeedrunOptions, preset: Preset, dev: Device, env: DistEnv, say,
                 state: dict[str, Any]) -> dict[str, Any]:
     """Held-out synthetic accuracy, per task and per language (plus any task whose data is present) for each chat stage's model."""
-    from portachat.eval.report import format_table, summary
-    from portachat.eval.run import EvalOptions, run_evals
 
     if not env.is_main:  # evaluation is cheap next to training: rank 0 does it, the others wait
         if env.is_distributed:
@@ -326,8 +323,6 @@ LOCAL_DATA_EVALS = ("ceval", "cmmlu")
 
 
 def _has_local_eval_data(task: str) -> bool:
-    from portachat.eval.data_files import default_data_path
-
     path = default_data_path(task)
     return path.is_dir() and any(p.is_file() for p in path.rglob("*"))
 

@@ -9,7 +9,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from portachat.device import Device
 from portachat.i18n import N_, _
+
+
+@dataclass(frozen=True)
+class TrainingDefaults:
+    """Model and batch sizes a training command uses when the user gives none (product policy, not a
+    device fact: the device layer only says whether an accelerator does the work)."""
+
+    depth: int
+    device_batch_size: int
+    max_seq_len: int
+    rl_groups_per_row_batch: int  # RL micro-batch = this many groups of --num-samples replies
+
+
+def training_defaults(dev: Device) -> TrainingDefaults:
+    if dev.is_accelerator:
+        return TrainingDefaults(depth=20, device_batch_size=32, max_seq_len=2048, rl_groups_per_row_batch=4)
+    return TrainingDefaults(depth=4, device_batch_size=4, max_seq_len=256, rl_groups_per_row_batch=1)
+
+
+def price_per_device_hour(dev: Device) -> float:
+    """A rough rental price (USD) for cost estimates in reports: a cloud accelerator, or a CPU machine."""
+    return 2.0 if dev.is_accelerator else 0.05
 
 
 @dataclass(frozen=True)

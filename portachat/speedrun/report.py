@@ -12,6 +12,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
+import portachat
 from portachat.i18n import N_, _, gettext
 
 # (stage, log key, label) curves drawn when the stage logged them.
@@ -191,8 +192,6 @@ def write_report(run_dir: Path, state: dict[str, Any], hardware: dict[str, Any])
 def hardware_summary(dev, world_size: int) -> dict[str, Any]:
     """Hardware and versions for the report, asked of the device layer."""
     import torch
-
-    import portachat
 
     info = dev.describe()
     return {

@@ -106,8 +106,9 @@ class Tokenizer:
         missing = [t for t in SPECIAL_TOKENS if t not in added or not added[t].special]
         if missing:
             raise TokenizerFormatError(
-                f"tokenizer lacks portachat's special tokens {missing}; "
-                "train one with `portachat tokenizer train` instead of reusing a foreign tokenizer.json"
+                _("tokenizer lacks portachat's special tokens {missing}; "
+                  "train one with `portachat tokenizer train` instead of reusing a foreign tokenizer.json").format(
+                    missing=missing)
             )
         self.special_ids: dict[str, int] = {t: self._hf.token_to_id(t) for t in SPECIAL_TOKENS}
         self.bos_id: int = self.special_ids[BOS]
@@ -126,13 +127,14 @@ class Tokenizer:
         file = path if path.is_file() else path / TOKENIZER_FILE
         if not file.is_file():
             raise TokenizerNotFoundError(
-                f"no tokenizer at {path}: expected a directory containing {TOKENIZER_FILE} "
-                "(create one with `portachat tokenizer train`)"
+                _("no tokenizer at {path}: expected a directory containing {file} "
+                  "(create one with `portachat tokenizer train`)").format(path=path, file=TOKENIZER_FILE)
             )
         try:
             hf = HFTokenizer.from_file(str(file))
         except Exception as exc:  # the Rust side raises a bare Exception on bad JSON
-            raise TokenizerFormatError(f"{file} is not a valid tokenizers JSON file: {exc}") from exc
+            raise TokenizerFormatError(_("{path} is not a valid tokenizers JSON file: {error}").format(
+                path=file, error=exc)) from exc
         return cls(hf)
 
     def save(self, directory: str | Path, model_max_length: int = DEFAULT_MODEL_MAX_LENGTH) -> None:
@@ -311,7 +313,7 @@ def train_tokenizer(
     def capped() -> Iterator[str]:
         for text in texts:
             if not isinstance(text, str):
-                raise TokenizerConfigError(f"training texts must be str, got {type(text).__name__}")
+                raise TokenizerConfigError(_("training texts must be str, got {type}").format(type=type(text).__name__))
             doc = text[: min(doc_cap, max_chars - seen["chars"])]
             if not doc:
                 continue
@@ -323,7 +325,8 @@ def train_tokenizer(
 
     if verbose:
         print(
-            f"tokenizer: training BPE, vocab_size={vocab_size:,} max_chars={max_chars:,} doc_cap={doc_cap:,}",
+            _("tokenizer: training BPE, vocab_size={vocab_size} max_chars={max_chars} doc_cap={doc_cap}").format(
+                vocab_size=f"{vocab_size:,}", max_chars=f"{max_chars:,}", doc_cap=f"{doc_cap:,}"),
             flush=True,
         )
     start = time.perf_counter()
@@ -337,14 +340,15 @@ def train_tokenizer(
     )
     hf.train_from_iterator(capped(), trainer=trainer)
     if seen["chars"] == 0:
-        raise TokenizerConfigError("no training text: the iterable gave no non-empty documents")
+        raise TokenizerConfigError(_("no training text: the iterable gave no non-empty documents"))
     tokenizer = Tokenizer(hf)
     if verbose:
         elapsed = time.perf_counter() - start
-        note = "" if tokenizer.vocab_size == vocab_size else " (too little text to learn more merges)"
+        note = "" if tokenizer.vocab_size == vocab_size else _(" (too little text to learn more merges)")
         print(
-            f"tokenizer: trained on {seen['docs']:,} documents, {seen['chars']:,} chars in {elapsed:.1f}s, "
-            f"vocab {tokenizer.vocab_size:,}{note}",
+            _("tokenizer: trained on {docs} documents, {chars} chars in {seconds}s, vocab {vocab}{note}").format(
+                docs=f"{seen['docs']:,}", chars=f"{seen['chars']:,}", seconds=f"{elapsed:.1f}",
+                vocab=f"{tokenizer.vocab_size:,}", note=note),
             flush=True,
         )
     return tokenizer

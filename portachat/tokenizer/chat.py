@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from portachat.i18n import _
 from portachat.tokenizer.bpe import (
     ASSISTANT_END,
     ASSISTANT_START,
@@ -46,15 +47,18 @@ def _text_of_parts(content: Any, where: str, allowed: tuple[str, ...]) -> list[t
         return [("text", content)]
     if not isinstance(content, Sequence) or isinstance(content, (bytes, bytearray)):
         raise ChatFormatError(
-            f"{where}: content must be a string or a list of parts, got {type(content).__name__}"
+            _("{where}: content must be a string or a list of parts, got {type}").format(
+                where=where, type=type(content).__name__)
         )
     parts = []
     for j, part in enumerate(content):
         if not isinstance(part, Mapping) or not isinstance(part.get("text"), str):
-            raise ChatFormatError(f"{where}, part {j}: expected {{'type': ..., 'text': str}}, got {part!r}")
+            raise ChatFormatError(_("{where}, part {index}: expected {{'type': ..., 'text': str}}, got {part}").format(
+                where=where, index=j, part=repr(part)))
         kind = part.get("type", "text")
         if kind not in allowed:
-            raise ChatFormatError(f"{where}, part {j}: type {kind!r} not allowed here (allowed: {allowed})")
+            raise ChatFormatError(_("{where}, part {index}: type {kind} not allowed here (allowed: {allowed})").format(
+                where=where, index=j, kind=repr(kind), allowed=allowed))
         parts.append((kind, part["text"]))
     return parts
 
@@ -65,28 +69,30 @@ def normalize_messages(messages: Any) -> list[tuple[str, list[tuple[str, str]]]]
     if isinstance(messages, Mapping) and "messages" in messages:
         messages = messages["messages"]
     if not isinstance(messages, Sequence) or isinstance(messages, str) or len(messages) == 0:
-        raise ChatFormatError("a conversation must be a non-empty list of {'role', 'content'} messages")
+        raise ChatFormatError(_("a conversation must be a non-empty list of {'role', 'content'} messages"))
     for i, m in enumerate(messages):
         if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
-            raise ChatFormatError(f"message {i}: expected a dict with 'role' and 'content', got {m!r}")
+            raise ChatFormatError(_("message {index}: expected a dict with 'role' and 'content', got {message}").format(
+                index=i, message=repr(m)))
 
     system = ""
     body = list(messages)
     if body[0]["role"] == "system":
-        system = "".join(t for _, t in _text_of_parts(body[0]["content"], "message 0 (system)", ("text",)))
+        where = _("message {index} ({role})").format(index=0, role="system")
+        system = "".join(t for _, t in _text_of_parts(body[0]["content"], where, ("text",)))
         body = body[1:]
         if not body or body[0]["role"] != "user":
-            raise ChatFormatError("a system message must be followed by a user message")
+            raise ChatFormatError(_("a system message must be followed by a user message"))
 
     offset = len(messages) - len(body)
     out = []
     for i, m in enumerate(body):
         expected = "user" if i % 2 == 0 else "assistant"
-        where = f"message {i + offset} ({m['role']})"
+        where = _("message {index} ({role})").format(index=i + offset, role=m["role"])
         if m["role"] != expected:
             raise ChatFormatError(
-                f"{where}: expected role {expected!r}; after an optional leading system message, "
-                "roles must alternate user, assistant, user, ..."
+                _("{where}: expected role {role}; after an optional leading system message, "
+                  "roles must alternate user, assistant, user, ...").format(where=where, role=repr(expected))
             )
         if expected == "user":
             text = "".join(t for _, t in _text_of_parts(m["content"], where, ("text",)))
@@ -115,7 +121,7 @@ def render_conversation(
 ) -> tuple[list[int], list[int]]:
     """Token ids and loss mask (1 = train on it) for a conversation, cut to `max_tokens` if given."""
     if max_tokens is not None and max_tokens <= 0:
-        raise ChatFormatError(f"max_tokens must be positive or None, got {max_tokens}")
+        raise ChatFormatError(_("max_tokens must be positive or None, got {value}").format(value=max_tokens))
     special = tokenizer.special_ids
     ids: list[int] = []
     mask: list[int] = []

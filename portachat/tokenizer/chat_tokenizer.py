@@ -23,6 +23,7 @@ from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
 
+from portachat.i18n import _
 from portachat.tokenizer.bpe import (
     OUTPUT_END,
     OUTPUT_START,
@@ -100,8 +101,8 @@ class PortachatChatTokenizer:
     def render_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
         if tools:
             raise ChatFormatError(
-                "this model's chat format has only the built-in calculator tool, no function tools; serve a model "
-                "whose chat template takes tools, or give one with `portachat serve --chat-template FILE`"
+                _("this model's chat format has only the built-in calculator tool, no function tools; serve a model "
+                  "whose chat template takes tools, or give one with `portachat serve --chat-template FILE`")
             )
         return render_for_completion(self.tokenizer, messages)
 
@@ -129,7 +130,7 @@ def _compile_template(template: str) -> Any:
             return caller()
 
     def raise_exception(message: str) -> None:
-        raise ChatFormatError(f"the model's chat template refused this conversation: {message}")
+        raise ChatFormatError(_("the model's chat template refused this conversation: {message}").format(message=message))
 
     def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
                sort_keys: bool = False) -> str:  # fmt: skip
@@ -149,7 +150,8 @@ def _compile_template(template: str) -> Any:
     try:
         return env.from_string(template)
     except jinja2.TemplateSyntaxError as exc:
-        raise TokenizerFormatError(f"the chat template is not valid Jinja ({exc}); fix chat_template") from exc
+        raise TokenizerFormatError(_("the chat template is not valid Jinja ({error}); fix chat_template").format(
+            error=exc)) from exc
 
 
 def _plain_content(content: Any) -> Any:
@@ -191,8 +193,8 @@ class TemplateChatTokenizer:
             template = named.get("default") or next(iter(named.values()), None)
         if not isinstance(template, str) or not template.strip():
             raise TokenizerFormatError(
-                "this model has no chat template (no chat_template in tokenizer_config.json, no chat_template.jinja); "
-                "it is a base model: use it for completions, or add a chat template to its directory"
+                _("this model has no chat template (no chat_template in tokenizer_config.json, no chat_template.jinja); "
+                  "it is a base model: use it for completions, or add a chat template to its directory")
             )
         self.chat_template = template
         self.tokenizer_config = dict(tokenizer_config)
@@ -216,8 +218,8 @@ class TemplateChatTokenizer:
         stop |= self._end_of_turn_ids()
         if not stop:
             raise TokenizerFormatError(
-                "cannot tell which token ends a reply: no eos_token_id in generation_config.json or config.json, "
-                "no eos_token in tokenizer_config.json, and the chat template shows no end-of-turn token"
+                _("cannot tell which token ends a reply: no eos_token_id in generation_config.json or config.json, "
+                  "no eos_token in tokenizer_config.json, and the chat template shows no end-of-turn token")
             )
         self._stop_ids = stop
         self._bytes: list[bytes] | None = None
@@ -306,12 +308,13 @@ class TemplateChatTokenizer:
         """The template's output for `messages`, with every control string inside message contents
         replaced by a placeholder; returns (text, nonce) for `encode_rendered`."""
         if not isinstance(messages, list) or not messages:
-            raise ChatFormatError("a conversation must be a non-empty list of {'role', 'content'} messages")
+            raise ChatFormatError(_("a conversation must be a non-empty list of {'role', 'content'} messages"))
         nonce = secrets.token_hex(8)
         escaped = []
         for i, m in enumerate(messages):
             if not isinstance(m, Mapping) or "role" not in m:
-                raise ChatFormatError(f"message {i}: expected a dict with 'role' and 'content', got {m!r}")
+                raise ChatFormatError(_("message {index}: expected a dict with 'role' and 'content', got {message}").format(
+                    index=i, message=repr(m)))
             m = {k: self._escape(_plain_content(v) if k == "content" else v, nonce) for k, v in m.items()}
             for key in ("reasoning_content", "thinking", "reasoning"):  # as HF: the names templates read
                 if m.get(key) is not None:
@@ -327,7 +330,8 @@ class TemplateChatTokenizer:
         except ChatFormatError:
             raise
         except Exception as exc:  # a template error is the template's message, not a crash
-            raise ChatFormatError(f"the model's chat template failed on this conversation: {exc}") from exc
+            raise ChatFormatError(_("the model's chat template failed on this conversation: {error}").format(
+                error=exc)) from exc
         return text, nonce
 
     def encode_rendered(self, text: str, nonce: str) -> list[int]:

@@ -21,7 +21,7 @@ def evaluate_tokenizer(tokenizer: Tokenizer, texts: list[str]) -> dict[str, Any]
     """
     texts = [t for t in texts if t]
     if not texts:
-        raise TokenizerConfigError("no evaluation text: pass at least one non-empty document")
+        raise TokenizerConfigError(_("no evaluation text: pass at least one non-empty document"))
     tokenizer.encode_batch(texts[:1])  # warm up the Rust thread pool so it is not timed
     start = time.perf_counter()
     encoded = tokenizer.encode_batch(texts)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from portachat.i18n import _
 from portachat.tokenizer.errors import ChatFormatError
 
 if TYPE_CHECKING:
@@ -30,17 +31,18 @@ def template_messages(messages: Any) -> list[dict[str, Any]]:
     if isinstance(messages, Mapping) and "messages" in messages:
         messages = messages["messages"]
     if not isinstance(messages, Sequence) or isinstance(messages, str) or not messages:
-        raise ChatFormatError("a conversation must be a non-empty list of {'role', 'content'} messages")
+        raise ChatFormatError(_("a conversation must be a non-empty list of {'role', 'content'} messages"))
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
-            raise ChatFormatError(f"message {i}: expected a dict with 'role' and 'content', got {m!r}")
+            raise ChatFormatError(_("message {index}: expected a dict with 'role' and 'content', got {message}").format(
+                index=i, message=repr(m)))
         content = m["content"]
         if isinstance(content, list):
             content = "".join(str(p.get("text", "")) for p in content
                               if isinstance(p, Mapping) and p.get("type", "text") == "text")
         elif not isinstance(content, str):
-            raise ChatFormatError(f"message {i}: content must be a string or a list of parts")
+            raise ChatFormatError(_("message {index}: content must be a string or a list of parts").format(index=i))
         out.append({"role": m["role"], "content": content})
     return out
 
@@ -59,7 +61,7 @@ def render_template_conversation(
     """Token ids and loss mask (1 = train on it) of a conversation in the model's own chat format,
     cut to `max_tokens` if given."""
     if max_tokens is not None and max_tokens <= 0:
-        raise ChatFormatError(f"max_tokens must be positive or None, got {max_tokens}")
+        raise ChatFormatError(_("max_tokens must be positive or None, got {value}").format(value=max_tokens))
     msgs = template_messages(messages)
     full, nonce = tokenizer.render_text(msgs, add_generation_prompt=False)
     stops = tokenizer.stop_ids
@@ -70,15 +72,15 @@ def render_template_conversation(
         if m["role"] != "assistant":
             continue
         if i == 0:
-            raise ChatFormatError("message 0: a conversation cannot start with an assistant reply")
+            raise ChatFormatError(_("message 0: a conversation cannot start with an assistant reply"))
         prompt = _render(tokenizer, msgs[:i], True, nonce)
         upto = _render(tokenizer, msgs[: i + 1], False, nonce)
         if not (full.startswith(upto) and upto.startswith(prompt) and len(prompt) >= pos):
             raise ChatFormatError(
-                f"message {i}: this chat template renders a conversation differently from its beginning "
-                "(e.g. it rewrites or drops earlier turns), so the reply's tokens cannot be located for the "
-                "loss mask. Fine-tune on single-turn conversations, or use a model whose template extends "
-                "the rendering of earlier turns."
+                _("message {index}: this chat template renders a conversation differently from its beginning "
+                  "(e.g. it rewrites or drops earlier turns), so the reply's tokens cannot be located for the "
+                  "loss mask. Fine-tune on single-turn conversations, or use a model whose template extends "
+                  "the rendering of earlier turns.").format(index=i)
             )
         start, end = len(prompt), len(upto)
         before = tokenizer.encode_rendered(full[pos:start], nonce) if start > pos else []

@@ -17,17 +17,19 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer as HFTokenizer
 
-from portachat.checkpoint import CheckpointError, latest_checkpoint, resolve_model_path, stage_dir
-from portachat.checkpoint.atomic import atomic_directory
-from portachat.checkpoint.model_dir import read_meta
+from portachat.checkpoint import CheckpointError, latest_checkpoint, stage_dir
 from portachat.checkpoint.replicate import checkpoint_from_rank0
-from portachat.checkpoint.runs import list_steps
+from portachat.data.document_source import DocumentSource
 from portachat.data.loader import PackedLoader, iter_val_batches
-from portachat.data.sources import DocumentSource, open_source
+from portachat.data.sources import open_source
 from portachat.device import Device, DistEnv, get_device, init_distributed
 from portachat.eval.bpb import unigram_bpb
 from portachat.i18n import _
 from portachat.model import GPT, GPTConfig, training_tokens
+from portachat.model.model_dir import read_meta
+from portachat.model.source import resolve
+from portachat.storage.atomic import atomic_directory
+from portachat.storage.runs import list_steps
 from portachat.tokenizer import Tokenizer, train_tokenizer
 from portachat.tokenizer.bpe import TOKENIZER_FILE
 from portachat.train.parallel import share_from_rank0
@@ -172,8 +174,9 @@ def run_base(opts: BaseOptions, dev: Device | None = None, print_fn=print) -> Tr
         cfg.num_iterations = max(1, training_tokens(model_cfg, opts.target_param_data_ratio) // tokens_per_step)
     if saved.get("final") and cfg.num_iterations > int(saved["step"]):
         say(
-            f"[portachat] note: extending a finished run from step {saved['step']} to {cfg.num_iterations}: the "
-            "learning-rate schedule is laid out for the new horizon, so the rate rises again after the warmdown."
+            "[portachat] " + _("note: extending a finished run from step {step} to {iterations}: the "
+                               "learning-rate schedule is laid out for the new horizon, so the rate rises again "
+                               "after the warmdown.").format(step=saved["step"], iterations=cfg.num_iterations)
         )
 
     B, T = cfg.device_batch_size, cfg.max_seq_len
@@ -208,4 +211,4 @@ def _resume_target(opts: BaseOptions, path: Path) -> Path | None:
         if found is None:
             raise CheckpointError(_("--resume: no checkpoint to resume in {path} (no `latest` pointer yet)").format(path=path))
         return found
-    return resolve_model_path(opts.resume)
+    return resolve(opts.resume).path

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from portachat.data.synthetic_tasks import extract_answer, final_segment, normalize_answer
+from portachat.data.synthetic.tasks import extract_answer, final_segment, normalize_answer
 from portachat.device import Device
 from portachat.model import GPT
 from portachat.tokenizer import Tokenizer, render_for_completion
@@ -47,7 +47,8 @@ def answer_accuracy_evaluator(
     sampler: RolloutEngine | None = None,
 ):
     """An evaluator hook: fraction of `conversations` (each with "messages" and "answer") answered right.
-    `sampler` shares an existing engine over the same model (RL) instead of building another."""
+    `sampler` shares an existing engine over the same model (RL) instead of building another. Either
+    engine runs the weights in the device's inference dtype (rollout.RolloutEngine), not the fp32 master."""
     items = [c for c in conversations if c.get("answer") is not None]
     engines: dict[int, RolloutEngine] = {id(sampler.model): sampler} if sampler is not None else {}
 
@@ -57,10 +58,14 @@ def answer_accuracy_evaluator(
         mine = items[rank::world]
         prompts = [render_for_completion(tokenizer, c["messages"]) for c in mine]
         if id(model) not in engines:
+            # A new model is a new evaluation copy (FSDP2's whole copy each time): drop the previous
+            # one's engine and weights rather than keep every evaluation's alive.
+            for key in [k for k in engines if sampler is None or k != id(sampler.model)]:
+                del engines[key]
             engines[id(model)] = RolloutEngine(model, tokenizer, dev, max_num_seqs=max(1, min(len(mine), 32)))
         replies = engines[id(model)].sample(prompts, max_tokens, temperature=0.0, seeds=[0] * len(prompts))
         counts = torch.tensor([sum(is_correct(r.text, c["answer"]) for r, c in zip(replies, mine, strict=True)),
-                               len(mine)], dtype=torch.float64, device=dev.torch_device)
+                               len(mine)], dtype=torch.int64, device=dev.torch_device)
         if world > 1:
             dist.all_reduce(counts)
         return {name: counts[0].item() / max(counts[1].item(), 1)}

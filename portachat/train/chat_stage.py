@@ -16,10 +16,8 @@ from pathlib import Path
 
 import torch
 
-from portachat.checkpoint import CheckpointError, latest_checkpoint, resolve_model_path, stage_dir
-from portachat.checkpoint.model_dir import read_config, read_meta
+from portachat.checkpoint import CheckpointError, latest_checkpoint, stage_dir
 from portachat.checkpoint.replicate import checkpoint_from_rank0, rank0_decides
-from portachat.checkpoint.runs import list_steps
 from portachat.data.chat_data import (
     Conversation,
     load_conversations,
@@ -33,11 +31,14 @@ from portachat.data.chat_loader import (
     data_lengths,
     iter_chat_val_batches,
 )
-from portachat.data.synthetic_tasks import MIXED_TURNS
+from portachat.data.synthetic.tasks import MIXED_TURNS
 from portachat.device import Device, DistEnv, get_device, init_distributed
 from portachat.device.shapes import pad_bucket, row_bucket
 from portachat.i18n import _
 from portachat.model import GPT
+from portachat.model.model_dir import read_config, read_meta
+from portachat.model.source import resolve
+from portachat.storage.runs import list_steps
 from portachat.tokenizer import Tokenizer, render_conversation
 from portachat.train.chat_eval import answer_accuracy_evaluator
 from portachat.train.trainer import (
@@ -89,7 +90,7 @@ class ChatOptions:
 def resolve_init(stage: str, init: str | None, run: str, runs_root: Path | None) -> Path:
     """The checkpoint a stage starts from: --init, or the run's previous stage's latest checkpoint."""
     if init is not None:
-        return resolve_model_path(init)
+        return resolve(init).path
     previous = PREVIOUS_STAGE[stage]
     where = stage_dir(run, previous, runs_root)
     found = latest_checkpoint(where)
@@ -121,7 +122,7 @@ def prepare_stage_dir(path: Path, resume: str | None, overwrite: bool, stage: st
             raise CheckpointError(_("--resume: no checkpoint to resume in {path} (no `latest` pointer yet)").format(path=path))
         return found
     if resume:
-        return resolve_model_path(resume)
+        return resolve(resume).path
     if list_steps(path):
         if not overwrite:
             raise TrainingError(
@@ -175,7 +176,8 @@ def plan_iterations(convs: list[Conversation], tokenizer: Tokenizer, cfg: TrainC
 def run_chat_stage(opts: ChatOptions, dev: Device | None = None, print_fn=print) -> TrainResult:
     """Train a chat stage (mid or sft) and return its final checkpoint."""
     if opts.stage not in STAGE_DEFAULTS:
-        raise TrainingError(f"unknown chat stage {opts.stage!r}; expected one of {sorted(STAGE_DEFAULTS)}")
+        raise TrainingError(_("unknown chat stage {stage}; expected one of {expected}").format(
+            stage=repr(opts.stage), expected=sorted(STAGE_DEFAULTS)))
     defaults = STAGE_DEFAULTS[opts.stage]
     dev = dev or get_device()
     env = init_distributed(dev)

@@ -24,18 +24,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from portachat.checkpoint import _agree, read_meta, stage_dir
-from portachat.checkpoint.atomic import commit_tmp, prepare_tmp, tmp_dir_for
-from portachat.checkpoint.model_dir import META, save_model_files
-from portachat.checkpoint.runs import prune_old, set_latest, step_dir_name
+from portachat.checkpoint import read_meta, stage_dir
 from portachat.checkpoint.trainer_state import save_optimizers, save_rng
+from portachat.checkpoint.writer import gather_positions, gather_rngs, step_directory
 from portachat.data.chat_data import Conversation
 from portachat.data.chat_loader import Bucket, ChatLoader, batches_per_epoch, rows_to_batch
 from portachat.device import Device, DistEnv, get_device, init_distributed
 from portachat.device.policy import finetune_activation_checkpointing
 from portachat.device.shapes import pad_bucket, row_bucket
+from portachat.i18n import _
 from portachat.model import GPT
-from portachat.model.load import is_portachat_dir, load_for_inference, resolve_model_source
+from portachat.model.load import load_for_inference
+from portachat.model.model_dir import META, save_model_files
+from portachat.model.source import PEFT, PORTACHAT, is_portachat_dir, resolve
+from portachat.storage.atomic import commit_tmp, prepare_tmp
 from portachat.tokenizer import Tokenizer, render_conversation
 from portachat.tokenizer.template_masks import render_template_conversation, render_template_prompt
 from portachat.train.chat_stage import ChatOptions, prepare_stage_dir, split_conversations
@@ -88,8 +90,9 @@ class BaseModel:
 
 def load_base(spec: str | Path, dev: Device) -> BaseModel:
     """The model to fine-tune, in fp32 on the device (autocast gives the compute dtype), with its tokenizer."""
-    path = resolve_model_source(spec)
-    loaded = load_for_inference(path, device=dev.torch_device, dtype=torch.float32)
+    source = resolve(spec)
+    path = source.path
+    loaded = load_for_inference(source, device=dev.torch_device, dtype=torch.float32)
     model = loaded.model
     model.requires_grad_(True)
     if model.config.tie_embeddings:
@@ -97,7 +100,7 @@ def load_base(spec: str | Path, dev: Device) -> BaseModel:
     model.train()
     gen = loaded.generation
     generation = {k: v for k, v in vars(gen).items() if v is not None and k != "max_new_tokens"}
-    if path.is_dir() and is_portachat_dir(path):
+    if source.format == PORTACHAT or (source.format == PEFT and is_portachat_dir(path)):  # a LoRA run of ours
         from portachat.tokenizer.chat import render_for_completion
 
         tok = Tokenizer.load(path)
@@ -138,12 +141,12 @@ def val_loss_evaluator(convs: Sequence[Conversation], render: Render, pad: int, 
     def evaluate(model: GPT, step: int) -> dict[str, float]:
         rank = dist.get_rank() if dist.is_initialized() else 0
         world = dist.get_world_size() if dist.is_initialized() else 1
-        total = torch.zeros(2, dtype=torch.float64, device=dev.torch_device)
+        total = torch.zeros(2, dtype=dev.accumulate_dtype, device=dev.torch_device)
         for batch in batches(rank, world):
             batch = batch.to(dev.torch_device)
             with dev.autocast():
                 loss = model(batch.inputs, batch.targets, loss_reduction="sum")
-            total += torch.stack([loss.double(), (batch.targets >= 0).sum().double()])
+            total += torch.stack([loss.to(total.dtype), (batch.targets >= 0).sum().to(total.dtype)])
         if world > 1:
             dist.all_reduce(total)
         return {"val_loss": (total[0] / total[1].clamp(min=1)).item()}
@@ -154,10 +157,12 @@ def val_loss_evaluator(convs: Sequence[Conversation], render: Render, pad: int, 
 def answer_evaluator(convs: Sequence[Conversation], base: BaseModel, dev: Device, max_tokens: int
                      ) -> Callable[[GPT, int], dict[str, float]]:  # fmt: skip
     """Fraction of held-out questions answered right (greedy, through the inference engine)."""
+    from portachat.engine import SamplingParams
+    from portachat.engine.oneshot import engine_for
     from portachat.eval.generation import reply_text
-    from portachat.serve.engine import EngineConfig, LLMEngine, SamplingParams
     from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
     from portachat.train.chat_eval import is_correct
+    from portachat.train.engine_copy import engine_weights
 
     items = [c for c in convs if c.get("answer") is not None]
     chat_tok = PortachatChatTokenizer(base.tokenizer) if isinstance(base.tokenizer, Tokenizer) else base.tokenizer
@@ -173,16 +178,17 @@ def answer_evaluator(convs: Sequence[Conversation], base: BaseModel, dev: Device
             # A KV cache for these prompts and replies, not for 16 x 2,048 tokens (1.5 GB for SmolLM2 in fp32).
             need = max(len(p) for p in prompts) + max_tokens
             context = min(max(model.config.max_seq_len, need), -(-need // 64) * 64)
-            engine = LLMEngine(model, chat_tok, EngineConfig(max_num_seqs=min(len(mine), 16), enable_prefix_caching=False,
-                                                             dtype="model", compile=False, max_model_len=context),
-                               device=dev)
-            try:
-                params = [SamplingParams(max_tokens=max_tokens, temperature=0.0, seed=0) for _ in prompts]
-                done = engine.generate(prompts, params)
+            try:  # on a copy in the device's inference dtype (the CPU: the model itself), freed after
+                with engine_weights(model, dev) as weights:
+                    engine = engine_for(weights, chat_tok, dev, max_num_seqs=min(len(mine), 16), max_model_len=context)
+                    model.eval()  # engine_for gives the model back in its mode: no LoRA dropout while answering
+                    params = [SamplingParams(max_tokens=max_tokens, temperature=0.0, seed=0) for _ in prompts]
+                    done = engine.generate(prompts, params)
+                    del engine
             finally:
                 model.train(was_training)
             right = sum(is_correct(reply_text(chat_tok, d.token_ids), c["answer"]) for d, c in zip(done, mine, strict=True))
-        counts = torch.tensor([right, len(mine)], dtype=torch.float64, device=dev.torch_device)
+        counts = torch.tensor([right, len(mine)], dtype=torch.int64, device=dev.torch_device)
         if world > 1:
             dist.all_reduce(counts)
         return {"answer_accuracy": counts[0].item() / max(counts[1].item(), 1.0)} if counts[1] > 0 else {}
@@ -197,7 +203,7 @@ def finetune_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, f
     """AdamW over the trainable parameters only (all of them, or the LoRA adapter's)."""
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
-        raise TrainingError("nothing to train: every parameter is frozen")
+        raise TrainingError(_("nothing to train: every parameter is frozen"))
     kwargs = dict(fused=True) if fused else dict(foreach=True)
     opt = torch.optim.AdamW([dict(params=params, lr=lr)], betas=(0.9, 0.999), eps=1e-8, weight_decay=weight_decay,
                             **kwargs)
@@ -219,16 +225,18 @@ class FinetuneTrainer(Trainer):
         self.optimizers = [finetune_optimizer(self.model, self.lr, self.weight_decay, self.dev.fused_optimizer)]
         if resume_from is not None:
             if self.lora is not None:
-                raise TrainingError("--resume of a LoRA fine-tuning run is not supported yet; start it again "
-                                    "with --overwrite")
+                raise TrainingError(_("--resume of a LoRA fine-tuning run is not supported yet; start it again "
+                                      "with --overwrite"))
             rng = self._resume(resume_from)
             if self.start_step > self.cfg.num_iterations:
-                raise TrainingError(f"{resume_from} is at step {self.start_step}, past this run's horizon of "
-                                    f"{self.cfg.num_iterations} steps. Pass a larger --num-iterations.")
+                raise TrainingError(_("{path} is at step {step}, past this run's horizon of {horizon} steps. "
+                                      "Pass a larger --num-iterations.").format(
+                    path=resume_from, step=self.start_step, horizon=self.cfg.num_iterations))
             self.step_count = self.start_step
             if rng is not None:
                 self.dev.set_rng_state(rng)
-            self.say(f"[portachat] resumed from {resume_from} at step {self.start_step}")
+            self.say("[portachat] " + _("resumed from {path} at step {step}").format(path=resume_from,
+                                                                                    step=self.start_step))
 
     def save(self, step: int, final: bool) -> Path:
         if self.lora is None:
@@ -236,46 +244,26 @@ class FinetuneTrainer(Trainer):
         return self._save_adapter(step, final)
 
     def _save_adapter(self, step: int, final: bool) -> Path:
-        """<stage>/step_N/ with the adapter (PEFT format), the tokenizer, portachat.json and trainer state;
-        atomic as save_checkpoint: every rank agrees before `latest` moves."""
-        env, path = self.env, self.stage_path
+        """<stage>/step_N/ with the adapter (PEFT format), the tokenizer, portachat.json and trainer state,
+        through the one step-directory writer (every rank agrees before `latest` moves)."""
+        env = self.env
         meta = dict(self.meta_base)
         metrics = {**self.metrics, "train_loss": self.last_loss, "total_training_time_s": self.total_time}
         meta.update(step=step, final=final, metrics=metrics, lora=vars(self.lora))
-        positions = {str(env.rank * self.accum + i): s.state_dict() for i, s in enumerate(self.streams)}
-        if self.world > 1:
-            gathered: list[dict | None] = [None] * self.world
-            dist.all_gather_object(gathered, positions)
-            positions = {k: v for part in gathered for k, v in (part or {}).items()}
-        meta["data_position"] = {"num_streams": self.num_streams, "streams": positions}
-        final_dir = path / step_dir_name(step)
-        tmp = tmp_dir_for(final_dir)
-        error: BaseException | None = None
-        try:
+        meta["data_position"] = gather_positions(self.streams, env.rank * self.accum, self.num_streams)
+        rngs = gather_rngs(env.rank, self.dev.get_rng_state())
+        with step_directory(self.stage_path, step, is_main=env.is_main, device=self.dev.torch_device,
+                            keep_last=self.cfg.keep_last) as out:
             if env.is_main:
-                final_dir.parent.mkdir(parents=True, exist_ok=True)
-                prepare_tmp(final_dir)
-        except BaseException as exc:  # noqa: BLE001 - every rank hears of it below
-            error = exc
-        _agree(error, device=self.dev.torch_device)
-        try:
-            save_rng(tmp, env.rank, self.dev.get_rng_state())
-            if env.is_main:
-                save_adapter(tmp, self.model, self.lora, base_model=str(self.base.path))
-                self.tokenizer.save(tmp, model_max_length=self.model.config.max_seq_len)
+                save_adapter(out.tmp, self.model, self.lora, base_model=str(self.base.path))
+                self.tokenizer.save(out.tmp, model_max_length=self.model.config.max_seq_len)
                 meta.update(model_config=self.model.config.to_dict(), tokenizer_fingerprint=self.tokenizer.fingerprint())
-                (tmp / META).write_text(_json(meta), encoding="utf-8")
-                save_optimizers(tmp, self.model, self.optimizers, None)
-        except BaseException as exc:  # noqa: BLE001
-            error = exc
-        _agree(error, device=self.dev.torch_device, cleanup=tmp if env.is_main else None, final=final_dir)
-        if env.is_main:
-            commit_tmp(tmp, final_dir)
-            set_latest(path, final_dir)
-            prune_old(path, self.cfg.keep_last)
-        if self.world > 1:
-            dist.barrier()
-        self.say(f"[portachat] saved LoRA adapter {final_dir}")
+                (out.tmp / META).write_text(_json(meta), encoding="utf-8")
+                save_optimizers(out.tmp, self.model, self.optimizers, None)
+                for r, state in rngs.items():
+                    save_rng(out.tmp, r, state)
+        final_dir = out.final
+        self.say("[portachat] " + _("saved LoRA adapter {path}").format(path=final_dir))
         return final_dir
 
 
@@ -311,9 +299,9 @@ def plan_steps(convs: Sequence[Conversation], render: Render, cfg: TrainConfig, 
 def run_finetune(opts: FinetuneOptions, dev: Device | None = None, print_fn=print) -> TrainResult:
     """Fine-tune `opts.init` (full or LoRA) and return the final checkpoint (the adapter, for LoRA)."""
     if opts.stage not in ("mid", "sft"):
-        raise TrainingError(f"fine-tuning runs as `mid` or `sft`, not {opts.stage!r}")
+        raise TrainingError(_("fine-tuning runs as `mid` or `sft`, not {stage}").format(stage=repr(opts.stage)))
     if opts.merge and opts.lora is None:
-        raise TrainingError("--merge folds a LoRA adapter into the model: pass --lora-rank R with it")
+        raise TrainingError(_("--merge folds a LoRA adapter into the model: pass --lora-rank R with it"))
     dev = dev or get_device()
     env: DistEnv = init_distributed(dev)
     say = print_fn if env.is_main else (lambda _m: None)
@@ -326,31 +314,35 @@ def run_finetune(opts: FinetuneOptions, dev: Device | None = None, print_fn=prin
     if opts.lora is not None:
         add_lora(model, opts.lora)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    mode = f"LoRA r={opts.lora.rank} alpha={opts.lora.alpha:g} on {','.join(opts.lora.targets)}" if opts.lora else "full"
-    say(f"[portachat] {opts.stage}: fine-tuning {base.path} ({mode}; {trainable:,} of "
-        f"{sum(p.numel() for p in model.parameters()):,} parameters train)")
+    mode = _("LoRA r={rank} alpha={alpha} on {targets}").format(
+        rank=opts.lora.rank, alpha=f"{opts.lora.alpha:g}", targets=",".join(opts.lora.targets)) if opts.lora else _("full")
+    say(f"[portachat] {opts.stage}: " + _("fine-tuning {path} ({mode}; {trainable} of {total} parameters train)").format(
+        path=base.path, mode=mode, trainable=f"{trainable:,}", total=f"{sum(p.numel() for p in model.parameters()):,}"))
     cfg.max_seq_len = opts.max_seq_len or min(model.config.max_seq_len, 2048)
     ac = opts.activation_checkpointing
     cfg.activation_checkpointing = finetune_activation_checkpointing(dev.type) if ac is None else ac
     if ac is None and cfg.activation_checkpointing:
-        say(f"[portachat] {opts.stage}: activation checkpointing on (fine-tuning's default on a {dev.type}: about a "
-            "third of the memory for ~35% more time; --no-activation-checkpointing turns it off)")
+        say(f"[portachat] {opts.stage}: " + _(
+            "activation checkpointing on (fine-tuning's default on a {device}: about a third of the memory for ~35% "
+            "more time; --no-activation-checkpointing turns it off)").format(device=dev.type))
     if cfg.device_batch_size == "auto":  # its probe trains every weight with Muon: not what fine-tuning runs
-        raise TrainingError("--device-batch-size auto is not available for fine-tuning an existing model yet: give "
-                            "a number of rows, or --tokens-per-batch N to bound each micro-batch by tokens")
+        raise TrainingError(_("--device-batch-size auto is not available for fine-tuning an existing model yet: give "
+                              "a number of rows, or --tokens-per-batch N to bound each micro-batch by tokens"))
     lr = opts.lr if opts.lr is not None else (LORA_LR if opts.lora else FULL_LR)
     pack = opts.pack if opts.pack is not None else opts.stage == "mid"
 
     split = ChatOptions(stage=opts.stage, data=opts.data, max_conversations=opts.max_conversations,
                         eval_examples=opts.eval_examples)
     train_convs, val_convs, described = split_conversations(split, cfg.seed)
-    say(f"[portachat] {opts.stage}: {len(train_convs)} training conversations from {described}, "
-        f"{len(val_convs)} held out; AdamW lr {lr:g}")
+    say(f"[portachat] {opts.stage}: " + _("{n} training conversations from {source}, {held_out} held out; "
+                                          "AdamW lr {lr}").format(
+        n=len(train_convs), source=described, held_out=len(val_convs), lr=f"{lr:g}"))
     sample = train_convs[:: max(1, len(train_convs) // 50)][:50]
     unsupervised = sum(not any(base.render(c["messages"], cfg.max_seq_len + 1)[1][1:]) for c in sample)
     if unsupervised:
-        say(f"[portachat] WARNING: {unsupervised} of {len(sample)} sampled conversations have no reply token within "
-            f"--max-seq-len {cfg.max_seq_len} (the prompt fills the row); they teach nothing. Raise --max-seq-len.")
+        say("[portachat] " + _("WARNING: {n} of {sampled} sampled conversations have no reply token within "
+                               "--max-seq-len {seq_len} (the prompt fills the row); they teach nothing. Raise "
+                               "--max-seq-len.").format(n=unsupervised, sampled=len(sample), seq_len=cfg.max_seq_len))
     streams = env.world_size * cfg.grad_accum_steps(env.world_size)
     bucket = row_bucket(dev.type, dev.compile)
     lengths: dict[int, int] = {}  # rendered lengths, shared by the planner and every stream
@@ -377,7 +369,7 @@ def run_finetune(opts: FinetuneOptions, dev: Device | None = None, print_fn=prin
         for key in ("data_position", "lora"):
             meta.pop(key, None)
         merged = write_merged(path, model, base, meta)
-        say(f"[portachat] merged model (adapter folded in): {merged}")
+        say("[portachat] " + _("merged model (adapter folded in): {path}").format(path=merged))
     if opts.merge and env.is_distributed:
         dist.barrier()
     return result
@@ -392,14 +384,14 @@ def wants_finetune(args: Any) -> bool:
         return True
     if not getattr(args, "init", None):
         return False
-    path = resolve_model_source(args.init)
-    return path.is_file() or not is_portachat_dir(path)
+    return resolve(args.init).format != PORTACHAT
 
 
 def finetune_options(args: Any, chat: ChatOptions) -> FinetuneOptions:
     """FinetuneOptions from the parsed `train mid|sft` flags (and the ChatOptions made from them)."""
     if not chat.init:
-        raise TrainingError("fine-tuning needs --init: a Hugging Face model directory, a .gguf file or a checkpoint")
+        raise TrainingError(_("fine-tuning needs --init: a Hugging Face model directory, a .gguf file or a "
+                              "checkpoint"))
     lora = None
     if args.lora_rank:
         targets = [t.strip() for t in args.lora_targets.split(",") if t.strip()]

@@ -90,8 +90,10 @@ def format_progress(step: int, total: int, r: dict[str, Any], eta_s: float) -> s
         device += f" {r['power_w']:.0f}W"
     # tok/s and MFU count real tokens; the padding share says how much of the step's compute was not.
     padding = f" (pad {100 * r['padding']:.0f}%)" if r.get("padding") is not None else ""
+    # Time the step waited for its batches: a loader stall shows here rather than as a slow model.
+    wait = f" (load {1000 * r['loader_wait_s']:.0f} ms)" if r.get("loader_wait_s") is not None else ""
     return (
         f"step {step:0{width}d}/{total} ({100 * step / total:5.1f}%) | loss {r['loss']:.4f} | lr x{r['lr_mult']:.2f} | "
-        f"{r['tok_per_s']:,.0f} tok/s{padding} | MFU {mfu} | mem {mem}{device} | {1000 * r['dt_s']:.0f} ms/step | "
+        f"{r['tok_per_s']:,.0f} tok/s{padding} | MFU {mfu} | mem {mem}{device} | {1000 * r['dt_s']:.0f} ms/step{wait} | "
         f"ETA {_duration(eta_s)}"
     )

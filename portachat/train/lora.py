@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from portachat.checkpoint.atomic import CheckpointError
+from portachat.i18n import _
 from portachat.model.lora import (  # noqa: F401 - re-exported: the trainer's callers import them from here
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
@@ -30,6 +30,7 @@ from portachat.model.lora import (  # noqa: F401 - re-exported: the trainer's ca
     LoraOptions,
     read_adapter,
 )
+from portachat.storage.atomic import CheckpointError
 
 ADAPTER_NAME = "default"
 
@@ -92,13 +93,15 @@ def load_adapter(model: nn.Module, directory: str | Path) -> nn.Module:
     expected = {PEFT_PREFIX + n.replace(f".{ADAPTER_NAME}.", "."): n for n in ours}
     missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
     if missing or unexpected:
-        raise CheckpointError(f"{directory}: the adapter does not fit this model: missing {missing[:3]}, "
-                              f"unexpected {unexpected[:3]} (was it trained on another base model?)")
+        raise CheckpointError(_("{directory}: the adapter does not fit this model: missing {missing}, "
+                                "unexpected {unexpected} (was it trained on another base model?)").format(
+            directory=directory, missing=missing[:3], unexpected=unexpected[:3]))
     with torch.no_grad():
         for key, name in expected.items():
             p, t = ours[name], tensors[key]
             if tuple(p.shape) != tuple(t.shape):
-                raise CheckpointError(f"{directory}: {key} has shape {tuple(t.shape)}, this model needs {tuple(p.shape)}")
+                raise CheckpointError(_("{directory}: {key} has shape {shape}, this model needs {needed}").format(
+                    directory=directory, key=key, shape=tuple(t.shape), needed=tuple(p.shape)))
             p.copy_(t)
     return model
 

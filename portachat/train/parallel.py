@@ -25,6 +25,7 @@ from portachat.device import Device
 from portachat.device.dist import share_from_rank0
 from portachat.i18n import _
 from portachat.model import GPT, GPTConfig
+from portachat.model.estimate import ModelShape, TrainingSetup, estimate_training
 
 __all__ = ["choose_parallel", "decide_parallel", "full_model", "grad_sync_paused", "is_sharded", "load_weights", "shard_model",
            "share_from_rank0"]
@@ -35,7 +36,6 @@ DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp
 
 def replicated_peak_bytes(cfg: GPTConfig, device_batch_size: int, seq_len: int, dtype: torch.dtype, world: int) -> int:
     """The memory estimator's peak per device for a replicated (DDP) run of this model and batch."""
-    from portachat.tools.estimate import ModelShape, TrainingSetup, estimate_training
 
     setup = TrainingSetup(batch_size=device_batch_size, seq_len=seq_len, dtype=DTYPE_NAMES.get(dtype, "fp32"),
                           world_size=world, parallel="ddp")

@@ -23,7 +23,6 @@ import torch
 import torch.distributed as dist
 
 from portachat.checkpoint import stage_dir
-from portachat.checkpoint.model_dir import read_meta
 from portachat.data.batch import Batch
 from portachat.data.chat_data import (
     Conversation,
@@ -31,9 +30,11 @@ from portachat.data.chat_data import (
     synthetic_conversations,
     synthetic_heldout,
 )
+from portachat.data.synthetic.tasks import TASKS, task_examples
 from portachat.device import Device, get_device, init_distributed
 from portachat.i18n import _
 from portachat.model import GPT
+from portachat.model.model_dir import read_meta
 from portachat.tokenizer import Tokenizer, render_for_completion
 from portachat.train.chat_eval import answer_accuracy_evaluator, is_correct
 from portachat.train.chat_stage import model_from_checkpoint, start_points
@@ -121,7 +122,7 @@ class RolloutStats:
                 self.sums[k + 1] += rewards.shape[1]
 
     def read(self) -> dict[str, float]:
-        totals = torch.tensor(self.sums, dtype=torch.float64, device=self.dev.torch_device)
+        totals = torch.tensor(self.sums, dtype=self.dev.accumulate_dtype, device=self.dev.torch_device)
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(totals)
         values = totals.tolist()
@@ -187,7 +188,6 @@ def probe_pass_rates(sampler: RolloutEngine, tokenizer: Tokenizer, per_task: int
                      temperature: float, seed: int) -> dict[str, float]:
     """Each synthetic task's pass rate under the current policy: one sampled reply to each of `per_task`
     fresh train-split questions per task (each rank answers its share; the counts are summed)."""
-    from portachat.data.synthetic_tasks import TASKS, task_examples
 
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
@@ -220,8 +220,9 @@ def rl_tasks(opts: RLOptions, seed: int, weights: dict[str, float] | None = None
     if opts.data:
         rows = [c for c in load_conversations(opts.data, limit=opts.max_prompts) if c.get("answer") is not None]
         if not rows:
-            raise TrainingError(f"--data {', '.join(opts.data)}: no rows with a verifiable answer (GSM8K "
-                                "'question'/'answer', multiple choice, or 'messages' rows with an 'answer' field)")
+            raise TrainingError(_("--data {data}: no rows with a verifiable answer (GSM8K 'question'/'answer', "
+                                  "multiple choice, or 'messages' rows with an 'answer' field)").format(
+                data=", ".join(opts.data)))
         n_val = min(200, len(rows) // 10) if len(rows) >= 10 else 0
         return rows[: len(rows) - n_val] or rows, rows[len(rows) - n_val :] or rows[:1], ", ".join(opts.data)
     n = opts.max_prompts or 2000
@@ -236,16 +237,18 @@ def synthetic_task_mix(opts: RLOptions, sampler: RolloutEngine, tokenizer: Token
     if resume_from is not None:
         return read_meta(resume_from).get("task_weights")
     if opts.task_weights:
-        say(f"[portachat] rl: task mix as given: {_fmt_mix(opts.task_weights)}")
+        say("[portachat] " + _("rl: task mix as given: {mix}").format(mix=_fmt_mix(opts.task_weights)))
         return dict(opts.task_weights)
     if opts.probe_examples <= 0 or init_from is None:
         return None
     load_init_weights(sampler.model, tokenizer, init_from)  # the Trainer loads them again; the probe needs them now
     rates = probe_pass_rates(sampler, tokenizer, opts.probe_examples, opts.max_new_tokens, opts.temperature, seed)
     weights = informative_weights(rates, opts.probe_floor)
-    say(f"[portachat] rl: probed pass rates ({opts.probe_examples} sampled replies per task): {_fmt_mix(rates)}")
+    say("[portachat] " + _("rl: probed pass rates ({n} sampled replies per task): {rates}").format(
+        n=opts.probe_examples, rates=_fmt_mix(rates)))
     total = sum(weights.values())
-    say(f"[portachat] rl: task mix, weighted by p(1-p): {_fmt_mix({t: w / total for t, w in weights.items()})}")
+    say("[portachat] " + _("rl: task mix, weighted by p(1-p): {mix}").format(
+        mix=_fmt_mix({t: w / total for t, w in weights.items()})))
     return weights
 
 
@@ -261,10 +264,11 @@ def run_rl(opts: RLOptions, dev: Device | None = None, print_fn=print) -> TrainR
     cfg = opts.train
     cfg.stage = "rl"
     if opts.num_samples < 2:
-        raise TrainingError("--num-samples must be at least 2: advantages compare replies within a group")
+        raise TrainingError(_("--num-samples must be at least 2: advantages compare replies within a group"))
     if cfg.device_batch_size % opts.num_samples:
-        raise TrainingError(f"--device-batch-size {cfg.device_batch_size} must be a multiple of --num-samples "
-                            f"{opts.num_samples} (each row is one reply; a prompt's G replies share a micro-batch)")
+        raise TrainingError(_("--device-batch-size {batch} must be a multiple of --num-samples {samples} (each row "
+                              "is one reply; a prompt's G replies share a micro-batch)").format(
+            batch=cfg.device_batch_size, samples=opts.num_samples))
     runs_root = Path(cfg.runs_root) if cfg.runs_root else None
     path = stage_dir(cfg.run, "rl", runs_root)
     resume_from, init_from = start_points(path, opts.resume, opts.overwrite, "rl", opts.init, cfg.run, runs_root)
@@ -286,7 +290,7 @@ def run_rl(opts: RLOptions, dev: Device | None = None, print_fn=print) -> TrainR
         cfg.num_iterations = opts.num_iterations
     else:
         cfg.num_iterations = max(1, math.ceil(opts.num_epochs * len(tasks) / (prompts_per_batch * streams)))
-    say("[portachat] rl: " + _("{n} prompts from {source}, {samples} samples each, {per_step} prompts per step; "
+    say(f"[portachat] {cfg.stage}: " + _("{n} prompts from {source}, {samples} samples each, {per_step} prompts per step; "
                                "starting from {path}").format(
         n=len(tasks), source=described, samples=opts.num_samples, per_step=prompts_per_batch * streams,
         path=init_from or resume_from))

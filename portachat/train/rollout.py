@@ -4,9 +4,11 @@ A reply is the model's tokens plus, after each `<|python_start|>EXPR<|python_end
 `<|output_start|>RESULT<|output_end|>` the engine's calculator forces. `Reply.mask` marks which tokens
 the model chose (1) and which the tool forced (0): RL must not credit the model for the tool's output.
 
-The engine wraps the training model itself (no copy, weights kept in their dtype), so every rollout
-samples from the current weights. Prefix caching is off: cached keys/values of a prompt would come
-from the weights of an earlier step.
+The engine runs a copy of the training weights in the device's inference dtype (bf16 on accelerators;
+the CPU runs the training model itself), refreshed in place from the master weights before every
+batch of samples, so every rollout samples from the current weights; refreshing in place keeps the
+copy's addresses, so decode graphs captured over it stay valid. Prefix caching is off: cached
+keys/values of a prompt would come from the weights of an earlier step.
 """
 
 from __future__ import annotations
@@ -15,12 +17,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from portachat.device import Device
+from portachat.device.inference import training_engine_dtype
+from portachat.engine import LLMEngine, SamplingParams
+from portachat.engine.calculator import calculate
+from portachat.engine.oneshot import engine_for
 from portachat.model import GPT
-from portachat.serve.engine import EngineConfig, LLMEngine, SamplingParams
-from portachat.serve.engine.calculator import calculate
 from portachat.tokenizer import Tokenizer
 from portachat.tokenizer.bpe import ASSISTANT_END, OUTPUT_END, OUTPUT_START, PYTHON_END, PYTHON_START
 from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
+from portachat.train.engine_copy import inference_copy, refresh_copy
 
 
 @dataclass
@@ -55,31 +60,28 @@ def tool_mask(tokenizer: Tokenizer, ids: list[int]) -> list[int]:
 
 
 class RolloutEngine:
-    """An LLMEngine over the training model, built on first use."""
+    """An LLMEngine over the training model's weights (a copy in the inference dtype where the device
+    decides one), built on first use."""
 
     def __init__(self, model: GPT, tokenizer: Tokenizer, dev: Device, max_num_seqs: int = 64) -> None:
         self.model, self.tokenizer, self.dev, self.max_num_seqs = model, tokenizer, dev, max_num_seqs
         self._engine: LLMEngine | None = None
+        self.weights: GPT = model  # what the engine runs: the model itself, or its inference copy
 
     def engine(self) -> LLMEngine:
-        if self._engine is None:
-            cfg = self.model.config
-            block = 16
-            blocks = self.max_num_seqs * -(-cfg.max_seq_len // block) + 1
-            was_training = self.model.training
-            self._engine = LLMEngine(
-                self.model,
-                PortachatChatTokenizer(self.tokenizer),
-                EngineConfig(max_num_seqs=self.max_num_seqs, block_size=block, num_blocks=blocks,
-                             enable_prefix_caching=False, dtype="model", compile=False),
-                device=self.dev,
-            )
-            self.model.train(was_training)  # the engine puts the model in eval mode
+        if self._engine is None:  # room for max_num_seqs sequences of the model's context; mode kept
+            dtype = training_engine_dtype(self.dev)
+            self.weights = self.model if dtype is None else inference_copy(self.model, dtype)
+            self._engine = engine_for(self.weights, PortachatChatTokenizer(self.tokenizer), self.dev,
+                                      max_num_seqs=self.max_num_seqs)
         return self._engine
 
     def sample(self, prompts: Sequence[list[int]], max_tokens: int, temperature: float, seeds: Sequence[int]) -> list[Reply]:
         """One reply per prompt (a prompt repeated G times gives a group), each with its own seed."""
         engine = self.engine()
+        if self.weights is not self.model:  # the copy samples from this step's weights
+            refresh_copy(self.weights, self.model)
+            engine.reload_weights()
         was_training = self.model.training
         self.model.eval()
         try:

@@ -26,27 +26,37 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from portachat.checkpoint import save_checkpoint
-from portachat.checkpoint.model_dir import check_tokenizer_matches, load_weights_into, read_config, read_meta
 from portachat.checkpoint.sharded import whole_copy
 from portachat.checkpoint.trainer_state import load_optimizers, load_rng
 from portachat.data.batch import Batch, as_batch
 from portachat.data.prefetch import PrefetchStream
 from portachat.device import Device, DistEnv
+from portachat.device.flops import attention_flops_per_token
 from portachat.device.telemetry import TelemetryMonitor
 from portachat.eval.bpb import evaluate_bpb
 from portachat.i18n import _
+from portachat.i18n.width import display_width
 from portachat.model import GPT
+from portachat.model.model_dir import check_tokenizer_matches, load_weights_into, read_config, read_meta
 from portachat.tokenizer import Tokenizer
+from portachat.train.accumulation import TrainingError, grad_accum_steps
+from portachat.train.hot_path import (
+    MFU_ATTENTION,
+    causal_flops_per_token,
+    choose_attention,
+    clip_with_norm,
+    collect_garbage,
+    device_grad_norm,
+    freeze_gc,
+    readable,
+    thaw_gc,
+)
 from portachat.train.logger import RunLogger, format_progress
 from portachat.train.optim import OptimConfig, build_optimizers
 from portachat.train.parallel import choose_parallel, grad_sync_paused, load_weights, shard_model
 from portachat.train.samples import greedy_samples
 from portachat.train.schedule import lr_multiplier, muon_momentum
 from portachat.train.signals import StopRequest
-
-
-class TrainingError(RuntimeError):
-    """Training cannot go on; the message says what happened and what to do."""
 
 
 class BatchStream(Protocol):
@@ -65,7 +75,8 @@ def token_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     """Sum of next-token cross-entropies over supervised targets, each times its weight if given
     (RL: the advantage, so the sum is -sum(adv * logprob)); packed rows keep their conversations apart.
     The model computes logits at supervised positions only, in chunks (portachat.model.loss)."""
-    extra = {k: v for k, v in (("weights", batch.weights), ("positions", batch.positions)) if v is not None}
+    extra = {k: v for k, v in (("weights", batch.weights), ("positions", batch.positions),
+                               ("supervised", batch.supervised)) if v is not None}
     return model(batch.inputs, batch.targets, loss_reduction="sum", **extra)
 
 
@@ -122,26 +133,21 @@ class TrainConfig:
         return self.tokens_per_batch or self.device_batch_size * self.max_seq_len
 
     def grad_accum_steps(self, world_size: int) -> int:
-        if self.tokens_per_batch is not None and self.tokens_per_batch < self.max_seq_len:
+        if self.tokens_per_batch is None:
+            return grad_accum_steps(self.total_batch_size, self.device_batch_size, self.max_seq_len, world_size)
+        if self.tokens_per_batch < self.max_seq_len:
             raise TrainingError(
                 _("--tokens-per-batch {budget} is below --max-seq-len {seq}: a micro-batch must hold at least one "
                   "whole row. Raise --tokens-per-batch or lower --max-seq-len.").format(
                     budget=self.tokens_per_batch, seq=self.max_seq_len))
-        per_step = self.micro_batch_tokens() * world_size
+        per_step = self.tokens_per_batch * world_size
         total = self.total_batch_size or per_step
         if total % per_step:
-            if self.tokens_per_batch:
-                raise TrainingError(
-                    _("--total-batch-size {total} is not a multiple of --tokens-per-batch x devices = {budget} x "
-                      "{world} = {per_step}. Use a multiple of {per_step}, e.g. {example}.").format(
-                        total=total, budget=self.tokens_per_batch, world=world_size, per_step=per_step,
-                        example=per_step * max(1, round(total / per_step))))
             raise TrainingError(
-                _("--total-batch-size {total} is not a multiple of device batch x sequence x devices "
-                  "= {batch} x {seq} x {world} = {per_step}. Use a multiple of {per_step}, e.g. {example}.").format(
-                    total=total, batch=self.device_batch_size, seq=self.max_seq_len, world=world_size,
-                    per_step=per_step, example=per_step * max(1, round(total / per_step)))
-            )
+                _("--total-batch-size {total} is not a multiple of --tokens-per-batch x devices = {budget} x "
+                  "{world} = {per_step}. Use a multiple of {per_step}, e.g. {example}.").format(
+                    total=total, budget=self.tokens_per_batch, world=world_size, per_step=per_step,
+                    example=per_step * max(1, round(total / per_step))))
         return total // per_step
 
 
@@ -159,6 +165,7 @@ class StepStats:
     loss: float  # global summed loss / global supervised tokens
     tokens: int  # global supervised tokens
     stop: bool  # some rank asked to stop
+    grad_norm: float | None = None  # total gradient norm before clipping (None: clipping off)
     real_tokens: int = 0  # global input positions holding data (padding left out)
     positions: int = 0  # global input positions computed (padding included)
     attention_pairs: float = 0.0  # global sum over sequences of length squared (attention's work)
@@ -229,7 +236,7 @@ class Trainer:
             self.say(f"[portachat] {cfg.stage}: " + _("starting from the weights of {path} (fresh optimizer state)").format(
                 path=init_from))
         if cfg.activation_checkpointing:
-            from portachat.tools.activation_checkpointing import apply_activation_checkpointing
+            from portachat.train.activation_checkpointing import apply_activation_checkpointing
 
             wrapped = apply_activation_checkpointing(model)
             self.say("[portachat] " + _("activation checkpointing: {n} blocks recompute their activations in backward").format(
@@ -271,28 +278,39 @@ class Trainer:
         if dev.compile:
             self.say("[portachat] " + _("compiling the model ({reason})").format(reason=dev.compile_reason))
             self.train_model = torch.compile(self.train_model)
+        self.attention = choose_attention(dev, model, cfg.device_batch_size, cfg.max_seq_len)
+        if self.attention.value is not None:
+            self.say("[portachat] " + _("attention kernel: {reason}").format(reason=self.attention.reason))
         # The peak of the dtype autocast runs the matmuls in (bf16 on a CPU with AMX is 16x its fp32 rate).
         self.peak = dev.peak_flops(dev.dtype)
         if rng_state is not None:
             dev.set_rng_state(rng_state)
-        self.flops_per_token = model.flops_per_token(cfg.max_seq_len)
+        self.flops_per_token = causal_flops_per_token(model, cfg.max_seq_len)  # attention as the kernel works
         # Honest MFU: the FLOPs of real tokens only (padding is no work done), the output head at supervised
-        # positions, weight gradients only for weights that train, attention by each sequence's own length.
-        self.flop_rates = model.training_flop_rates()
+        # positions, weight gradients only for weights that train, attention by each sequence's own length
+        # (causal: as the kernel works).
+        c = model.config
+        self.flop_rates = (*model.training_flop_rates(), attention_flops_per_token(c.n_layer, c.n_head, c.head_dim, 1))
         self.tokens_per_step = cfg.micro_batch_tokens() * self.num_streams
         self.meta_base.update(
             stage=cfg.stage, run=cfg.run, train_config=_config_dict(cfg), device=dev.describe(), world_size=self.world,
-            parallel=self.parallel,
+            parallel=self.parallel, mfu_attention=MFU_ATTENTION,
+            attention_kernel={"value": self.attention.value, "reason": self.attention.reason},
             peak_flops={"value": self.peak.value if math.isfinite(self.peak.value) else None,
                         "source": self.peak.source, "dtype": dev.dtype_name},
         )
-        micro = (f"{cfg.tokens_per_batch:,} tokens per batch, seq <= {cfg.max_seq_len}" if cfg.tokens_per_batch
-                 else f"batch {cfg.device_batch_size} x seq {cfg.max_seq_len}")
         self.say(
-            f"[portachat] {cfg.stage}: {model.num_params():,} params | {cfg.num_iterations} steps x "
-            f"{self.tokens_per_step:,} tokens ({micro} x {self.world} "
-            f"device(s) x {self.accum} accum) | {dev.kind} {str(dev.dtype).removeprefix('torch.')} | "
-            f"peak {self.peak.value / 1e12:.2f} TFLOPS ({self.peak.source})"
+            f"[portachat] {cfg.stage}: "
+            + (_("{params} params | {steps} steps x {tokens} tokens (batch {batch} x seq {seq_len} x {world} "
+                 "device(s) x {accum} accum) | {device} {dtype} | peak {tflops} TFLOPS ({source})") if not cfg.tokens_per_batch
+               else _("{params} params | {steps} steps x up to {tokens} tokens ({budget} tokens per micro-batch, rows of "
+                      "up to {seq_len} x {world} device(s) x {accum} accum) | {device} {dtype} | peak {tflops} TFLOPS "
+                      "({source})")).format(
+                params=f"{model.num_params():,}", steps=cfg.num_iterations, tokens=f"{self.tokens_per_step:,}",
+                batch=cfg.device_batch_size, budget=f"{cfg.tokens_per_batch or 0:,}", seq_len=cfg.max_seq_len,
+                world=self.world, accum=self.accum, device=dev.kind, dtype=str(dev.dtype).removeprefix("torch."),
+                tflops=f"{self.peak.value / 1e12:.2f}", source=self.peak.source)
+            + " | " + _("MFU counts causal attention (half of full: what the kernel computes)")
         )
         if self.start_step:
             self.say("[portachat] " + _("resumed from {path} at step {step}").format(path=resume_from, step=self.start_step))
@@ -327,8 +345,9 @@ class Trainer:
                 stream.load_state_dict(positions["streams"][str(env.rank * self.accum + m)])
         else:
             self.say(
-                f"[portachat] warning: the checkpoint read data as {positions.get('num_streams')} streams, this run "
-                f"uses {self.num_streams} (devices x accumulation changed); data restarts at each stream's beginning."
+                "[portachat] " + _("warning: the checkpoint read data as {saved} streams, this run uses {streams} "
+                                   "(devices x accumulation changed); data restarts at each stream's beginning.").format(
+                    saved=positions.get("num_streams"), streams=self.num_streams)
             )
         self.start_step = int(meta["step"])
         self.total_time = float((meta.get("metrics") or {}).get("total_training_time_s") or 0.0)
@@ -369,27 +388,32 @@ class Trainer:
         packed = torch.cat([loss_sum.reshape(1), extra])
         if self.world > 1:
             dist.all_reduce(packed)
-        total_loss, stop, real, positions, pairs, tokens = torch.cat([packed, count.reshape(1)]).tolist()
-        return StepStats(loss=total_loss / max(tokens, 1.0), tokens=int(tokens), stop=stop > 0, real_tokens=int(real),
+        self.grad_norm = device_grad_norm(self.model.parameters(), self.optimizers, self.scaler, self.cfg.grad_clip,
+                                          dev.torch_device)  # fmt: skip
+        total_loss, stop, real, positions, pairs, tokens, norm = torch.cat(
+            [packed, count.reshape(1), readable(self.grad_norm)]).tolist()
+        return StepStats(loss=total_loss / max(tokens, 1.0), tokens=int(tokens), stop=stop > 0,
+                         grad_norm=norm if self.cfg.grad_clip > 0 else None, real_tokens=int(real),
                          positions=int(positions), attention_pairs=pairs)
 
     def step(self, stop_requested: bool = False) -> tuple[dict[str, Any], bool]:
         """One optimizer step; returns (the step's log record, whether any rank asked to stop)."""
         cfg, dev, step = self.cfg, self.dev, self.step_count
-        dev.synchronize()
-        t0 = time.perf_counter()
-        stats = self.forward_backward(self.next_micro_batches(), stop_requested)
+        t0 = time.perf_counter()  # no sync: forward_backward's one transfer per step paces the host
+        micro_batches = self.next_micro_batches()
+        loader_wait = time.perf_counter() - t0  # the step waited this long for the data pipeline
+        stats = self.forward_backward(micro_batches, stop_requested)
         lrm = lr_multiplier(step, cfg.num_iterations, cfg.warmup_ratio, cfg.warmdown_ratio, cfg.final_lr_frac)
         for opt in self.optimizers:
             for group in opt.param_groups:
                 group["lr"] = group["initial_lr"] * lrm
                 if "momentum" in group:
                     group["momentum"] = muon_momentum(step, warmup_steps=cfg.muon_momentum_warmup)
-        applied, grad_norm = _clip_and_step(self.model, self.optimizers, self.scaler, cfg.grad_clip, stats.loss)
+        applied, grad_norm = _clip_and_step(self.model, self.optimizers, self.scaler, cfg.grad_clip, stats,
+                                            self.grad_norm)  # fmt: skip
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
         self._guard(applied, stats.loss)
-        dev.synchronize()
         dt = time.perf_counter() - t0
         self.total_time += dt
         self.step_count += 1
@@ -400,7 +424,6 @@ class Trainer:
         per_real, per_supervised, per_pair = self.flop_rates
         flops = per_real * stats.real_tokens + per_supervised * stats.tokens + per_pair * stats.attention_pairs
         mfu = flops / dt / (peak * self.world) if peak > 0 else None
-        mem = dev.memory()
         record = {
             "loss": stats.loss,
             "lr_mult": lrm,
@@ -411,8 +434,11 @@ class Trainer:
             "supervised_tokens": stats.tokens,
             "real_tokens": stats.real_tokens,
             "padding": 1.0 - stats.real_tokens / max(stats.positions, 1),  # share of computed positions
-            "mem_bytes": mem.peak_allocated or mem.allocated,
+            "loader_wait_s": loader_wait,
         }
+        if self._log_due(self.step_count):  # memory stats are driver calls: only on logged steps
+            mem = dev.memory()
+            record["mem_bytes"] = mem.peak_allocated or mem.allocated
         if self.stage.step_metrics is not None:
             record.update(self.stage.step_metrics())
         return record, stats.stop
@@ -425,12 +451,13 @@ class Trainer:
         if applied:
             self.bad_steps = 0
         elif overflow_only:
-            self.say(f"[portachat] step {step}: " + _("fp16 gradient overflow, update skipped; loss scale now {scale}").format(
+            self.say("[portachat] " + _("step {step}:").format(step=step) + " " + _("fp16 gradient overflow, update skipped; loss scale now {scale}").format(
                 scale=f"{scaler.get_scale():g}"))
         else:
             self.bad_steps += 1
-            self.say(f"[portachat] step {step}: " + _("non-finite loss/gradient ({loss}); update skipped "
-                                                      "({n} in a row)").format(loss=step_loss, n=self.bad_steps))
+            self.say("[portachat] " + _("step {step}:").format(step=step) + " "
+                     + _("non-finite loss/gradient ({loss}); update skipped ({n} in a row)").format(
+                         loss=step_loss, n=self.bad_steps))
             if self.bad_steps >= self.cfg.max_bad_steps:
                 raise TrainingError(
                     _("training diverged: {n} steps in a row had a non-finite loss or gradient. "
@@ -445,6 +472,7 @@ class Trainer:
     def evaluate(self, step: int) -> dict[str, float]:
         """Validation bits/byte, the stage's evaluators, and (rank 0) samples; logged at `step`."""
         dev, env, cfg = self.dev, self.env, self.cfg
+        collect_garbage()
         results: dict[str, float] = {}
         # FSDP2: evaluate a whole copy of the weights on every rank, so evaluators and the engine work as with
         # replicas (ranks score different examples; no collective inside a forward for them to disagree on).
@@ -453,7 +481,7 @@ class Trainer:
             bpb = evaluate_bpb(model, self.stage.val_batches(env.rank, self.world), self.tokenizer.token_bytes(),
                                dev.torch_device, dev.autocast)
             results["val_bpb"] = bpb
-            self.say(f"[portachat] step {step}: " + _("validation bits/byte {bpb}").format(bpb=f"{bpb:.4f}"))
+            self.say("[portachat] " + _("step {step}:").format(step=step) + " " + _("validation bits/byte {bpb}").format(bpb=f"{bpb:.4f}"))
         was_training = model.training
         model.eval()
         try:
@@ -461,7 +489,8 @@ class Trainer:
                 found = evaluator(model, step)
                 results.update(found)
                 if found:
-                    self.say(f"[portachat] step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in found.items()))
+                    self.say("[portachat] " + _("step {step}:").format(step=step) + " "
+                             + ", ".join(f"{k} {v:.4f}" for k, v in found.items()))
         finally:
             model.train(was_training)
         self.metrics.update(results)
@@ -469,14 +498,17 @@ class Trainer:
             self.logger.log(step, {("val/bpb" if k == "val_bpb" else f"eval/{k}"): v for k, v in results.items()})
         if env.is_main and self.stage.sample_prompts and (cfg.sample_every == 0 or step % cfg.sample_every == 0):
             self.samples = greedy_samples(model, self.tokenizer, self.stage.sample_prompts, cfg.sample_tokens, dev)
+            label = _("sample")
+            indent = " " * (display_width(label) + 3)  # continuation lines align under the first line's "|"
             for text in self.samples:
-                self.say("  sample | " + text.replace("\n", "\n         | "))
+                self.say("  " + label + " | " + text.replace("\n", "\n" + indent + "| "))
             if self.logger is not None:
                 self.logger.log_text(step, "samples", "\n\n".join(self.samples))
         return results
 
     def save(self, step: int, final: bool) -> Path:
         """A checkpoint of `step`, carrying the metrics measured at that step (evaluate first)."""
+        collect_garbage()
         meta = dict(self.meta_base)
         metrics = {**self.metrics, "train_loss": self.last_loss, "total_training_time_s": self.total_time}
         metrics.setdefault("val_bpb", None)
@@ -502,6 +534,9 @@ class Trainer:
 
     # ---- the loop ----------------------------------------------------------------------------
 
+    def _log_due(self, step: int) -> bool:
+        return step % self.cfg.log_every == 0 or step == self.start_step + 1 or step == self.cfg.num_iterations
+
     def _eval_due(self, step: int) -> bool:
         every = self.cfg.eval_every
         return step == self.cfg.num_iterations or (every > 0 and step % every == 0)
@@ -515,11 +550,13 @@ class Trainer:
         with StopRequest() as stop:
             try:
                 self.logger = RunLogger(self.stage_path, enabled=env.is_main)
+                self.logger.log(self.step_count, {"mfu_attention": MFU_ATTENTION})  # how "mfu" below counts
                 if env.is_main and cfg.telemetry_every_s > 0:  # vendor tools are slow: never inside the step
                     monitor = TelemetryMonitor(self.dev, cfg.telemetry_every_s).start()
                 self.train_model.train()
                 if self.start_step == 0 and cfg.eval_every > 0 and cfg.num_iterations > 0:
                     self.evaluate(0)  # where the stage starts from
+                freeze_gc()  # no collector scans inside the loop; evaluate() and save() collect
                 while self.step_count < cfg.num_iterations:
                     record, stop_now = self.step(stop.requested)
                     step = self.step_count
@@ -529,12 +566,12 @@ class Trainer:
                     if mfu is not None and mfu > 1.0 and not warned_mfu:
                         warned_mfu = True
                         self.say(
-                            f"[portachat] MFU above 100% means the {self.peak.source} peak "
-                            f"({self.peak.value / 1e12:.2f} TFLOPS) is too low, e.g. measured while the machine was "
-                            "busy: run `portachat doctor --calibrate` on an idle machine."
+                            "[portachat] " + _("MFU above 100% means the {source} peak ({tflops} TFLOPS) is too "
+                                               "low, e.g. measured while the machine was busy: run `portachat doctor "
+                                               "--calibrate` on an idle machine.").format(
+                                source=self.peak.source, tflops=f"{self.peak.value / 1e12:.2f}")
                         )
-                    show = env.is_main and (step % cfg.log_every == 0 or step == self.start_step + 1
-                                            or step == cfg.num_iterations)
+                    show = env.is_main and self._log_due(step)
                     if show and monitor is not None:  # the background monitor's latest sample
                         sample = monitor.latest()
                         record.update({k: sample[k] for k in ("util_pct", "temp_c", "power_w") if k in sample})
@@ -545,6 +582,7 @@ class Trainer:
                         self.say(format_progress(step, cfg.num_iterations, record, eta))
                     if step == cfg.num_iterations:
                         break
+                    collect_garbage(step)  # every GC_COLLECT_EVERY steps
                     if self._eval_due(step):
                         self.evaluate(step)
                     if (cfg.save_every > 0 and step % cfg.save_every == 0) or stop_now:
@@ -557,6 +595,7 @@ class Trainer:
                     _check_replicas_in_sync(self.model, self.world, self.say)
                 final = self.save(step, final=True)
             finally:
+                thaw_gc()
                 if monitor is not None:
                     monitor.stop()
                 for stream in self.streams:
@@ -597,33 +636,41 @@ def _no_buffer_sync() -> dict[str, bool]:
 
 def _check_replicas_in_sync(model: GPT, world: int, say: Callable[[str], None]) -> None:
     """Data parallelism must keep every rank's weights bit-identical; verify it instead of assuming it."""
-    with torch.no_grad():
-        local = torch.stack([p.detach().double().sum() for p in model.parameters()])
+    with torch.no_grad():  # integer sums of the weights' bit patterns: exact, in any order, and no float64
+        local = torch.stack([_bits(p.detach()).sum(dtype=torch.int64) for p in model.parameters()])
     gathered = [torch.empty_like(local) for _ in range(world)]
     dist.all_gather(gathered, local)
     if not all(torch.equal(gathered[0], g) for g in gathered[1:]):
-        raise TrainingError("the ranks' weights diverged: data-parallel replicas are out of sync (please report this)")
-    say(f"[portachat] weights identical on all {world} ranks (checksum {gathered[0].sum().item():.6e})")
+        raise TrainingError(_("the ranks' weights diverged: data-parallel replicas are out of sync (please report "
+                              "this)"))
+    say("[portachat] " + _("weights identical on all {world} ranks (checksum {checksum})").format(
+        world=world, checksum=gathered[0].sum().item()))
 
 
-def _clip_and_step(model, optimizers, scaler, grad_clip: float, step_loss: float) -> tuple[bool, float | None]:
-    """Clip and step every optimizer; returns (update applied, gradient norm).
+_INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's raw bits as integers of the same width (bit-identical tensors give identical sums)."""
+    return t.contiguous().view(_INT_OF_SIZE[t.element_size()])
+
+
+def _clip_and_step(model, optimizers, scaler, grad_clip: float, stats: StepStats,
+                   norm: torch.Tensor) -> tuple[bool, float | None]:  # fmt: skip
+    """Clip (by `norm`, the device-side norm `stats.grad_norm` was read from; fp16 gradients already
+    unscaled) and step every optimizer; returns (update applied, gradient norm).
 
     Without a scaler a non-finite loss or gradient skips the update here. With fp16's GradScaler the
     scaler itself skips an update whose gradients hold inf/NaN and lowers the loss scale, so the
     step always goes through it (calling update() without a step would be an error).
     """
-    if scaler is None and not math.isfinite(step_loss):
+    if scaler is None and not math.isfinite(stats.loss):
         return False, None
-    if scaler is not None:
-        for opt in optimizers:
-            scaler.unscale_(opt)
-    grad_norm = None
-    if grad_clip > 0:
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip).item()
+    grad_norm = stats.grad_norm
+    if scaler is None and grad_norm is not None and not math.isfinite(grad_norm):
+        return False, grad_norm
+    clip_with_norm(model.parameters(), grad_clip, norm)
     if scaler is None:
-        if grad_norm is not None and not math.isfinite(grad_norm):
-            return False, grad_norm
         for opt in optimizers:
             opt.step()
         return True, grad_norm
@@ -652,7 +699,7 @@ def resolve_device_batch_size(cfg: TrainConfig, model: GPT, dev: Device, env: Di
         say("[portachat] " + _("--device-batch-size auto: not used, --tokens-per-batch {n} sets each micro-batch").format(
             n=cfg.tokens_per_batch))
         return
-    from portachat.tools.tune import auto_device_batch_size
+    from portachat.train.batch_size import auto_device_batch_size
 
     batch, _accum = auto_device_batch_size(model.config, cfg.max_seq_len, dev, cfg.total_batch_size, env.world_size,
                                       activation_checkpointing=cfg.activation_checkpointing, say=say,
@@ -661,9 +708,6 @@ def resolve_device_batch_size(cfg: TrainConfig, model: GPT, dev: Device, env: Di
         t = torch.tensor([batch], device=dev.torch_device if dist.get_backend() != "gloo" else "cpu")
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
         batch = int(t.item())
-    if cfg.total_batch_size:
-        while batch > 1 and cfg.total_batch_size % (batch * cfg.max_seq_len * env.world_size):
-            batch -= 1
     cfg.device_batch_size = batch
     say("[portachat] " + _("--device-batch-size auto: {batch} rows per device, {accum} accumulation step(s)").format(
         batch=batch, accum=cfg.grad_accum_steps(env.world_size)))

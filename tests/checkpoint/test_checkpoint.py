@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from portachat.checkpoint import CheckpointError, latest_checkpoint, load_model_dir, save_checkpoint
-from portachat.checkpoint.atomic import atomic_directory
-from portachat.checkpoint.runs import list_steps
 from portachat.checkpoint.trainer_state import load_optimizers
 from portachat.model import GPT, GPTConfig
+from portachat.storage.atomic import atomic_directory
+from portachat.storage.runs import list_steps
 from portachat.train.optim import OptimConfig, build_optimizers
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from portachat.checkpoint.model_dir import save_model_files
 from portachat.cli import build_parser, main
 from portachat.model import GPT, GPTConfig
+from portachat.model.model_dir import save_model_files
 
 
 @pytest.fixture()

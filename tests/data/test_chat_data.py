@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from portachat.data.chat_data import load_conversations, row_to_conversation
-from portachat.data.sources import DataError
+from portachat.data.document_source import DataError
 from tests.conftest import require_shared
 
 

@@ -14,8 +14,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from portachat.data.document_source import DataError
 from portachat.data.hub import download_shards, local_shards
-from portachat.data.sources import DataError, open_source
+from portachat.data.sources import open_source
 
 REPO = "someone/tiny-edu"
 COMMIT = "a" * 40

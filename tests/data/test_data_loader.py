@@ -9,9 +9,10 @@ import pytest
 import torch
 from data_helpers import SHARED_DATA, ByteTokenizer, write_parquet
 
+from portachat.data.document_source import DataError, DocumentSource
 from portachat.data.loader import PackedLoader, iter_val_batches
-from portachat.data.sources import DataError, DocumentSource, open_source
-from portachat.data.synthetic import SyntheticSource
+from portachat.data.sources import open_source
+from portachat.data.synthetic.documents import SyntheticSource
 
 BOS = ByteTokenizer.bos_id
 

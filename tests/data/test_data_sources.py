@@ -7,7 +7,8 @@ import pytest
 from data_helpers import SHARED_DATA, numbered_docs, write_jsonl, write_parquet
 
 from portachat.data import sources
-from portachat.data.sources import DataError, open_source
+from portachat.data.document_source import DataError
+from portachat.data.sources import open_source
 
 
 def all_docs(src) -> list[str]:

@@ -6,16 +6,10 @@ from collections import Counter
 import pytest
 from data_helpers import ByteTokenizer
 
-from portachat.data import synthetic
 from portachat.data.loader import PackedLoader
-from portachat.data.synthetic import (
-    TASKS,
-    SyntheticSource,
-    number_to_words,
-    synthetic_documents,
-    synthetic_examples,
-    synthetic_qa,
-)
+from portachat.data.synthetic import curriculum as synthetic
+from portachat.data.synthetic.curriculum import TASKS, number_to_words, synthetic_examples, synthetic_qa
+from portachat.data.synthetic.documents import SyntheticSource, synthetic_documents
 
 WORD_TO_NUMBER = {number_to_words(i): i for i in range(1000)}
 

@@ -12,12 +12,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from portachat.data import hubs
 from portachat.data.chat_data import load_conversations
+from portachat.data.document_source import DataError
 from portachat.data.hub import download_shards
-from portachat.data.sources import DataError, open_source
+from portachat.data.sources import open_source
 from portachat.eval.chinese_mc import read_chinese_mc
 from portachat.eval.data_files import EvalDataError, resolve_data
+from portachat.storage import hubs
 from tests.data.fake_hubs import FakeHF, FakeModelScope, dead_url
 
 pytest.importorskip("modelscope", reason="ModelScope's client: pip install 'portachat[china]'")
@@ -136,8 +137,8 @@ def test_missing_modelscope_client_names_the_install_command(online, monkeypatch
 
 @pytest.fixture
 def tiny_model_files(small_tokenizer, tmp_path) -> dict[str, bytes]:
-    from portachat.checkpoint.model_dir import save_model_files
     from portachat.model import GPT, GPTConfig
+    from portachat.model.model_dir import save_model_files
 
     cfg = GPTConfig(vocab_size=small_tokenizer.vocab_size, n_layer=1, n_embd=32, n_head=2, n_kv_head=1,
                     head_dim=16, intermediate_size=64, max_seq_len=64)
@@ -152,16 +153,17 @@ def tiny_model_files(small_tokenizer, tmp_path) -> dict[str, bytes]:
 def test_models_for_serve_and_init_come_from_either_hub(online, monkeypatch, tiny_model_files):
     import torch
 
-    from portachat.checkpoint.atomic import CheckpointError
-    from portachat.model.load import load_for_inference, resolve_model_source
+    from portachat.model.load import load_for_inference
+    from portachat.model.source import resolve
+    from portachat.storage.atomic import CheckpointError
 
     extra = {"pytorch_model.bin": b"never fetched", "onnx/model.onnx": b"never fetched"}
     repos = {("model", "someone/tiny"): {**tiny_model_files, **extra}}
     with FakeHF(repos) as hf, FakeModelScope(repos) as ms:
         monkeypatch.setenv("HF_ENDPOINT", hf.url)
         monkeypatch.setenv("MODELSCOPE_ENDPOINT", ms.url)
-        from_hf = resolve_model_source("hf:someone/tiny")
-        from_ms = resolve_model_source("modelscope:someone/tiny")
+        from_hf = resolve("hf:someone/tiny").path
+        from_ms = resolve("modelscope:someone/tiny").path
         assert from_hf != from_ms
         for path in (from_hf, from_ms):
             assert {p.name for p in path.iterdir() if p.is_file()} >= {"config.json", "model.safetensors",
@@ -172,16 +174,16 @@ def test_models_for_serve_and_init_come_from_either_hub(online, monkeypatch, tin
         ids = torch.tensor([[1, 2, 3]])
         assert torch.equal(a.model(ids), b.model(ids))
         monkeypatch.setenv(hubs.HUB_ENV, "modelscope")
-        assert resolve_model_source("someone/tiny") == from_ms  # bare ids go to the hub PORTACHAT_HUB names
+        assert resolve("someone/tiny").path == from_ms  # bare ids go to the hub PORTACHAT_HUB names
     monkeypatch.delenv(hubs.HUB_ENV)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the server is gone: the cached copy still resolves
-    assert resolve_model_source("hf:someone/tiny") == from_hf
+    assert resolve("hf:someone/tiny").path == from_hf
     with pytest.raises(CheckpointError, match="HF_HUB_OFFLINE is set and it is not in the cache"):
-        resolve_model_source("hf:someone/other")
+        resolve("hf:someone/other")
 
 
 def test_doctor_says_which_hub_answers_and_what_to_set(online, monkeypatch, tmp_path):
-    from portachat.tools.doctor import run_doctor
+    from portachat.speedrun.doctor import run_doctor
 
     with FakeHF({}) as hf, FakeModelScope({}) as ms:
         monkeypatch.setenv("MODELSCOPE_ENDPOINT", ms.url)

@@ -95,3 +95,31 @@ def test_end_of_data_and_errors_reach_the_consumer(source):
     with pytest.raises(ValueError):
         pre.next_batch()
     assert pre.state_dict()["batches"] == 3
+
+
+class _SlowCounter:
+    """A stream whose every batch takes 30 ms to make."""
+
+    def __init__(self) -> None:
+        self.pos = 0
+
+    def next_batch(self):
+        time.sleep(0.03)
+        self.pos += 1
+        return torch.tensor([self.pos]), torch.tensor([self.pos])
+
+    def state_dict(self) -> dict:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.pos = state["pos"]
+
+
+def test_waits_for_the_loader_are_counted_and_timed():
+    with PrefetchStream(_SlowCounter(), depth=1) as stream:
+        stream.next_batch()  # nothing is ready yet: the consumer waits for the first batch
+        assert stream.waits == 1 and stream.wait_s >= 0.02
+        time.sleep(0.1)  # the producer catches up: the next batch is ready, no wait
+        waited = stream.wait_s
+        stream.next_batch()
+        assert stream.waits == 1 and stream.wait_s == waited

@@ -5,7 +5,9 @@ from collections import Counter
 
 import pytest
 
-from portachat.data import synthetic_tasks as st
+from portachat.data.synthetic import documents as sd
+from portachat.data.synthetic import heldout
+from portachat.data.synthetic import tasks as st
 from portachat.tokenizer.chat import render_conversation
 
 
@@ -162,7 +164,7 @@ def test_splits_are_disjoint_and_deterministic():
     assert st.task_examples(50, "train", seed=5) != train[:50]
     assert st.heldout_set(300, seed=0) == held
     # roughly 10% of keys are held out
-    frac = sum(st.split_of(f"calc:{i}+{i + 1}") == "heldout" for i in range(5000)) / 5000
+    frac = sum(heldout.split_of(f"calc:{i}+{i + 1}") == "heldout" for i in range(5000)) / 5000
     assert 0.07 < frac < 0.13
 
 
@@ -191,29 +193,29 @@ def test_conversations_render_short_with_tool_output_masked(small_tokenizer):
 
 
 def test_documents_use_only_train_questions():
-    docs = st.task_documents(200, seed=0)
+    docs = sd.task_documents(200, seed=0)
     assert len(docs) == 200 and all(docs)
     held_questions = {ex.question for ex in st.heldout_set(400, seed=0)}
     text = "\n".join(docs)
     assert "The answer is" in text and " = " in text
     paragraphs = [p.split("\n")[0] for d in docs for p in d.split("\n\n")]
     assert not held_questions & set(paragraphs)
-    assert st.task_documents(5, seed=0) == docs[:5]
+    assert sd.task_documents(5, seed=0) == docs[:5]
 
 
 def test_question_key_recovers_the_key_from_any_phrasing():
     for ex in st.task_examples(1500, "train", seed=7) + st.task_examples(300, "heldout", seed=7):
-        assert st.question_key(ex.question) == ex.key, ex
-    assert st.question_key("What is the capital of France?") is None
+        assert heldout.question_key(ex.question) == ex.key, ex
+    assert heldout.question_key("What is the capital of France?") is None
     # the base curriculum (synthetic.py) asks some of the same questions: they map to the same keys
-    assert st.question_key("Which is larger, 47 or 52?") == "compare:larger:47:52"
-    assert st.question_key("What is 23 + 58?") == "calc:23+58"
+    assert heldout.question_key("Which is larger, 47 or 52?") == "compare:larger:47:52"
+    assert heldout.question_key("What is 23 + 58?") == "calc:23+58"
 
 
 def test_task_document_source_units():
-    train, val = st.TaskDocumentSource("train", num_units=20, docs_per_unit=3), st.TaskDocumentSource("val", num_units=20, docs_per_unit=3)
+    train, val = sd.TaskDocumentSource("train", num_units=20, docs_per_unit=3), sd.TaskDocumentSource("val", num_units=20, docs_per_unit=3)
     assert train.num_units == 19 and val.num_units == 1
-    assert train.read_unit(0) == st.TaskDocumentSource("train", num_units=20, docs_per_unit=3).read_unit(0)
+    assert train.read_unit(0) == sd.TaskDocumentSource("train", num_units=20, docs_per_unit=3).read_unit(0)
     assert train.read_unit(0) != val.read_unit(0) and len(train.read_unit(1)) == 3
     with pytest.raises(IndexError):
         train.read_unit(19)
@@ -223,7 +225,7 @@ def test_task_document_source_units():
 
 
 def test_chinese_arithmetic_calls_the_calculator_with_the_same_expression():
-    from portachat.serve.engine.calculator import calculate
+    from portachat.engine.calculator import calculate
 
     examples = [ex for ex in st.task_examples(3000, "train", seed=21, tasks=["calc_arithmetic"])]
     zh = [ex for ex in examples if ex.lang == "zh"]
@@ -235,19 +237,19 @@ def test_chinese_arithmetic_calls_the_calculator_with_the_same_expression():
         assert call["type"] == "python" and output == {"type": "python_output", "text": ex.answer}
         assert calculate(call["text"]) == ex.answer  # the inference engine's own calculator agrees
         assert final == {"type": "text", "text": f"答案：{ex.answer}。"}
-        assert st.question_key(ex.question) == ex.key == f"calc:{int(a)}{op}{int(b)}"
+        assert heldout.question_key(ex.question) == ex.key == f"calc:{int(a)}{op}{int(b)}"
     # short sums like the are trained too, not only the three-digit operands most values have
     sums = [ex.key for ex in examples if "+" in ex.key]
     assert sum(bool(re.fullmatch(r"calc:\d\d\+\d\d", k)) for k in sums) > 0.1 * len(sums)
     # the question: the same key (and split) as its English phrasing, the same tool call
-    assert st.question_key("23加58等于多少？") == st.question_key("What is 23+58?") == "calc:23+58"
+    assert heldout.question_key("23加58等于多少？") == heldout.question_key("What is 23+58?") == "calc:23+58"
     en = next(ex for ex in examples if ex.lang == "en")
     assert en.assistant[0]["text"] == re.sub(r"\s", "", re.search(r"\d+ ?[+\-*] ?\d+|\d+ \w+ \d+", en.question)[0]
                                               .replace(" plus ", "+").replace(" minus ", "-").replace(" times ", "*"))
 
 
 def test_every_tool_call_is_evaluated_right_by_the_engine_calculator_in_both_languages():
-    from portachat.serve.engine.calculator import calculate
+    from portachat.engine.calculator import calculate
 
     calls = 0
     for ex in st.task_examples(1500, "train", seed=22) + st.task_examples(300, "heldout", seed=22):
@@ -286,7 +288,7 @@ def _line_questions(docs: list[str]) -> set[str]:
 
 
 def test_heldout_questions_never_reach_training_in_either_language():
-    from portachat.data.synthetic import SyntheticSource
+    from portachat.data.synthetic.documents import SyntheticSource
 
     held = _heldout_questions_by_language()
     assert all(len(qs) == 600 for qs in held.values())

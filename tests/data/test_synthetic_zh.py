@@ -5,8 +5,9 @@ from collections import Counter
 
 import pytest
 
-from portachat.data import synthetic_zh as zh
-from portachat.data.synthetic import TASKS, SyntheticSource, synthetic_documents, synthetic_examples
+from portachat.data.synthetic import zh
+from portachat.data.synthetic.curriculum import TASKS, synthetic_examples
+from portachat.data.synthetic.documents import SyntheticSource, synthetic_documents
 from portachat.tokenizer.bpe import train_tokenizer
 
 CJK = re.compile(r"[\u4e00-\u9fff]")

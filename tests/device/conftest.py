@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from portachat.device import reset_device_cache
+from portachat.device import dist, reset_device_cache
 
 _VARS = (
     "PORTACHAT_DEVICE",
@@ -15,15 +17,28 @@ _VARS = (
     "LOCAL_WORLD_SIZE",
     "MASTER_ADDR",
     "MASTER_PORT",
+    "PORTACHAT_DIST_TIMEOUT",
+    # the Ascend runtime defaults the device layer sets (a simulated NPU sets them in this process)
+    "PYTORCH_NPU_ALLOC_CONF",
+    "TASK_QUEUE_ENABLE",
+    "CPU_AFFINITY_CONF",
+    "HCCL_CONNECT_TIMEOUT",
+    "HCCL_EXEC_TIMEOUT",
 )
 
 
 @pytest.fixture(autouse=True)
 def clean_device_env(monkeypatch, tmp_path):
-    """Each test sees no portachat/torchrun settings, a private home, and a fresh device cache."""
+    """Each test sees no portachat/torchrun settings, a private home, and a fresh device cache; what the
+    device layer writes into the environment is undone afterwards."""
+    saved = dict(os.environ)
     for var in _VARS:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("PORTACHAT_HOME", str(tmp_path / "home"))
+    dist._SET_BY_US.clear()
     reset_device_cache()
     yield
     reset_device_cache()
+    dist._SET_BY_US.clear()
+    os.environ.clear()
+    os.environ.update(saved)

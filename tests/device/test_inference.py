@@ -2,59 +2,22 @@
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 import torch
-from device_sim import ascend, h100, hip, mps, v100
+from device_sim import ascend, h100, hip, mps
 
 from portachat.device import Device, MemoryStats, get_device
 from portachat.device import inference as inf
-from portachat.device.cpu_linear import (
+from portachat.ops.cpu_linear import (
     RoutedLinear,
     holds_packed_copy,
     pack_linear,
     packed_weight_bytes,
     packing_available,
 )
-from portachat.device.paged_attention import decode_attention, prefill_attention
-
-
-@pytest.mark.parametrize(
-    "facts, expected",
-    [(h100(), torch.bfloat16), (v100(), torch.float16), (ascend("Ascend910A", bf16=False), torch.float16)],
-)
-def test_accelerators_infer_in_their_compute_dtype(facts, expected):
-    assert inf.inference_dtype(Device(facts)).value == expected
-
-
-def test_requested_dtype_wins_and_bad_names_are_refused(monkeypatch):
-    dev = Device(h100())
-    assert inf.inference_dtype(dev, "fp32").value == torch.float32
-    monkeypatch.setenv("PORTACHAT_INFERENCE_DTYPE", "float16")
-    assert inf.inference_dtype(dev).value == torch.float16
-    with pytest.raises(ValueError, match="fp32, bf16, fp16"):
-        inf.parse_dtype("bf17")
-
-
-def test_cpu_dtype_is_measured_once_and_cached_on_disk(monkeypatch, tmp_path):
-    calls = []
-    real = inf.measure_cpu_matvec
-
-    def counted(dtype, **kw):
-        calls.append(dtype)
-        return real(dtype, rows=256, cols=256, reps=2)
-
-    monkeypatch.setattr(inf, "measure_cpu_matvec", counted)
-    monkeypatch.setattr(inf, "_memo", {})
-    first = inf.inference_dtype(get_device("cpu"))
-    assert first.value in (torch.float32, torch.bfloat16) and "measured" in first.reason
-    assert sorted(map(str, calls)) == ["torch.bfloat16"] * 3 + ["torch.float32"] * 3  # alternating, best of 3
-    saved = json.loads((tmp_path / "home" / "inference_dtype.json").read_text())
-    assert list(saved.values()) == [{torch.float32: "fp32", torch.bfloat16: "bf16"}[first.value]]
-    monkeypatch.setattr(inf, "_memo", {})  # a new process: reads the file, measures nothing
-    assert inf.inference_dtype(get_device("cpu")).value == first.value and len(calls) == 6
+from portachat.ops.paged_attention import decode_attention, prefill_attention
 
 
 def test_compile_is_opt_in():
@@ -213,3 +176,20 @@ def test_bandwidth_is_the_faster_of_a_copy_and_a_read(monkeypatch, slowed):
 
     monkeypatch.setattr(torch.Tensor, slowed, slow)
     assert inf.measure_memory_bandwidth(get_device("cpu"), megabytes=8, reps=2) > 2 * 8 * 2**20 / 0.05
+
+
+def test_the_kv_budget_waits_for_a_profile_where_the_allocator_keeps_a_peak():
+    assert inf.profiles_kv_budget(Device(h100()))
+    assert inf.profiles_kv_budget(Device(ascend("Ascend910B3", bf16=True)))
+    assert not inf.profiles_kv_budget(Device(mps()))  # no high-water mark to read
+    assert not inf.profiles_kv_budget(get_device("cpu"))  # a share of free RAM: nothing to profile
+
+
+def test_the_largest_steps_activations_come_off_the_budget(monkeypatch):
+    dev = Device(h100())
+    stats = MemoryStats(allocated=None, peak_allocated=None, reserved=None, free=70 * 2**30, total=80 * 2**30)
+    monkeypatch.setattr(Device, "memory", lambda self: stats)
+    plain = inf.kv_cache_budget(dev, 0.9, 100 * 2**30).value
+    profiled = inf.kv_cache_budget(dev, 0.9, 100 * 2**30, transient_bytes=3 * 2**30)
+    assert plain == int(0.9 * 80 * 2**30) - 10 * 2**30 and profiled.value == plain - 3 * 2**30
+    assert "for the largest step" in profiled.reason

@@ -191,7 +191,7 @@ def test_scoring_matches_an_unbatched_reference_and_drops_shots_that_do_not_fit(
 
 @pytest.fixture(scope="module")
 def checkpoint(tool_model, small_tokenizer, tmp_path_factory):
-    from portachat.checkpoint.model_dir import save_model_files
+    from portachat.model.model_dir import save_model_files
 
     model, _ = tool_model
     path = tmp_path_factory.mktemp("ckpt") / "sft"

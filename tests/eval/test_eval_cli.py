@@ -13,7 +13,7 @@ from portachat.cli import main
 
 @pytest.fixture(scope="module")
 def checkpoint(tool_model, small_tokenizer, tmp_path_factory):
-    from portachat.checkpoint.model_dir import save_model_files
+    from portachat.model.model_dir import save_model_files
 
     model, _ = tool_model
     path = tmp_path_factory.mktemp("ckpt") / "sft"

@@ -42,7 +42,7 @@ def test_batched_next_token_logits_match_one_at_a_time(tool_model):
 
 def cacheless_greedy_reply(model, tok, conversation, max_tokens: int) -> str:
     """Reference with no KV cache at all: one full forward per token, the calculator run by hand."""
-    from portachat.serve.engine.calculator import calculate
+    from portachat.engine.calculator import calculate
 
     t = tok.tool_tokens
     ids, out = tok.render_prompt(conversation), []

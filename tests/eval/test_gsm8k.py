@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
+from portachat.engine.calculator import calculate
 from portachat.eval.generation import as_chat_tokenizer, model_complete
 from portachat.eval.gsm8k import conversation, evaluate_gsm8k, is_correct, predicted_answer, read_gsm8k
-from portachat.serve.engine.calculator import calculate
 from portachat.tokenizer.chat import render_conversation
 
 

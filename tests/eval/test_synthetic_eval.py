@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from portachat.data.synthetic_tasks import heldout_set
+from portachat.data.synthetic.tasks import heldout_set
 from portachat.eval.core import centered, core_score
 from portachat.eval.generation import as_chat_tokenizer, model_complete
 from portachat.eval.report import EvalResult, format_table, summary, to_json

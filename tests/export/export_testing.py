@@ -7,9 +7,9 @@ from pathlib import Path
 
 import torch
 
-from portachat.checkpoint.atomic import atomic_directory
-from portachat.checkpoint.model_dir import save_model_files
 from portachat.model import GPT, GPTConfig
+from portachat.model.model_dir import save_model_files
+from portachat.storage.atomic import atomic_directory
 
 
 def make_checkpoint(directory: Path, tokenizer, **overrides) -> tuple[Path, GPT]:

@@ -30,5 +30,5 @@ def test_export_hf_and_gguf_from_the_command_line(tmp_path, small_tokenizer):
 
 def test_export_errors_exit_non_zero_with_the_reason(tmp_path):
     out = run_cli("export", "gguf", "--model", str(tmp_path / "nope"), "--output", str(tmp_path / "m.gguf"))
-    assert out.returncode == 1 and "no checkpoint at" in out.stderr
+    assert out.returncode == 1 and "no model at" in out.stderr
     assert not (tmp_path / "m.gguf").exists()

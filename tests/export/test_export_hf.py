@@ -37,7 +37,7 @@ def test_export_hf_loads_in_transformers_in_its_dtype(tmp_path, checkpoint, smal
 
 
 def test_stage_directories_and_run_names_resolve_to_latest(tmp_path, small_tokenizer, monkeypatch):
-    from portachat.checkpoint.runs import set_latest
+    from portachat.storage.runs import set_latest
 
     home = tmp_path / "home"
     monkeypatch.setenv("PORTACHAT_HOME", str(home))
@@ -67,7 +67,7 @@ def test_options_outside_the_hf_mapping_are_refused_with_the_reason(tmp_path, sm
 def test_bad_inputs_say_what_to_do(tmp_path, checkpoint):
     with pytest.raises(ExportError, match="valid values: bf16, fp16"):
         export_hf(checkpoint[0], tmp_path / "x", dtype="int8")
-    with pytest.raises(ExportError, match="no checkpoint at"):
+    with pytest.raises(ExportError, match="no model at"):
         export_hf(tmp_path / "missing", tmp_path / "x")
     (tmp_path / "taken").mkdir()
     with pytest.raises(ExportError, match="already exists"):

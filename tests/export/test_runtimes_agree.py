@@ -17,12 +17,12 @@ import pytest
 import torch
 from export_testing import make_checkpoint
 
-from portachat.checkpoint.atomic import atomic_directory
-from portachat.checkpoint.model_dir import save_model_files
+from portachat.engine.oneshot import generate_once
+from portachat.engine.types import SamplingParams
 from portachat.export import export_gguf
 from portachat.model.load import load_for_inference
-from portachat.serve.engine.oneshot import generate_once
-from portachat.serve.engine.types import SamplingParams
+from portachat.model.model_dir import save_model_files
+from portachat.storage.atomic import atomic_directory
 from tests.smollm2 import smollm2_gguf_path
 
 pytestmark = pytest.mark.slow
@@ -76,7 +76,7 @@ def _check_agree(loaded, hf_dir: Path, gguf: Path, text: str, messages: list[dic
     hf_tok = transformers.AutoTokenizer.from_pretrained(str(hf_dir), local_files_only=True)
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
     llama = LlamaCpp(gguf)
-    # What `portachat serve` feeds the model (serve/api/completions.py, chat: render_prompt).
+    # What `portachat serve` feeds the model (serve/api/prompt.py, chat: render_prompt).
     ours = {
         "completion": ([tok.bos_id] if loaded.bos_for_completions else []) + tok.encode(text),
         "chat": tok.render_prompt(messages),

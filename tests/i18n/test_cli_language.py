@@ -14,7 +14,7 @@ import pytest
 
 from portachat.cli import build_parser, main
 from portachat.device import reset_device_cache
-from portachat.tools.doctor import run_doctor
+from portachat.speedrun.doctor import run_doctor
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCALE_VARS = ("PORTACHAT_LANG", "LANGUAGE", "LC_ALL", "LC_MESSAGES", "LANG")
@@ -142,7 +142,7 @@ def test_every_help_text_of_every_command_is_chinese(monkeypatch):
 def test_memory_estimate_table_in_chinese_stays_aligned(monkeypatch):
     from portachat.i18n.width import display_width
     from portachat.model import GPTConfig
-    from portachat.tools.estimate import ModelShape, TrainingSetup, estimate_training, format_estimate
+    from portachat.model.estimate import ModelShape, TrainingSetup, estimate_training, format_estimate
 
     monkeypatch.setenv("PORTACHAT_LANG", "zh")
     shape = ModelShape.from_gpt_config(GPTConfig.from_depth(2, 1000, max_seq_len=64))
@@ -153,7 +153,7 @@ def test_memory_estimate_table_in_chinese_stays_aligned(monkeypatch):
 
 
 def test_terminal_chat_commands_in_chinese(monkeypatch):
-    from portachat.serve.engine.types import SamplingParams
+    from portachat.engine.types import SamplingParams
     from portachat.serve.terminal_chat import ChatSession, handle_command
 
     monkeypatch.setenv("PORTACHAT_LANG", "zh")
@@ -161,5 +161,5 @@ def test_terminal_chat_commands_in_chinese(monkeypatch):
     assert handle_command("/temperature hot", session, out) and handle_command("/help", session, out)
     assert handle_command("/nope", session, out) and not handle_command("/quit", session, out)
     text = out.getvalue()
-    assert "/temperature 需要一个 >= 0 的数，例如 /temperature 0.7（当前为 0.5）" in text
+    assert "/temperature 需要一个 0 到 2 之间的数，例如 /temperature 0.7（当前为 0.5）" in text
     assert "命令：" in text and "/max-tokens N     最长回复的 token 数" in text and "未知命令 /nope" in text

@@ -135,6 +135,33 @@ def test_the_check_fails_on_untranslated_and_broken_messages(tmp_path):
     assert check([module], catalog=catalog, root=pkg) == []
 
 
+def test_the_check_finds_error_and_progress_text_that_bypasses_the_catalog(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    module = pkg / "stage.py"
+    module.write_text(textwrap.dedent('''\
+        from portachat.i18n import _
+
+        class StageError(RuntimeError):
+            pass
+
+        def run(say, n, stage, table):
+            say(f"[portachat] step {n} done")
+            say("[portachat] " + _("usage: "))
+            say(f"[speedrun] ---- {stage} " + "-" * 10)
+            say(f"[speedrun] {stage}:\\n{table}")
+            if n < 0:
+                raise StageError("n must not be negative")
+            raise StageError(_("usage: "))
+        '''), encoding="utf-8")
+    catalog = tmp_path / "zh.po"
+    write_po(catalog, [Entry("usage: ", "用法：")])
+    assert check([module], catalog=catalog, root=pkg) == [
+        "pkg/stage.py:7: the message of say() is not passed through _()",
+        "pkg/stage.py:12: the message of StageError() is not passed through _()",
+    ]
+
+
 def test_help_wraps_chinese_by_display_width():
     from portachat.i18n.argparse_messages import wrap
     from portachat.i18n.width import display_width

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from portachat.checkpoint.atomic import CheckpointError
 from portachat.device import get_device
 from portachat.model.bert import BertConfig, build_bert
+from portachat.storage.atomic import CheckpointError
 from tests.minilm import minilm_dir
 
 TINY = {"model_type": "bert", "architectures": ["BertModel"], "vocab_size": 97, "hidden_size": 32,
@@ -66,7 +66,7 @@ def test_config_and_weight_errors_name_the_problem():
 
 def test_minilm_sentence_embeddings_match_sentence_transformers_fp32():
     st = pytest.importorskip("sentence_transformers")
-    from portachat.serve.embeddings import load_embedding_model
+    from portachat.engine.embeddings import load_embedding_model
 
     directory = minilm_dir()
     texts = ["Hello world", "The quick brown fox jumps over the lazy dog. " * 4, "", "中文句子和 émigré naïve café",

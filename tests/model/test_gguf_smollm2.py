@@ -108,9 +108,9 @@ def test_smollm2_matches_transformers_weights_logits_greedy(parts):
     """transformers loads the same GGUF: its config and dequantized, unpermuted tensors equal ours; our
     model built from the file (fp32, by portachat's loader) gives its logits and first 32 greedy tokens."""
     transformers = pytest.importorskip("transformers")
+    from portachat.engine import SamplingParams
+    from portachat.engine.oneshot import generate_once
     from portachat.model.load import load_for_inference
-    from portachat.serve.engine import SamplingParams
-    from portachat.serve.engine.oneshot import generate_once
 
     path = smollm2_gguf_path()
     hf = transformers.AutoModelForCausalLM.from_pretrained(

@@ -8,6 +8,8 @@ import torch
 from gpt_testing import randomized, tiny_config
 from safetensors.torch import save_file
 
+from portachat.engine import SamplingParams
+from portachat.engine.oneshot import generate_once
 from portachat.model import (
     GPT,
     GPTConfig,
@@ -17,8 +19,6 @@ from portachat.model import (
     generation_config,
     to_hf_config,
 )
-from portachat.serve.engine import SamplingParams
-from portachat.serve.engine.oneshot import generate_once
 
 transformers = pytest.importorskip("transformers")
 

@@ -126,7 +126,7 @@ def test_exportable_is_honest_and_each_family_round_trips():
 
 
 def test_non_exportable_checkpoint_saves_and_loads_exactly(tmp_path):
-    from portachat.checkpoint.model_dir import load_model_dir, save_model_files
+    from portachat.model.model_dir import load_model_dir, save_model_files
     from portachat.tokenizer import train_tokenizer
 
     tokenizer = train_tokenizer(["hello world, the cat sat on the mat."] * 20, vocab_size=300, verbose=False)

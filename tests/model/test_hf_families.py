@@ -11,11 +11,11 @@ import torch
 from hf_families import VOCAB, make_hf_dir, train_bpe
 from safetensors.torch import load_file, save_file
 
-from portachat.checkpoint.atomic import CheckpointError
+from portachat.engine import SamplingParams
+from portachat.engine.oneshot import generate_once
 from portachat.model import GPT, UnsupportedConfigError, exportable, to_hf_config
 from portachat.model.load import GenerationDefaults, load_for_inference
-from portachat.serve.engine import SamplingParams
-from portachat.serve.engine.oneshot import generate_once
+from portachat.storage.atomic import CheckpointError
 
 transformers = pytest.importorskip("transformers")
 
@@ -173,7 +173,7 @@ def test_imported_family_exports_as_itself(tmp_path, bpe):
 
 
 def test_fine_tuned_import_saves_with_its_own_tokenizer_and_template(tmp_path, bpe):
-    from portachat.checkpoint.model_dir import save_model_files
+    from portachat.model.model_dir import save_model_files
 
     make_hf_dir(tmp_path / "src", "llama", tokenizer=bpe, tie_word_embeddings=True)
     src = load_for_inference(tmp_path / "src", device="cpu", dtype=torch.float32)

@@ -8,10 +8,11 @@ import pytest
 import torch
 from gpt_testing import randomized, tiny_config
 
-from portachat.checkpoint.atomic import CheckpointError
-from portachat.checkpoint.model_dir import save_model_files
 from portachat.model import GPT, UnsupportedConfigError
-from portachat.model.load import display_name, load_for_inference, resolve_model_source
+from portachat.model.load import load_for_inference
+from portachat.model.model_dir import save_model_files
+from portachat.model.source import display_name, resolve
+from portachat.storage.atomic import CheckpointError
 from portachat.tokenizer import train_tokenizer
 from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
 
@@ -59,8 +60,8 @@ def test_sources_resolve_from_stage_dirs_run_names_and_the_hub_cache(tmp_path, o
     (stage / "step_3").mkdir(parents=True)
     save_model_files(stage / "step_3", randomized(GPT(tiny_config(vocab_size=320))), our_tokenizer, {"step": 3})
     (stage / "latest").write_text("step_3\n")
-    assert resolve_model_source(stage) == stage / "step_3"
-    assert resolve_model_source("r1/sft") == stage / "step_3"
+    assert resolve(stage).path == stage / "step_3"
+    assert resolve("r1/sft").path == stage / "step_3"
     assert load_for_inference("r1/sft", device="cpu", dtype="fp32").name == "r1-sft"
 
     # A Hub id already in the Hugging Face cache (never downloaded here): models--org--name/snapshots/<rev>.
@@ -72,11 +73,11 @@ def test_sources_resolve_from_stage_dirs_run_names_and_the_hub_cache(tmp_path, o
     (cache / "models--someorg--tiny" / "refs").mkdir()
     (cache / "models--someorg--tiny" / "refs" / "main").write_text("abc123")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
-    assert resolve_model_source("someorg/tiny") == snapshot
+    assert resolve("someorg/tiny").path == snapshot
     assert display_name(snapshot) == "someorg/tiny"
     with pytest.raises(CheckpointError, match="also looked in .* and the Hugging Face cache"):
-        resolve_model_source("someorg/absent")
+        resolve("someorg/absent")
 
     (tmp_path / "notes.txt").write_text("x")
     with pytest.raises(UnsupportedConfigError, match="is a file but not a .gguf"):
-        resolve_model_source(tmp_path / "notes.txt")
+        resolve(tmp_path / "notes.txt")

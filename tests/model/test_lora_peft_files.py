@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from portachat.checkpoint.atomic import CheckpointError
 from portachat.model import GPT, GPTConfig
 from portachat.model.lora import load_lora, merge_into
+from portachat.storage.atomic import CheckpointError
 from portachat.train.lora import adapter_state_dict
 from tests.lora_files import write_random_adapter
 

@@ -160,7 +160,7 @@ def test_no_token_attends_across_a_packed_boundary():
 
 
 def test_the_fused_path_keeps_nothing_of_vocabulary_size_for_the_backward():
-    from portachat.tools.memtrack import LiveTensorBytes
+    from portachat.device.memtrack import LiveTensorBytes
 
     model = randomized(GPT(tiny_config(vocab_size=4096)), std=0.1).train()
     model.requires_grad_(False)
@@ -190,3 +190,12 @@ def test_autocast_bf16_fused_loss_matches_the_module_path():
     assert abs(a - b) < 1e-2
     for name in ga:
         torch.testing.assert_close(ga[name], gb[name], atol=2e-2, rtol=5e-2, msg=name)
+
+
+def test_supervised_positions_given_by_the_caller_give_the_same_loss():
+    model = randomized(GPT(tiny_config()), std=0.1)
+    idx, targets = _batch()
+    keep = (targets.reshape(-1) >= 0).nonzero().squeeze(1)
+    for reduction in ("sum", "none"):
+        torch.testing.assert_close(model(idx, targets, loss_reduction=reduction, supervised=keep),
+                                   model(idx, targets, loss_reduction=reduction))

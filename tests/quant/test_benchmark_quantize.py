@@ -9,9 +9,9 @@ import sys
 import pytest
 import torch
 
-from portachat.checkpoint.atomic import atomic_directory
-from portachat.checkpoint.model_dir import save_model_files
 from portachat.model import GPT, GPTConfig
+from portachat.model.model_dir import save_model_files
+from portachat.storage.atomic import atomic_directory
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow

@@ -118,8 +118,8 @@ def test_memory_shrinks_vs_bf16(tied):
 
 
 def test_quantized_model_decodes_through_the_engine_as_its_full_forward():
-    from portachat.serve.engine import SamplingParams
-    from portachat.serve.engine.oneshot import generate_once
+    from portachat.engine import SamplingParams
+    from portachat.engine.oneshot import generate_once
 
     model = tiny_gpt(seed=1)
     idx = torch.randint(0, 384, (2, 24), generator=torch.Generator().manual_seed(0))

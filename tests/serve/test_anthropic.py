@@ -83,6 +83,11 @@ def test_errors_come_in_anthropic_shape(client, server):
         client.messages.create(model="other", max_tokens=8, messages=HELLO)
     with pytest.raises(anthropic.BadRequestError):
         client.messages.create(model="tiny", max_tokens=8, messages=[{"role": "robot", "content": "x"}])
+    for bad in ({"temperature": -0.5}, {"top_p": 0}, {"max_tokens": 0}, {"stop_sequences": [""]}):
+        r = httpx.post(f"{server.url}/v1/messages", json={"model": "tiny", "max_tokens": 8, "messages": HELLO, **bad},
+                       timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+        assert next(iter(bad)).removesuffix("_sequences") in r.json()["error"]["message"]
 
 
 def test_tool_use_and_results_render_as_their_openai_equivalent(tool_tokenizer):

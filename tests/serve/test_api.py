@@ -190,7 +190,8 @@ def test_body_over_the_limit_gets_413_and_the_server_goes_on(server, client):
         for i in range(0, len(big), 65536):
             yield big[i:i + 65536]
 
-    r = httpx.post(f"{server.url}/v1/chat/completions", content=chunked(), timeout=60)
+    r = httpx.post(f"{server.url}/v1/chat/completions", content=chunked(), headers={"content-type": "application/json"},
+                   timeout=60)
     assert_error(r, 413)
     assert client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=2).choices[0].message is not None
 

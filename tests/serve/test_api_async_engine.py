@@ -8,8 +8,8 @@ import asyncio
 import pytest
 from api_testing import chat_tokenizer, served_tiny
 
-from portachat.serve.async_engine import AsyncEngine, EngineShutdown
-from portachat.serve.engine import EngineError, SamplingParams
+from portachat.engine import EngineError, SamplingParams
+from portachat.engine.async_engine import AsyncEngine, EngineShutdown
 
 
 @pytest.fixture(scope="module")

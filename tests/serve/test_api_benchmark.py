@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from api_testing import tiny_model
 
-from portachat.checkpoint.model_dir import save_model_files
+from portachat.model.model_dir import save_model_files
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from api_testing import free_port, tiny_model, wait_healthy
 
-from portachat.checkpoint.model_dir import save_model_files
+from portachat.model.model_dir import save_model_files
 
 REPO = Path(__file__).resolve().parents[2]
 

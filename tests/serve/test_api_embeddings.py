@@ -17,8 +17,8 @@ import pytest
 import torch
 from api_testing import free_port, metric, start_server, tiny_model, wait_healthy
 
-from portachat.checkpoint.model_dir import save_model_files
-from portachat.serve.api.loading import LoadOptions, load_served_model
+from portachat.engine.loading import LoadOptions, load_served_model
+from portachat.model.model_dir import save_model_files
 from tests.minilm import minilm_dir
 
 TEXTS = ["The cat sits on the mat.", "A feline rests on a rug.", "Quarterly revenue grew by twelve percent."]

@@ -24,7 +24,7 @@ def tok(small_tokenizer):
 
 
 def test_api_key_guards_every_route_but_health_and_cors_preflight(tok):
-    server = start_server(served_tiny(tok), api_key="sekret", cors_origins=["http://page.test"], max_messages=3)
+    server = start_server(served_tiny(tok), api_keys=["sekret"], cors_origins=["http://page.test"], max_messages=3)
     try:
         url = server.url
         assert httpx.get(f"{url}/health").status_code == 200

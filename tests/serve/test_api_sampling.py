@@ -215,6 +215,17 @@ def test_logit_bias_on_chat(client, tok):
     ("completions", {"logprobs": 6}, "logprobs"),
     ("completions", {"n": 2, "best_of": 3}, "best_of"),
     ("chat", {"n": 0}, "n"),
+    # the one sampling check (engine/sampling_params.py) behind every interface
+    ("chat", {"temperature": 2.5}, "temperature"),
+    ("completions", {"top_p": 0}, "top_p"),
+    ("completions", {"top_k": -2}, "top_k"),
+    ("chat", {"max_completion_tokens": 0}, "max_completion_tokens"),
+    ("completions", {"max_tokens": -1}, "max_tokens"),
+    ("chat", {"stop": ["", "x"]}, "stop"),
+    ("completions", {"seed": 2**64}, "seed"),
+    ("chat", {"repetition_penalty": 0}, "repetition_penalty"),
+    ("chat", {"presence_penalty": 2.5}, "presence_penalty"),
+    ("completions", {"stop_token_ids": [99999999]}, "stop_token_ids"),
 ])
 def test_bad_sampling_fields_get_400_naming_the_field(server, route, extra, param):
     if route == "chat":
@@ -238,3 +249,24 @@ def test_max_completion_tokens_is_honoured_on_chat(client):
             assert sorted(c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason) == [0, 1]
         else:
             assert reply.usage.completion_tokens == 6 and {c.finish_reason for c in reply.choices} == {"length"}
+
+
+def test_unset_fields_take_the_models_generation_config_then_openais_defaults():
+    from types import SimpleNamespace
+
+    from portachat.model.load import GenerationDefaults
+    from portachat.serve.api.protocol import ChatCompletionRequest
+    from portachat.serve.api.request_params import sampling_params
+
+    def params(defaults: GenerationDefaults, **fields):
+        model = SimpleNamespace(max_model_len=64, tokenizer=SimpleNamespace(vocab_size=100), generation_defaults=defaults)
+        req = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "x"}], **fields})
+        return sampling_params(SimpleNamespace(model=model, adapter=None), req, 10, "messages")
+
+    authors = GenerationDefaults(temperature=0.3, top_p=0.9, top_k=40, repetition_penalty=1.1)
+    got = params(authors)
+    assert (got.temperature, got.top_p, got.top_k, got.repetition_penalty, got.max_tokens) == (0.3, 0.9, 40, 1.1, 54)
+    got = params(authors, temperature=0.8, top_k=-1, max_tokens=5)
+    assert (got.temperature, got.top_p, got.top_k, got.max_tokens) == (0.8, 0.9, 0, 5)
+    got = params(GenerationDefaults())
+    assert (got.temperature, got.top_p, got.top_k, got.repetition_penalty) == (1.0, 1.0, 0, 1.0)

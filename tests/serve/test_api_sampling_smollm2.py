@@ -9,8 +9,8 @@ import torch
 from api_testing import start_server
 
 from portachat.device import get_device
-from portachat.serve.api import ServedModel
-from portachat.serve.engine import EngineConfig, LLMEngine
+from portachat.engine import EngineConfig, LLMEngine
+from portachat.engine.served import ServedModel
 from tests.smollm2 import smollm2_gguf_path
 
 pytestmark = pytest.mark.slow

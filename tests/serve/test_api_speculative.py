@@ -6,7 +6,7 @@ import openai
 import pytest
 from api_testing import chat_tokenizer, metric, served_tiny, start_server, tiny_model, wait_idle
 
-from portachat.serve.engine.speculative import SpeculativeConfig
+from portachat.engine.speculative import SpeculativeConfig
 
 HELLO = [{"role": "user", "content": "Hello there, good sir"}]
 

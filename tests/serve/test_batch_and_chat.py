@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from portachat.checkpoint.model_dir import save_model_files
+from portachat.engine import SamplingParams
+from portachat.engine.loading import LoadOptions, load_served_model
 from portachat.model import GPT, GPTConfig
-from portachat.serve.api.loading import LoadOptions, load_served_model
-from portachat.serve.batch import BatchInputError, done_ids, run_batch
-from portachat.serve.engine import SamplingParams
+from portachat.model.model_dir import save_model_files
+from portachat.serve.batch import BatchInputError, done_ids, read_rows, run_batch
 from portachat.serve.terminal_chat import ChatSession, chat_loop, handle_command, reply_parts
 from tests.e2e.helpers import run_cli
 
@@ -98,6 +98,8 @@ def test_batch_rows_can_constrain_their_output(tmp_path, served):
         ('{"prompt": ""}', "non-empty 'prompt'"),
         ('{"messages": [{"role": "assistant", "content": "hi"}]}', "bad 'messages'"),
         ('{"prompt": "x", "temperature": -1, "bogus": 1}', "in.jsonl:2"),
+        ('{"prompt": "x", "temperature": "hot"}', "in.jsonl:2: temperature must be a number from 0 to 2"),
+        ('{"prompt": "x", "top_k": 2.5}', "in.jsonl:2: top_k must be an integer"),
         ('{"prompt": "x", "guided_choice": []}', "in.jsonl:2: guided_choice"),
         ('{"prompt": "x", "response_format": {"type": "yaml"}}', "response_format type 'yaml'"),
     ],
@@ -117,7 +119,7 @@ def test_chat_loop_multi_turn_and_commands(served):
               read_line=lambda _prompt: next(lines), out=out)
     text = out.getvalue()
     assert "(temperature 0.0)" in text and "(max tokens 4)" in text
-    assert "/temperature needs a number >= 0" in text
+    assert "/temperature needs a number from 0 to 2," in text
     assert text.count("assistant> ") == 2
     assert "(conversation cleared)" in text
     assert not served.engine.has_unfinished()
@@ -185,3 +187,27 @@ def test_tool_calls_are_shown_in_the_stream(served):
     two, five = served.tokenizer.encode("2")[0], served.tokenizer.encode("5")[0]
     assert _with_tool_marks(served.tokenizer, [t.python_start, two], "2") == "[calculator: 2"
     assert _with_tool_marks(served.tokenizer, [t.python_end, t.output_start, five, t.output_end], "5") == " = 5] "
+
+
+def test_rows_override_the_flags_and_unset_rows_keep_them(tmp_path, served):
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"prompt": "a", "temperature": 0.9, "stop": "x"}\n{"prompt": "b", "temperature": null}\n',
+                   encoding="utf-8")
+    flags = SamplingParams(max_tokens=7, temperature=0.2, top_k=5)
+    first, second = read_rows(inp, served.tokenizer, flags)
+    assert (first.params.temperature, first.params.stop, first.params.top_k) == (0.9, ["x"], 5)
+    assert (second.params.temperature, second.params.max_tokens) == (0.2, 7)
+
+
+@pytest.mark.parametrize("command,temperature,max_tokens", [("chat", "0.6", "512"), ("generate", "0.0", "256")])
+def test_sampling_flags_show_the_fallback_and_take_the_one_check(capsys, command, temperature, max_tokens):
+    from portachat.cli import main
+
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"else {temperature})" in text and f"(default {max_tokens})" in text
+    with pytest.raises(SystemExit) as exit_:
+        main([command, "--model", "m", "--input", "i", "--output", "o", "--temperature", "3"])
+    assert exit_.value.code != 0
+    assert "temperature must be a number from 0 to 2, got 3.0" in capsys.readouterr().err

@@ -12,9 +12,9 @@ import openai
 import pytest
 from api_testing import free_port, tiny_model, wait_healthy
 
-from portachat.checkpoint.model_dir import save_model_files
 from portachat.cli import build_parser
 from portachat.commands.serve import model_specs
+from portachat.model.model_dir import save_model_files
 from tests.lora_files import write_random_adapter
 
 REPO = Path(__file__).resolve().parents[2]

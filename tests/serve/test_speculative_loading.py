@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from portachat.checkpoint.model_dir import save_model_files
 from portachat.cli import build_parser
 from portachat.commands.inference import load_options
+from portachat.engine import SamplingParams
+from portachat.engine.loading import LoadOptions, SpeculativeOptions, load_served_model
 from portachat.model import GPT, GPTConfig
-from portachat.serve.api.loading import LoadOptions, SpeculativeOptions, load_served_model
-from portachat.serve.engine import SamplingParams
+from portachat.model.model_dir import save_model_files
 from portachat.tokenizer import train_tokenizer
 from tests.e2e.helpers import run_cli
 

@@ -179,8 +179,8 @@ def test_tool_choice_needs_a_template_with_a_call_format(tmp_path):
 
 @pytest.mark.parametrize("fmt,parallel", [("hermes", True), ("hermes", False), ("llama3_json", True)])
 def test_tool_call_grammars_accept_calls_and_nothing_else(tool_tokenizer, fmt, parallel):
+    from portachat.engine.structured.compile import Constraints
     from portachat.serve.api.tool_calls import parse_tool_calls, tool_call_spec, tool_request
-    from portachat.serve.engine.structured.compile import Constraints
 
     constraints = Constraints(tool_tokenizer, tool_tokenizer.vocab_size)
     spec = tool_call_spec(tool_request([LOOKUP, CLOCK], "required", parallel), fmt)

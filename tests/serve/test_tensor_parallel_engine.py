@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from portachat.checkpoint.model_dir import save_model_files
+from portachat.engine import SamplingParams
+from portachat.engine.loading import LoadOptions, load_served_model
 from portachat.model import GPT, GPTConfig
-from portachat.serve.api.loading import LoadOptions, load_served_model
-from portachat.serve.engine import SamplingParams
+from portachat.model.model_dir import save_model_files
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
 from hf_families import make_hf_dir  # noqa: E402

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
 from hf_families import make_hf_dir  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-WORKER_MODULE = "portachat.serve.workers.worker"
+WORKER_MODULE = "portachat.engine.workers.worker"
 
 
 def tiny_llama(directory: Path) -> Path:

@@ -122,8 +122,8 @@ def test_an_adapter_for_another_model_is_refused(trained, tmp_path):
 
 def test_the_engine_serves_base_plus_adapter(trained):
     """`serve --model BASE --lora ADAPTER`: the served engine answers as the merged checkpoint does."""
-    from portachat.serve.api.loading import LoadOptions, load_served_model
-    from portachat.serve.engine import SamplingParams
+    from portachat.engine import SamplingParams
+    from portachat.engine.loading import LoadOptions, load_served_model
 
     base, adapter, stage = trained
     prompt = [1, 5, 9, 40, 77, 120]

@@ -8,7 +8,7 @@ import json
 import torch
 
 from portachat.checkpoint import save_checkpoint, stage_dir
-from portachat.data.synthetic_tasks import TASKS, task_examples
+from portachat.data.synthetic.tasks import TASKS, task_examples
 from portachat.device import get_device
 from portachat.model import GPT, GPTConfig
 from portachat.tokenizer import render_for_completion

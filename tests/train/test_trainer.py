@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from portachat.device import dist_env, get_device
+from portachat.device.flops import attention_flops_per_token
 from portachat.model import GPT, GPTConfig
+from portachat.train.hot_path import causal_flops_per_token
 from portachat.train.trainer import Stage, TrainConfig, TrainingError, train
 
 
@@ -207,7 +209,7 @@ def test_mfu_divides_by_the_peak_of_the_dtype_that_runs(small_tokenizer, tmp_pat
     records = [r for r in map(json.loads, (tmp_path / "z" / "log.jsonl").read_text().splitlines()) if "mfu" in r]
     cores = min(2, torch.get_num_threads())  # the peak counts the cores torch computes on
     fp32_peak, bf16_peak = cores * 32 * 2.6e9, cores * 64 * 2.6e9
-    flops_per_token = model.flops_per_token(16)
+    flops_per_token = causal_flops_per_token(model, 16)  # attention counted as the causal kernel does it
     assert len(records) == 2
     for r in records:
         assert r["mfu"] == pytest.approx(flops_per_token * r["tok_per_s"] / bf16_peak)
@@ -245,7 +247,9 @@ def test_throughput_and_mfu_count_real_tokens_and_the_padding_share_is_shown(sma
     dev = get_device("cpu")
     train(model, small_tokenizer, data, tc, dev, dist_env(), tmp_path / "p", print_fn=lines.append)
     records = [r for r in map(json.loads, (tmp_path / "p" / "log.jsonl").read_text().splitlines()) if "loss" in r]
-    per_real, per_supervised, per_pair = model.training_flop_rates()
+    per_real, per_supervised = model.training_flop_rates()
+    c = model.config
+    per_pair = attention_flops_per_token(c.n_layer, c.n_head, c.head_dim, 1)  # causal: as the kernel works
     peak = dev.peak_flops(dev.dtype).value
     for r in records:
         assert r["real_tokens"] == 16 and r["supervised_tokens"] == 14 and r["padding"] == pytest.approx(0.5)
@@ -259,8 +263,8 @@ def test_frozen_weights_and_unsupervised_positions_are_no_model_flops():
     cfg = GPTConfig(vocab_size=128, n_layer=1, n_embd=32, n_head=2, n_kv_head=2, head_dim=16, intermediate_size=64,
                     max_seq_len=16)
     model = GPT(cfg)
-    per_real, per_supervised, per_pair = model.training_flop_rates()
-    assert per_real + per_supervised + 16 * per_pair == pytest.approx(model.flops_per_token(16))  # as nanochat counts
+    per_real, per_supervised = model.training_flop_rates()
+    assert per_real + per_supervised == pytest.approx(model.flops_per_token(0))  # every weight trains, every position
     model.requires_grad_(False)
-    frozen_real, frozen_supervised, _ = model.training_flop_rates()
+    frozen_real, frozen_supervised = model.training_flop_rates()
     assert frozen_real == pytest.approx(per_real * 2 / 3) and frozen_supervised == pytest.approx(per_supervised * 2 / 3)

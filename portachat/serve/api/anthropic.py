@@ -14,11 +14,15 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from portachat.serve.api.completions import collect, compile_constraint, sampling_params, submit, with_lease
+from portachat.engine.async_engine import RequestStream
+from portachat.engine.sampling_params import TEMPERATURE_MAX
 from portachat.serve.api.errors import APIError
+from portachat.serve.api.prompt import check_message_count
 from portachat.serve.api.protocol import ChatCompletionRequest, parse_body
+from portachat.serve.api.request_params import compile_constraint, sampling_params
 from portachat.serve.api.sse import GuardedStream
 from portachat.serve.api.state import ModelLease
+from portachat.serve.api.submission import collect, submit, with_lease
 from portachat.serve.api.tool_calls import (
     StreamingToolParser,
     ToolCall,
@@ -28,7 +32,6 @@ from portachat.serve.api.tool_calls import (
     tool_call_spec,
     tool_request,
 )
-from portachat.serve.async_engine import RequestStream
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
@@ -44,14 +47,14 @@ class AnthropicTool(BaseModel):
 class MessagesRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: str | None = None
-    max_tokens: int = Field(ge=1)
+    max_tokens: int = Field(json_schema_extra={"minimum": 1})  # ranges: SamplingParams.from_request checks them
     messages: list[dict[str, Any]]
     system: str | list[dict[str, Any]] | None = None
     stop_sequences: list[str] | None = None
     stream: bool = False
-    temperature: float | None = Field(None, ge=0.0, le=1.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0)
+    temperature: float | None = Field(None, json_schema_extra={"minimum": 0.0, "maximum": TEMPERATURE_MAX})
+    top_p: float | None = Field(None, json_schema_extra={"exclusiveMinimum": 0.0, "maximum": 1.0})
+    top_k: int | None = Field(None, json_schema_extra={"minimum": 0})
     tools: list[AnthropicTool] | None = None
     tool_choice: dict[str, Any] | None = None
     keep_alive: str | float | None = None  # Ollama's: how long the model stays loaded afterwards
@@ -156,6 +159,7 @@ async def messages(request: Request) -> Response:
 
 async def _messages(request: Request) -> Response:
     req = parse_body(await request.body(), MessagesRequest)
+    check_message_count(len(req.messages), request.app.state.server.settings.max_messages)
     return await with_lease(request, req, _answer)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -19,14 +18,17 @@ from starlette.middleware.cors import CORSMiddleware
 from portachat import __version__
 from portachat.i18n import _
 from portachat.serve.api.anthropic import messages
-from portachat.serve.api.completions import ClientGone, chat_completions, completions
+from portachat.serve.api.completions import chat_completions, completions
 from portachat.serve.api.documents import add_routes as add_document_routes
 from portachat.serve.api.embeddings import embeddings
 from portachat.serve.api.errors import APIError, api_error_response, error_response
 from portachat.serve.api.limits import APIKeyCheck, BodySizeLimit
 from portachat.serve.api.metrics import ServerMetrics
 from portachat.serve.api.openapi import openapi_schema
+from portachat.serve.api.origin import RequestGuard
+from portachat.serve.api.protocol import json_body
 from portachat.serve.api.state import ServedModel, ServerSettings, ServerState
+from portachat.serve.api.submission import ClientGone
 from portachat.serve.registry import ModelRegistry, ModelSpec, RegistryEntry
 from portachat.serve.registry.keep_alive import describe_keep_alive
 from portachat.serve.registry.registry import LoadFailed, NoRoom
@@ -156,6 +158,10 @@ def create_app(settings: ServerSettings, loader: Loader | None = None,
     @app.post("/models/unload")
     async def unload_model(request: Request) -> Response:
         name = state.resolve(await _model_field(request))
+        if registry.get(name).spec.pinned and not settings.allow_unload:
+            raise APIError(403, _("The model '{name}' was given at start-up (--model) and clients may not unload it: "
+                                  "restart the server with --allow-unload to allow that.").format(name=name),
+                           param="model", code="unload_not_allowed")
         if not await registry.unload(name):
             raise APIError(409, f"The model '{name}' has {registry.get(name).in_flight} requests in flight; "
                                 "unload it when they end (or send them with keep_alive 0).", param="model",
@@ -176,13 +182,14 @@ def create_app(settings: ServerSettings, loader: Loader | None = None,
     app.add_api_route("/v1/embeddings", embeddings, methods=["POST"])
     add_document_routes(app)  # /v1/files, /v1/vector_stores (document QA)
 
-    # Outermost first: CORS answers preflights, the size limit runs before anything reads the body.
-    if settings.api_key:
-        app.add_middleware(APIKeyCheck, api_key=settings.api_key)
+    # Last added runs first: the Host/Origin/Content-Type guard, CORS (answers preflights), the size
+    # limit (before anything reads the body), then the keys (which also say who called).
+    app.add_middleware(APIKeyCheck, api_keys=settings.api_keys, admin_api_key=settings.admin_api_key)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, upload_bytes=settings.max_upload_bytes)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["*"],
                            allow_headers=["*"], allow_credentials="*" not in settings.cors_origins)
+    app.add_middleware(RequestGuard, bind_host=settings.host, cors_origins=settings.cors_origins)
     return app
 
 
@@ -199,10 +206,7 @@ def _model_card(state: ServerState, entry: RegistryEntry) -> dict:
 
 
 async def _model_field(request: Request) -> str:
-    try:
-        body = json.loads(await request.body() or b"{}")
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise APIError(400, 'The body must be JSON like {"model": "NAME"}.', code="invalid_json") from None
+    body = json_body(await request.body() or b"{}")
     name = body.get("model") if isinstance(body, dict) else None
     if not isinstance(name, str) or not name:
         raise APIError(400, "Missing required parameter: 'model' (a name GET /v1/models lists).", param="model")

@@ -1,13 +1,19 @@
 """OpenAI's Files and vector-store routes over the document store (portachat/serve/docs):
-
     POST /v1/files (multipart: file, purpose)      GET /v1/files     GET/DELETE /v1/files/{file_id}
     POST/GET /v1/vector_stores                     GET/DELETE /v1/vector_stores/{id}
     POST/GET /v1/vector_stores/{id}/files          GET/DELETE /v1/vector_stores/{id}/files/{file_id}
     POST /v1/vector_stores/{id}/search             ({query, max_num_results} -> passages with scores)
 
+    GET /v1/files/{file_id}/content                (the uploaded bytes)
+
 Attaching a file chunks and embeds it before answering (status "completed", or "failed" with
 last_error for a file without readable text), with the server's embedding model: `--embedding-model
-NAME`, else the first embedding model registered."""
+NAME`, else the first embedding model registered.
+
+Files and vector stores belong to the API key that made them (serve/api/owner.py): another key gets
+403 for them (the issue asked for 403; ids are random, so the status leaks nothing worth hiding) and
+never sees them listed. Id lists are de-duplicated and capped; the store's quota (--docs-max-bytes,
+--docs-max-files) answers 400 in OpenAI's shape."""
 
 from __future__ import annotations
 
@@ -19,7 +25,10 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
+from portachat.i18n import _
+from portachat.model.source import EMBEDDING, resolve
 from portachat.serve.api.errors import APIError
+from portachat.serve.api.owner import request_owner
 from portachat.serve.api.protocol import parse_body
 from portachat.serve.api.sse import sse_event
 from portachat.serve.api.state import ModelLease, ServerState
@@ -27,12 +36,16 @@ from portachat.serve.docs import DocStore, Hit, StoreError
 from portachat.serve.docs.ingest import TextEmbedder, attach_file, search, text_embedder
 
 MAX_RESULTS = 50  # OpenAI's bound on max_num_results
+MAX_FILE_IDS = 500  # OpenAI's cap on file_ids in one request (vector store create, file batches)
+MAX_VECTOR_STORE_IDS = 16  # a grounded chat searches each store it names: few, so one request stays cheap
+DOCS_MAX_BYTES = 8 * 2**30  # `portachat serve` defaults of --docs-max-bytes / --docs-max-files
+DOCS_MAX_FILES = 10_000
 
 
 class StoreCreate(BaseModel):
     model_config = ConfigDict(extra="ignore")
     name: str | None = None
-    file_ids: list[str] = Field(default_factory=list)
+    file_ids: list[str] = Field(default_factory=list, max_length=MAX_FILE_IDS)
     metadata: dict[str, str] | None = None
 
 
@@ -89,10 +102,14 @@ def _list(data: list[dict]) -> JSONResponse:
 
 
 def doc_store(request: Request) -> DocStore:
-    """The app's store under PORTACHAT_HOME/docs, opened on first use."""
+    """The app's store under PORTACHAT_HOME/docs, opened on first use with the server's quota."""
     store = getattr(request.app.state, "doc_store", None)
     if store is None:
-        store = request.app.state.doc_store = DocStore()
+        server = getattr(request.app.state, "server", None)
+        settings = getattr(server, "settings", None)
+        store = request.app.state.doc_store = DocStore(
+            max_bytes=getattr(settings, "docs_max_bytes", DOCS_MAX_BYTES),
+            max_files=getattr(settings, "docs_max_files", DOCS_MAX_FILES))
     return store
 
 
@@ -101,8 +118,31 @@ async def _call(fn, *args: Any) -> Any:
     try:
         return await run_in_threadpool(fn, *args)
     except StoreError as exc:
-        raise APIError(exc.status, str(exc), param=exc.param,
-                       code="not_found" if exc.status == 404 else "invalid_value") from None
+        raise APIError(exc.status, str(exc), param=exc.param, code=exc.code) from None
+
+
+def unique(ids: list[str]) -> list[str]:
+    """The ids once each, in order (the same file listed 100 times is attached once)."""
+    return list(dict.fromkeys(ids))
+
+
+async def owned_file(request: Request, file_id: str) -> dict:
+    """The file's row when the request's API key made it; 404 when there is none, else 403."""
+    row = await _call(doc_store(request).file, file_id)
+    if row["owner"] != request_owner(request):
+        raise APIError(403, _("The file '{id}' belongs to another API key; each key sees only the files and "
+                              "vector stores it made.").format(id=file_id), param="file_id", code="permission_denied")
+    return row
+
+
+async def owned_store(request: Request, store_id: str) -> dict:
+    """The vector store's row when the request's API key made it; 404 when there is none, else 403."""
+    row = await _call(doc_store(request).store, store_id)
+    if row["owner"] != request_owner(request):
+        raise APIError(403, _("The vector store '{id}' belongs to another API key; each key sees only the files "
+                              "and vector stores it made.").format(id=store_id), param="vector_store_id",
+                       code="permission_denied")
+    return row
 
 
 def _is_embedding_entry(entry: Any) -> bool:
@@ -111,11 +151,9 @@ def _is_embedding_entry(entry: Any) -> bool:
         return served.engine is None and served.embedder is not None
     if not entry.spec.path:
         return False
-    from portachat.model.load import resolve_model_source
-    from portachat.serve.embeddings import is_embedding_model
 
-    try:
-        return is_embedding_model(resolve_model_source(entry.spec.path))
+    try:  # the source the catalog resolved, when it did
+        return (entry.spec.source or resolve(entry.spec.path)).kind == EMBEDDING
     except Exception:  # noqa: BLE001 - an unreadable model is not an embedding model we can use
         return False
 
@@ -178,22 +216,29 @@ async def create_file(request: Request) -> Response:
     data = await upload.read()
     if not data:
         raise APIError(400, f"The file '{upload.filename}' is empty.", param="file")
-    row = await _call(doc_store(request).add_file, upload.filename or "upload", data, purpose)
+    row = await _call(doc_store(request).add_file, upload.filename or "upload", data, purpose, request_owner(request))
     return JSONResponse(file_object(row))
 
 
 async def list_files(request: Request) -> Response:
     purpose = request.query_params.get("purpose")
-    rows = await _call(doc_store(request).files)
+    rows = await _call(doc_store(request).files, request_owner(request))
     return _list([file_object(r) for r in rows if purpose in (None, r["purpose"])])
 
 
 async def get_file(request: Request) -> Response:
-    return JSONResponse(file_object(await _call(doc_store(request).file, request.path_params["file_id"])))
+    return JSONResponse(file_object(await owned_file(request, request.path_params["file_id"])))
+
+
+async def file_content(request: Request) -> Response:
+    row = await owned_file(request, request.path_params["file_id"])
+    data = await _call(doc_store(request).file_bytes, row["id"])
+    return Response(data, media_type="application/octet-stream")
 
 
 async def delete_file(request: Request) -> Response:
     file_id = request.path_params["file_id"]
+    await owned_file(request, file_id)
     await _call(doc_store(request).delete_file, file_id)
     return JSONResponse({"id": file_id, "object": "file", "deleted": True})
 
@@ -203,32 +248,38 @@ async def delete_file(request: Request) -> Response:
 
 async def create_store(request: Request) -> Response:
     req = parse_body(await request.body(), StoreCreate)
-    store = doc_store(request)
-    for file_id in req.file_ids:  # all exist before anything is made
-        await _call(store.file, file_id)
-    if not req.file_ids:
-        row = await _call(store.create_store, req.name or "", req.metadata)
+    store, owner = doc_store(request), request_owner(request)
+    file_ids = unique(req.file_ids)
+    for file_id in file_ids:  # all exist (and are this key's) before anything is made
+        await owned_file(request, file_id)
+    if not file_ids:
+        row = await _call(store.create_store, req.name or "", req.metadata, owner)
         return JSONResponse(store_object(store, row))
     async with EmbeddingLease(request.app.state.server) as model:  # a model to embed them, too
-        row = await _call(store.create_store, req.name or "", req.metadata)
-        for file_id in req.file_ids:
-            await _call(attach_file, store, row["id"], file_id, model)
+        row = await _call(store.create_store, req.name or "", req.metadata, owner)
+        try:
+            for file_id in file_ids:
+                await _call(attach_file, store, row["id"], file_id, model)
+        except APIError:  # e.g. the quota: no half-made store is left behind
+            await _call(store.delete_store, row["id"])
+            raise
     return JSONResponse(store_object(store, await _call(store.store, row["id"])))
 
 
 async def list_stores(request: Request) -> Response:
     store = doc_store(request)
-    rows = await _call(store.stores)
+    rows = await _call(store.stores, request_owner(request))
     return _list([store_object(store, r) for r in rows])
 
 
 async def get_store(request: Request) -> Response:
-    store = doc_store(request)
-    return JSONResponse(store_object(store, await _call(store.store, request.path_params["vector_store_id"])))
+    row = await owned_store(request, request.path_params["vector_store_id"])
+    return JSONResponse(store_object(doc_store(request), row))
 
 
 async def delete_store(request: Request) -> Response:
     store_id = request.path_params["vector_store_id"]
+    await owned_store(request, store_id)
     await _call(doc_store(request).delete_store, store_id)
     return JSONResponse({"id": store_id, "object": "vector_store.deleted", "deleted": True})
 
@@ -237,25 +288,29 @@ async def attach(request: Request) -> Response:
     store_id = request.path_params["vector_store_id"]
     req = parse_body(await request.body(), FileAttach)
     store = doc_store(request)
-    await _call(store.store, store_id)
-    await _call(store.file, req.file_id)
+    await owned_store(request, store_id)
+    await owned_file(request, req.file_id)
     async with EmbeddingLease(request.app.state.server) as model:
         row = await _call(attach_file, store, store_id, req.file_id, model)
     return JSONResponse(store_file_object(row))
 
 
 async def list_store_files(request: Request) -> Response:
-    rows = await _call(doc_store(request).store_files, request.path_params["vector_store_id"])
+    store_id = request.path_params["vector_store_id"]
+    await owned_store(request, store_id)
+    rows = await _call(doc_store(request).store_files, store_id)
     return _list([store_file_object(r) for r in rows])
 
 
 async def get_store_file(request: Request) -> Response:
     p = request.path_params
+    await owned_store(request, p["vector_store_id"])
     return JSONResponse(store_file_object(await _call(doc_store(request).store_file, p["vector_store_id"], p["file_id"])))
 
 
 async def detach(request: Request) -> Response:
     p = request.path_params
+    await owned_store(request, p["vector_store_id"])
     await _call(doc_store(request).remove_file, p["vector_store_id"], p["file_id"])
     return JSONResponse({"id": p["file_id"], "object": "vector_store.file.deleted", "deleted": True})
 
@@ -270,10 +325,12 @@ async def search_store(request: Request) -> Response:
 
 
 async def search_hits(request: Request, store_ids: list[str], query: str, k: int) -> list[Hit]:
-    """The k best passages over the vector stores (the search route and grounded chat)."""
+    """The k best passages over the vector stores (the search route and grounded chat), each of them
+    the request's API key's."""
     store = doc_store(request)
+    store_ids = unique(store_ids)
     for store_id in store_ids:
-        await _call(store.store, store_id)
+        await owned_store(request, store_id)
     async with EmbeddingLease(request.app.state.server) as model:
         hits = [h for store_id in store_ids for h in await _call(search, store, store_id, query, model, k)]
     return sorted(hits, key=lambda h: -h.score)[:k]
@@ -282,6 +339,7 @@ async def search_hits(request: Request, store_ids: list[str], query: str, k: int
 ROUTES = [
     ("/v1/files", create_file, "POST"), ("/v1/files", list_files, "GET"),
     ("/v1/files/{file_id}", get_file, "GET"), ("/v1/files/{file_id}", delete_file, "DELETE"),
+    ("/v1/files/{file_id}/content", file_content, "GET"),
     ("/v1/vector_stores", create_store, "POST"), ("/v1/vector_stores", list_stores, "GET"),
     ("/v1/vector_stores/{vector_store_id}", get_store, "GET"),
     ("/v1/vector_stores/{vector_store_id}", delete_store, "DELETE"),
@@ -306,7 +364,7 @@ class Grounding(BaseModel):
     message and answer from the passages found."""
 
     model_config = ConfigDict(extra="forbid")
-    vector_store_ids: list[str] = Field(min_length=1)
+    vector_store_ids: list[str] = Field(min_length=1, max_length=MAX_VECTOR_STORE_IDS)
     max_num_results: int = Field(4, ge=1, le=MAX_RESULTS)
 
 

@@ -14,10 +14,11 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, StrictInt
 from starlette.concurrency import run_in_threadpool
 
+from portachat.engine.embeddings import Embedder, EmbeddingInputError
 from portachat.serve.api.errors import APIError
+from portachat.serve.api.owner import request_is_admin
 from portachat.serve.api.protocol import parse_body
 from portachat.serve.api.state import ModelLease, ServerState
-from portachat.serve.embeddings import Embedder, EmbeddingInputError
 
 MAX_INPUTS = 2048  # OpenAI's limit on inputs per request
 
@@ -58,7 +59,7 @@ async def embeddings(request: Request) -> Response:
     server: ServerState = request.app.state.server
     arrival = time.monotonic()
     req = parse_body(await request.body(), EmbeddingRequest)
-    state = await server.acquire(req.model, req.keep_alive, generation=False)
+    state = await server.acquire(req.model, req.keep_alive, generation=False, admin=request_is_admin(request))
     try:
         return await _embed(state, req, arrival)
     finally:

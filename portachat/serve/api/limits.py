@@ -1,4 +1,4 @@
-"""Guards in front of the routes: the request-body size limit and the API key.
+"""Guards in front of the routes: the request-body size limit and the API keys.
 
 Both are plain ASGI middleware so they answer before FastAPI reads or parses anything: a 10 MB
 body is refused after its first chunk past the limit, not buffered and then parsed.
@@ -9,19 +9,23 @@ from __future__ import annotations
 import hmac
 import json
 
+from portachat.i18n import _
 from portachat.serve.api.errors import error_body
+from portachat.serve.api.owner import owner_id
 
 Scope = dict
 PUBLIC_PATHS = ("/health",)  # answer load balancers without a key
 PAGE_PATHS = ("/", "/index.html", "/favicon.ico")  # the static chat page holds no data; its API calls need the key
+ADMIN_PATHS = ("/models/load", "/models/unload")  # with keys, only the admin key loads and unloads models
+UPLOAD_PATHS = ("/v1/files",)  # document uploads: multipart, and a larger size limit than prompts
 
 
 class _BodyTooLarge(Exception):
     pass
 
 
-async def _send_error(send, status: int, message: str, param: str | None = None, code: str | None = None,
-                      headers: list[tuple[bytes, bytes]] | None = None) -> None:
+async def send_error(send, status: int, message: str, param: str | None = None, code: str | None = None,
+                     headers: list[tuple[bytes, bytes]] | None = None) -> None:
     body = json.dumps(error_body(status, message, param, code)).encode()
     await send({
         "type": "http.response.start",
@@ -34,8 +38,6 @@ async def _send_error(send, status: int, message: str, param: str | None = None,
 
 class BodySizeLimit:
     """413 for bodies over `max_bytes`, whether announced by Content-Length or streamed chunked."""
-
-    UPLOAD_PATHS = ("/v1/files",)  # documents are larger than prompts: their own limit
 
     def __init__(self, app, max_bytes: int, upload_bytes: int | None = None) -> None:
         self.app = app
@@ -53,7 +55,7 @@ class BodySizeLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        upload = scope["path"] in self.UPLOAD_PATHS
+        upload = scope["path"] in UPLOAD_PATHS
         limit = self.upload_bytes if upload else self.max_bytes
         for name, value in scope.get("headers", []):
             if name == b"content-length":
@@ -62,8 +64,8 @@ class BodySizeLimit:
                 except ValueError:
                     declared = 0
                 if declared > limit:
-                    await _send_error(send, 413, self._message(upload), code="request_too_large",
-                                      headers=[(b"connection", b"close")])
+                    await send_error(send, 413, self._message(upload), code="request_too_large",
+                                     headers=[(b"connection", b"close")])
                     return
         received = 0
         started = False
@@ -87,33 +89,75 @@ class BodySizeLimit:
             await self.app(scope, limited_receive, tracking_send)
         except _BodyTooLarge:
             if not started:
-                await _send_error(send, 413, self._message(upload), code="request_too_large",
-                                  headers=[(b"connection", b"close")])
+                await send_error(send, 413, self._message(upload), code="request_too_large",
+                                 headers=[(b"connection", b"close")])
 
 
 class APIKeyCheck:
-    """401 unless `Authorization: Bearer <key>` matches, on every route but /health and the page."""
+    """401 unless `Authorization: Bearer <key>` names one of the keys, on every route but /health and the
+    page; 403 on the admin routes unless it names the admin key. Records who called in the request's
+    state (owner.request_owner, owner.request_is_admin). With no keys at all, every caller is the
+    anonymous admin (owner "")."""
 
-    def __init__(self, app, api_key: str) -> None:
+    def __init__(self, app, api_keys: list[str], admin_api_key: str | None = None) -> None:
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.admin = f"Bearer {admin_api_key}".encode() if admin_api_key else None
+        # The admin key opens every route too; each key is kept with its owner id.
+        self.keys = [(f"Bearer {key}".encode(), owner_id(key)) for key in api_keys]
+        if admin_api_key:
+            self.keys.append((self.admin, owner_id(admin_api_key)))
+
+    def _match(self, given: bytes) -> str | None:
+        """The owner id of the key `given` names, else None. Compares against every key whatever
+        matched, each in constant time, so the answer's timing says nothing about the keys."""
+        found = None
+        for expected, owner in self.keys:
+            if hmac.compare_digest(given, expected):
+                found = owner
+        return found
 
     async def __call__(self, scope: Scope, receive, send) -> None:
-        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS + PAGE_PATHS or scope.get("method") == "OPTIONS":
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        state = scope.setdefault("state", {})
+        if not self.keys:
+            state["owner"], state["admin"] = "", True
+            await self.app(scope, receive, send)
+            return
+        state["owner"], state["admin"] = "", False
+        if scope["path"] in PUBLIC_PATHS + PAGE_PATHS or scope.get("method") == "OPTIONS":
             await self.app(scope, receive, send)
             return
         given = b""
         for name, value in scope.get("headers", []):
             if name == b"authorization":
                 given = value
-        if not hmac.compare_digest(given, self.expected):
-            what = "Invalid API key" if given else "Missing API key"
-            await _send_error(
+        owner = self._match(given)
+        if owner is None:
+            message = _("Invalid API key") if given else _("Missing API key")
+            await send_error(
                 send, 401,
-                f"{what}: send the header 'Authorization: Bearer <key>' with the key given to "
-                f"`portachat serve --api-key` (the openai client: OpenAI(api_key=...)).",
+                message + ": " + _("send the header 'Authorization: Bearer <key>' with a key given to "
+                                   "`portachat serve --api-key` or $PORTACHAT_API_KEY (the openai client: "
+                                   "OpenAI(api_key=...))."),
                 code="invalid_api_key",
                 headers=[(b"www-authenticate", b"Bearer")],
             )
             return
+        admin = self.admin is not None and hmac.compare_digest(given, self.admin)
+        if scope["path"] in ADMIN_PATHS and not admin:
+            route = f"{scope.get('method', '')} {scope['path']}"
+            await send_error(send, 403, admin_key_message(route, self.admin is not None), code="admin_key_required")
+            return
+        state["owner"], state["admin"] = owner, admin
         await self.app(scope, receive, send)
+
+
+def admin_key_message(what: str, has_admin_key: bool) -> str:
+    """Why a non-admin key may not do `what` (load, unload or pin a model), and how to."""
+    if has_admin_key:
+        return _("{what} is an admin action: send it with the admin key ('Authorization: Bearer <key>' with the key "
+                 "given to `portachat serve --admin-api-key` or $PORTACHAT_ADMIN_API_KEY).").format(what=what)
+    return _("{what} is an admin action and this server has no admin key: restart it with --admin-api-key (or "
+             "$PORTACHAT_ADMIN_API_KEY) and send that key.").format(what=what)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from portachat.serve.async_engine import RequestTiming
-from portachat.serve.engine.types import RequestOutput
+from portachat.engine.async_engine import RequestTiming
+from portachat.engine.types import RequestOutput
 
 # vLLM's buckets, trimmed: CPU serving is slower, so the long tail matters more than sub-ms detail.
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)

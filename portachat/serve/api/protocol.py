@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from portachat.engine.sampling_params import PENALTY_MAX, SEED_MAX, SEED_MIN, TEMPERATURE_MAX
+from portachat.i18n import _
 from portachat.serve.api.errors import APIError
 
 MAX_STOP_SEQUENCES = 16
@@ -52,18 +54,20 @@ class ChatMessage(BaseModel):
 class _SamplingFields(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=-1)  # vLLM extension; -1 or 0 = off
+    # Sampling fields: their ranges are checked once, by SamplingParams.from_request (engine/
+    # sampling_params.py), whose messages are translated; the schema only documents them.
+    max_tokens: int | None = Field(None, json_schema_extra={"minimum": 1})
+    temperature: float | None = Field(None, json_schema_extra={"minimum": 0.0, "maximum": TEMPERATURE_MAX})
+    top_p: float | None = Field(None, json_schema_extra={"exclusiveMinimum": 0.0, "maximum": 1.0})
+    top_k: int | None = Field(None, json_schema_extra={"minimum": -1})  # vLLM extension; -1 or 0 = off
     n: int = Field(1, ge=1, le=MAX_N)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None  # vLLM extension
-    seed: int | None = None
+    seed: int | None = Field(None, json_schema_extra={"minimum": SEED_MIN, "maximum": SEED_MAX})
     logit_bias: dict[str, float] | None = None  # token id (as a string, JSON keys are) -> -100..100
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    repetition_penalty: float | None = Field(None, gt=0.0)  # vLLM extension
+    presence_penalty: float = Field(0.0, json_schema_extra={"minimum": -PENALTY_MAX, "maximum": PENALTY_MAX})
+    frequency_penalty: float = Field(0.0, json_schema_extra={"minimum": -PENALTY_MAX, "maximum": PENALTY_MAX})
+    repetition_penalty: float | None = Field(None, json_schema_extra={"exclusiveMinimum": 0.0})  # vLLM extension
     ignore_eos: bool = False  # vLLM extension
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -87,7 +91,7 @@ class _SamplingFields(BaseModel):
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage]
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, json_schema_extra={"minimum": 1})
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[Any] | None = None
@@ -116,13 +120,21 @@ def _where(loc: tuple) -> str:
     return out
 
 
-def parse_body(raw: bytes, model: type[BaseModel]) -> Any:
-    """Bytes -> request model, or APIError(400) with a message naming the field and the problem."""
+def json_body(raw: bytes) -> Any:
+    """Bytes -> the JSON value, or APIError(400) saying why not."""
     try:
-        data = json.loads(raw)
+        return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise APIError(400, f"The request body is not valid JSON ({exc}). Send a JSON object with "
                             f"Content-Type: application/json.", code="invalid_json") from None
+    except RecursionError:  # arrays or objects nested thousands deep: the parser's stack runs out
+        raise APIError(400, _("The request body nests JSON arrays or objects too deeply to parse: send a flatter "
+                              "body."), code="invalid_json") from None
+
+
+def parse_body(raw: bytes, model: type[BaseModel]) -> Any:
+    """Bytes -> request model, or APIError(400) with a message naming the field and the problem."""
+    data = json_body(raw)
     if not isinstance(data, dict):
         raise APIError(400, f"The request body must be a JSON object, got {type(data).__name__}.", code="invalid_json")
     try:
@@ -146,20 +158,15 @@ def check_supported(request: ChatCompletionRequest | CompletionRequest) -> None:
     stops = request.stop_list()
     if len(stops) > MAX_STOP_SEQUENCES:
         raise APIError(400, f"At most {MAX_STOP_SEQUENCES} stop sequences are allowed (got {len(stops)}).", param="stop")
-    if any(s == "" for s in stops):
-        raise APIError(400, "Stop sequences must not be empty strings.", param="stop")
     if request.stream_options is not None and not request.stream:
         raise APIError(400, "stream_options is only allowed when stream is true.", param="stream_options")
     if request.logit_bias and len(request.logit_bias) > MAX_LOGIT_BIAS:
         raise APIError(400, f"logit_bias has {len(request.logit_bias)} entries; at most {MAX_LOGIT_BIAS} are allowed.",
                        param="logit_bias")
-    for key, bias in (request.logit_bias or {}).items():
+    for key in request.logit_bias or {}:
         if not key.strip().isdigit():
             raise APIError(400, f"Invalid key in 'logit_bias': {key!r} is not a token id (send integer token ids "
                                 "as the keys, e.g. {\"1234\": -100}).", param="logit_bias")
-        if not -100.0 <= bias <= 100.0:
-            raise APIError(400, f"Invalid value in 'logit_bias' for token {key}: {bias} is outside [-100, 100].",
-                           param="logit_bias")
     if isinstance(request, ChatCompletionRequest):
         if request.top_logprobs is not None and not request.logprobs:
             raise APIError(400, "top_logprobs needs logprobs=true.", param="top_logprobs")

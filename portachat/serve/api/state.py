@@ -5,47 +5,41 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+from portachat.engine.async_engine import AsyncEngine
+from portachat.engine.embeddings import Embedder
+from portachat.engine.embeddings.queue import EmbeddingQueue
+from portachat.engine.served import ServedModel
+from portachat.engine.workers import DataParallelEngine
+from portachat.i18n import _
 from portachat.serve.api.errors import APIError
+from portachat.serve.api.limits import admin_key_message
 from portachat.serve.api.metrics import ServerMetrics
-from portachat.serve.async_engine import AsyncEngine, EngineLike
-from portachat.serve.embeddings import Embedder
-from portachat.serve.embeddings.queue import EmbeddingQueue
 from portachat.serve.registry import ModelRegistry, RegistryEntry, parse_keep_alive
+from portachat.serve.registry.keep_alive import keeps_longer
 from portachat.serve.registry.registry import LoadFailed, NoRoom, UnknownModel
-from portachat.serve.workers import DataParallelEngine
-from portachat.tokenizer.protocol import ChatTokenizer
 
 
 @dataclass
 class ServerSettings:
     served_model_name: str = "portachat"  # the default model: requests that name none get it
-    api_key: str | None = None
+    api_keys: list[str] = field(default_factory=list)  # any of them opens the API; none: the API is open
+    admin_api_key: str | None = None  # with keys, loading, unloading and pinning models need this one
+    allow_unload: bool = False  # may clients unload the models given at start-up (--model)?
+    host: str = "127.0.0.1"  # the address listened on: on loopback, only loopback Host headers are served
     cors_origins: list[str] = field(default_factory=list)
     max_body_bytes: int = 1_000_000
     max_upload_bytes: int = 64 * 2**20  # POST /v1/files (documents)
     max_messages: int = 512
     shutdown_grace_s: float = 10.0  # SIGTERM: in-flight requests get this long, then end with "abort"
     embedding_model: str | None = None  # document search's model (default: the first embedding model registered)
+    docs_max_bytes: int = 8 * 2**30  # document store quota: uploads + chunks + vectors (--docs-max-bytes)
+    docs_max_files: int = 10_000  # uploaded files kept at once (--docs-max-files)
 
-
-@dataclass
-class ServedModel:
-    """A loaded model behind an engine, as the API needs it. An embedding model (e.g. a BERT encoder) has
-    no engine and no chat tokenizer: only its embedder."""
-
-    engine: EngineLike | None
-    tokenizer: ChatTokenizer | None
-    max_model_len: int
-    generation_defaults: dict[str, Any] = field(default_factory=dict)  # temperature, top_p, top_k, ...
-    description: str = ""
-    bos_for_completions: bool = False  # our own models were trained on BOS-led documents
-    replicas: list[EngineLike] = field(default_factory=list)  # --data-parallel-size: engines beside `engine`
-    embedder: Embedder | None = None  # POST /v1/embeddings (document search calls embedder.embed_texts)
-    failure: Callable[[], str | None] | None = None  # why the model can no longer run (a dead worker)
-    close: Callable[[], None] | None = None  # stops what the model runs on (worker processes)
-    worker_pids: list[int] = field(default_factory=list)
+    @property
+    def has_keys(self) -> bool:
+        return bool(self.api_keys or self.admin_api_key)
 
 
 @dataclass
@@ -145,21 +139,17 @@ class ServerState:
         raise APIError(404, f"The model '{name}' does not exist on this server: it serves {served} "
                             "(GET /v1/models lists them).", param="model", code="model_not_found")
 
-    async def acquire(self, name: str | None, keep_alive: Any = None, generation: bool = True) -> ModelLease:
+    async def acquire(self, name: str | None, keep_alive: Any = None, generation: bool = True,
+                      admin: bool = False) -> ModelLease:
         """The model a request names, loaded (waiting for its load if needed), held until released.
-        With `generation`, an embedding model (no engine) is a 400."""
+        With `generation`, an embedding model (no engine) is a 400. `admin`: the request used the admin
+        key (or the server has no keys), which a keep_alive other than the default needs."""
         self.require_ready()
         if not self.accepting:
             raise APIError(503, "The server is shutting down and takes no new requests. Retry against another "
                                 "replica or after the restart.", code="shutting_down")
         resolved = self.resolve(name)
-        if keep_alive is None:
-            seconds: Any = "default"
-        else:
-            try:
-                seconds = parse_keep_alive(keep_alive)
-            except ValueError as exc:
-                raise APIError(400, str(exc), param="keep_alive") from None
+        seconds = self._keep_alive(resolved, keep_alive, admin)
         try:
             entry = await self.registry.acquire(resolved, seconds)
         except UnknownModel:
@@ -186,6 +176,31 @@ class ServerState:
             raise APIError(503, f"The engine of '{resolved}' has stopped (the server is shutting down or failed): "
                                 "restart `portachat serve`.", code="engine_stopped")
         return lease
+
+    def _keep_alive(self, name: str, keep_alive: Any, admin: bool) -> float | None | Literal["default"]:
+        """A request's keep_alive, for this request only. It decides for every client how long the model
+        stays, so with keys it needs the admin key; one that would unload a start-up model sooner than
+        the server's --keep-alive needs --allow-unload."""
+        if keep_alive is None:
+            return "default"
+        try:
+            seconds = parse_keep_alive(keep_alive)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="keep_alive") from None
+        default = self.registry.keep_alive
+        if seconds == default:
+            return "default"
+        if self.settings.has_keys and not admin:
+            what = _("keep_alive {value!r} on '{name}'").format(value=keep_alive, name=name)
+            raise APIError(403, admin_key_message(what, self.settings.admin_api_key is not None), param="keep_alive",
+                           code="admin_key_required")
+        start_up = self.registry.get(name).spec.pinned
+        if start_up and keeps_longer(default, seconds) and not self.settings.allow_unload:
+            raise APIError(403, _("keep_alive {value!r} would unload '{name}' sooner than the server's --keep-alive, "
+                                  "and clients may not unload the models given at start-up: leave keep_alive out, "
+                                  "or restart the server with --allow-unload.").format(value=keep_alive, name=name),
+                           param="keep_alive", code="unload_not_allowed")
+        return seconds
 
     def engines(self) -> list[AsyncEngine | DataParallelEngine]:
         return [e.engine for e in self.registry.loaded() if e.engine is not None]

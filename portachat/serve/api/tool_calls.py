@@ -17,9 +17,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from portachat.engine.structured import StructuredSpec
+from portachat.engine.structured.compile import json_options
 from portachat.serve.api.errors import APIError
-from portachat.serve.engine.structured import StructuredSpec
-from portachat.serve.engine.structured.compile import json_options
 
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"

@@ -8,6 +8,8 @@ import io
 from html.parser import HTMLParser
 from pathlib import PurePath
 
+from portachat.i18n import _
+
 SUPPORTED_TYPES = ("txt", "md", "pdf", "docx", "html")
 _SUFFIXES = {".txt": "txt", ".text": "txt", ".md": "md", ".markdown": "md", ".pdf": "pdf", ".docx": "docx",
              ".html": "html", ".htm": "html"}
@@ -31,12 +33,14 @@ def file_type(filename: str, data: bytes) -> str:
     if head[:200].lower().startswith((b"<!doctype html", b"<html")):
         return "html"
     if head.startswith(b"PK"):
-        raise ExtractError(f"{filename}: a zip archive with an unknown suffix; name Word files *.docx",
+        raise ExtractError(_("{file}: a zip archive with an unknown suffix; name Word files *.docx").format(
+            file=filename),
                            code="unsupported_file")
     try:
         _decode(data, filename)
     except ExtractError:
-        raise ExtractError(f"{filename}: unsupported file type (supported: {', '.join(SUPPORTED_TYPES)})",
+        raise ExtractError(_("{file}: unsupported file type (supported: {types})").format(
+            file=filename, types=", ".join(SUPPORTED_TYPES)),
                            code="unsupported_file") from None
     return "txt"
 
@@ -47,32 +51,35 @@ def _decode(data: bytes, filename: str) -> str:
             return data.decode(encoding)
         except UnicodeDecodeError:
             continue
-    raise ExtractError(f"{filename}: not UTF-8 or GB18030 text")
+    raise ExtractError(_("{file}: not UTF-8 or GB18030 text").format(file=filename))
 
 
+# pypdf and python-docx parse what a client uploaded: besides their own error types they raise
+# whatever a malformed file provokes (lxml's XMLSyntaxError, pypdf's LimitReachedError for a stream
+# past its decompression limit, AttributeError, RecursionError, ...). Any of them means "this file
+# cannot be read": the file is marked failed with that reason, never a 500.
 def _pdf(data: bytes, filename: str) -> str:
     from pypdf import PdfReader
-    from pypdf.errors import PdfReadError
 
     try:
         reader = PdfReader(io.BytesIO(data))
         return "\n\n".join(page.extract_text() or "" for page in reader.pages)
-    except (PdfReadError, ValueError, KeyError) as exc:
-        raise ExtractError(f"{filename}: not a readable PDF ({exc})") from None
+    except Exception as exc:  # noqa: BLE001 - see above
+        raise ExtractError(_("{file}: not a readable PDF ({error})").format(
+            file=filename, error=f"{type(exc).__name__}: {str(exc)[:300]}")) from None
 
 
 def _docx(data: bytes, filename: str) -> str:
-    import zipfile
-
     import docx
 
     try:
         document = docx.Document(io.BytesIO(data))
-    except (zipfile.BadZipFile, KeyError, ValueError) as exc:
-        raise ExtractError(f"{filename}: not a readable .docx file ({exc})") from None
-    lines = [p.text for p in document.paragraphs]
-    for table in document.tables:
-        lines += ["\t".join(cell.text for cell in row.cells) for row in table.rows]
+        lines = [p.text for p in document.paragraphs]
+        for table in document.tables:
+            lines += ["\t".join(cell.text for cell in row.cells) for row in table.rows]
+    except Exception as exc:  # noqa: BLE001 - see above
+        raise ExtractError(_("{file}: not a readable .docx file ({error})").format(
+            file=filename, error=f"{type(exc).__name__}: {str(exc)[:300]}")) from None
     return "\n".join(lines)
 
 
@@ -124,5 +131,5 @@ def extract_text(filename: str, data: bytes) -> str:
         text = _decode(data, filename)
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     if not text.strip():
-        raise ExtractError(f"{filename}: no text found (a scanned PDF needs OCR first)")
+        raise ExtractError(_("{file}: no text found (a scanned PDF needs OCR first)").format(file=filename))
     return text

@@ -11,10 +11,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from portachat.engine.embeddings import Embedder
+from portachat.i18n import _
 from portachat.serve.docs.chunking import chunk_text
 from portachat.serve.docs.extract import ExtractError, extract_text
 from portachat.serve.docs.store import DocStore, Hit, StoreError
-from portachat.serve.embeddings import Embedder
 
 EMBED_BATCH = 64  # chunks per embedding call: progress is reported between calls
 MAX_CHUNK_TOKENS = 256  # longer passages dilute the vector (all-MiniLM-L6-v2 was trained on <= 128)
@@ -71,7 +72,7 @@ def attach_file(store: DocStore, store_id: str, file_id: str, model: TextEmbedde
 def search(store: DocStore, store_id: str, query: str, model: TextEmbedder, k: int) -> list[Hit]:
     """The k passages of the vector store nearest the query, best first."""
     if not query.strip():
-        raise StoreError("The query is empty: send some text to search for.", status=400, param="query")
+        raise StoreError(_("The query is empty: send some text to search for."), status=400, param="query")
     row = store.store(store_id)
     if row["dimensions"] is None:
         return []  # nothing attached yet

@@ -1,20 +1,22 @@
 """Which models a server offers: `--model name=PATH` entries and everything under `--models-dir`.
 
-A model under the directory is one of our checkpoint runs, a Hugging Face model directory or a
-.gguf file, named by its folder or file stem (as llama-server's router names them). A LoRA adapter
-(`--lora name=PATH`, or a PEFT directory under `--models-dir` whose base_model_name_or_path is a
-served model) is an entry too: requests name it as a model, and it runs on its base model's engine.
+A model under the directory is anything `portachat.model.source.resolve` accepts (one of our
+checkpoint runs, a Hugging Face model directory, a .gguf file), named by its folder or file stem
+(as llama-server's router names them). A LoRA adapter (`--lora name=PATH`, or a PEFT directory
+under `--models-dir` whose base_model_name_or_path is a served model) is an entry too: requests
+name it as a model, and it runs on its base model's engine.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-# File types whose bytes are the weights: a loaded model takes about as much memory.
-_WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt")
+from portachat.model.hf import UnsupportedConfigError
+from portachat.model.source import ADAPTER, GGUF, ModelSource, resolve
+from portachat.storage.atomic import CheckpointError
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,8 @@ class ModelSpec:
     path: str  # what `load_for_inference` accepts
     pinned: bool = False  # given with --model: loaded at start-up
     base: str | None = None  # a LoRA adapter: the registry name of the model it runs on
+    # What `path` resolved to when the entry was made (None: not resolved yet, or no model there).
+    source: ModelSource | None = field(default=None, compare=False, repr=False)
 
 
 def parse_model_arg(text: str) -> tuple[str | None, str]:
@@ -34,29 +38,35 @@ def parse_model_arg(text: str) -> tuple[str | None, str]:
     return None, text
 
 
-def _is_model_dir(path: Path) -> bool:
-    if (path / "config.json").is_file():
-        return True
-    # one of our run directories: <run>/<stage>/step_N/config.json
-    return any(path.glob("*/step_*/config.json")) or any(path.glob("step_*/config.json"))
+def given_model(path: str, name: str | None = None) -> ModelSpec:
+    """A `--model [NAME=]PATH` entry (loaded at start-up), resolved here once: its name, its size and
+    the load itself all use that answer."""
+    try:
+        source = resolve(path)
+    except (CheckpointError, UnsupportedConfigError, OSError):  # the load says what is wrong, in its context
+        source = None
+    return ModelSpec(name or (source.name if source else Path(path).name or path), path, pinned=True, source=source)
 
 
 def discover_models(models_dir: str | Path) -> list[ModelSpec]:
-    """Every model directly below `models_dir`, sorted by name. A missing directory is an error
-    (a typo should not start an empty server)."""
+    """Every model directly below `models_dir`, sorted by name: what `resolve` accepts (a run or
+    stage directory stands for the checkpoint its `latest` names). A missing directory is an
+    error (a typo should not start an empty server)."""
     root = Path(models_dir).expanduser()
     if not root.is_dir():
         raise FileNotFoundError(f"--models-dir {models_dir}: no such directory")
     found = []
     for child in sorted(root.iterdir()):
-        if child.name.startswith("."):
+        if child.name.startswith(".") or (child.is_file() and child.suffix.lower() != ".gguf"):
             continue
-        if child.is_file() and child.suffix.lower() == ".gguf":
-            found.append(ModelSpec(child.stem, str(child)))
-        elif child.is_dir() and _is_model_dir(child):
-            found.append(ModelSpec(child.name, str(child)))
-        elif child.is_dir() and len(ggufs := sorted(child.glob("*.gguf"))) == 1:
-            found.append(ModelSpec(child.name, str(ggufs[0])))
+        try:
+            source = resolve(child)
+        except (CheckpointError, UnsupportedConfigError, OSError):  # not a model (notes, an empty run): not listed
+            continue
+        if source.kind == ADAPTER:  # adapters are listed against their base (discover_adapters)
+            continue
+        path = source.path if source.format == GGUF else child  # a folder wrapping one .gguf: that file
+        found.append(ModelSpec(child.stem if child.is_file() else child.name, str(path), source=source))
     return found
 
 
@@ -94,21 +104,12 @@ def discover_adapters(models_dir: str | Path, models: list[ModelSpec]) -> list[M
     return found
 
 
-def estimate_bytes(path: str | Path) -> int:
-    """Bytes a model's weights take on disk: the memory it will need, before it is loaded."""
-    p = Path(path).expanduser()
-    if p.is_file():
-        return p.stat().st_size
-    if not p.is_dir():
+def estimate_bytes(spec: ModelSpec) -> int:
+    """Bytes a model's weights take on disk (of the checkpoint `latest` names, for a run): the memory
+    it will need, before it is loaded. 0 when the path names no model."""
+    if spec.source is not None:
+        return spec.source.size_bytes
+    try:
+        return resolve(spec.path).size_bytes
+    except (CheckpointError, UnsupportedConfigError, OSError):
         return 0
-    files = [f for f in p.rglob("*") if f.is_file() and f.suffix in _WEIGHT_SUFFIXES]
-    if any(f.suffix == ".safetensors" for f in files):  # what we load; a .bin beside it is a duplicate
-        files = [f for f in files if f.suffix == ".safetensors"]
-    if not files:
-        return 0
-    # A run directory holds many checkpoints: the newest one's size stands for the model.
-    by_dir: dict[Path, int] = {}
-    for f in files:
-        by_dir[f.parent] = by_dir.get(f.parent, 0) + f.stat().st_size
-    newest = max(by_dir, key=lambda d: d.stat().st_mtime)
-    return by_dir[newest]

@@ -45,3 +45,10 @@ def describe_keep_alive(seconds: float | None) -> str:
     if seconds == 0:
         return "unloaded after each request"
     return f"unloaded after {seconds:g} s idle"
+
+
+def keeps_longer(a: float | None, b: float | None) -> bool:
+    """Whether keep-alive `a` keeps a model loaded longer than `b` (None = forever)."""
+    if a is None:
+        return b is not None
+    return b is not None and a > b

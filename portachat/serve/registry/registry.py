@@ -26,11 +26,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from portachat.serve.async_engine import AsyncEngine, RequestObserver
-from portachat.serve.embeddings.queue import EmbeddingQueue
+from portachat.device.explain import diagnose
+from portachat.engine.async_engine import AsyncEngine, RequestObserver
+from portachat.engine.embeddings.queue import EmbeddingQueue
+from portachat.engine.workers.data_parallel import DataParallelEngine, async_engine_for
+from portachat.model.lora import load_lora
 from portachat.serve.registry.catalog import ModelSpec, estimate_bytes
 from portachat.serve.registry.keep_alive import describe_keep_alive
-from portachat.serve.workers.data_parallel import DataParallelEngine, async_engine_for
 
 State = Literal["available", "loading", "loaded"]
 Loader = Callable[[ModelSpec], Any]  # -> a ServedModel (runs on a worker thread)
@@ -133,7 +135,7 @@ class RegistryEvents:
 class ModelRegistry:
     specs: list[ModelSpec]
     loader: Loader
-    keep_alive: float | None = None  # the default for models no request has set one for
+    keep_alive: float | None = None  # after a request that sets none (one that does: for it only)
     max_loaded: int | None = None  # None = no limit on the count
     budget_bytes: int | None = None  # None = no memory limit
     events: RegistryEvents = field(default_factory=RegistryEvents)
@@ -146,7 +148,7 @@ class ModelRegistry:
             raise ValueError(f"two models are named {', '.join(duplicates)}: give them distinct names with "
                              "--model NAME=PATH")
         self.entries: dict[str, RegistryEntry] = {
-            s.name: RegistryEntry(s, estimate_bytes(s.path) if s.path else 0, self.keep_alive) for s in self.specs
+            s.name: RegistryEntry(s, estimate_bytes(s) if s.path else 0, self.keep_alive) for s in self.specs
         }
         for entry in self.entries.values():
             if entry.is_adapter and entry.spec.base not in self.entries:
@@ -180,10 +182,11 @@ class ModelRegistry:
     # ------------------------------------------------------------------ use
 
     async def acquire(self, name: str, keep_alive: float | None | Literal["default"] = "default") -> RegistryEntry:
-        """The loaded entry for `name`, counted as in flight until `release`. Loads it if needed."""
+        """The loaded entry for `name`, counted as in flight until `release`. Loads it if needed.
+        `keep_alive` holds after this request only (Ollama's rule): a later request without one
+        brings back the registry's default."""
         entry = self.get(name)
-        if keep_alive != "default":
-            entry.keep_alive = keep_alive
+        entry.keep_alive = self.keep_alive if keep_alive == "default" else keep_alive
         base = await self.acquire(entry.spec.base) if entry.is_adapter else None  # in flight on its base too
         entry.in_flight += 1  # from here on nothing evicts it
         try:
@@ -267,7 +270,6 @@ class ModelRegistry:
 
     async def _ensure_adapter(self, entry: RegistryEntry, base: RegistryEntry) -> None:
         """Add the adapter to its (loaded, held) base's engine unless it is there."""
-        from portachat.model.lora import load_lora
 
         async with self._adapters:  # one load per adapter, however many requests ask at once
             if entry.state == "loaded" and entry.engine is base.engine:
@@ -294,7 +296,6 @@ class ModelRegistry:
             embedder = getattr(served, "embedder", None)
             entry.embedding_queue = EmbeddingQueue(embedder) if embedder is not None else None
         except BaseException as exc:  # noqa: BLE001 - reported to every waiter and kept for /v1/models
-            from portachat.tools.diagnose import diagnose
 
             d = diagnose(exc) if isinstance(exc, Exception) else None
             entry.error = f"{d.title}: {d.what_happened} ({exc})" if d else f"{type(exc).__name__}: {exc}"

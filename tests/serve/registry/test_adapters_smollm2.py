@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from portachat.device import get_device
+from portachat.engine import SamplingParams
+from portachat.engine.loading import LoadOptions, load_served_model
+from portachat.engine.oneshot import engine_for
 from portachat.model.load import load_for_inference
 from portachat.model.lora import load_lora, merge_into
 from portachat.serve.api import ServerSettings, create_app
-from portachat.serve.api.loading import LoadOptions, load_served_model
 from portachat.serve.api.server import serve_in_thread
-from portachat.serve.engine import SamplingParams
-from portachat.serve.engine.oneshot import engine_for
 from portachat.serve.registry import ModelRegistry, ModelSpec
 from portachat.train.finetune import FinetuneOptions, run_finetune
 from portachat.train.lora import LoraOptions

@@ -35,18 +35,28 @@ def test_models_dir_finds_ggufs_checkpoints_and_hf_dirs_by_name(tmp_path):
     (tmp_path / "qwen").mkdir()
     (tmp_path / "qwen" / "config.json").write_text("{}")
     (tmp_path / "qwen" / "model.safetensors").write_bytes(b"x" * 100)
-    run = tmp_path / "myrun" / "sft" / "step_5"
-    run.mkdir(parents=True)
-    (run / "config.json").write_text("{}")
+    stage = tmp_path / "myrun" / "sft"
+    for step, size in ((5, 30), (6, 70)):  # step_6 is newer on disk, but `latest` names step_5
+        (stage / f"step_{step}").mkdir(parents=True)
+        for name in ("config.json", "portachat.json"):
+            (stage / f"step_{step}" / name).write_text("{}")
+        (stage / f"step_{step}" / "model.safetensors").write_bytes(b"x" * size)
+    (stage / "latest").write_text("step_5\n")
+    unfinished = tmp_path / "unfinished" / "sft" / "step_1"  # no `latest` yet: not a model to serve
+    unfinished.mkdir(parents=True)
+    (unfinished / "config.json").write_text("{}")
     (tmp_path / "wrapped").mkdir()
     (tmp_path / "wrapped" / "model-q8.gguf").write_bytes(b"x")
     (tmp_path / "notes").mkdir()  # no model inside: not listed
     (tmp_path / "readme.txt").write_text("hi")
     (tmp_path / ".hidden.gguf").write_bytes(b"x")
-    found = {s.name: s.path for s in discover_models(tmp_path)}
+    specs = discover_models(tmp_path)
+    found = {s.name: s.path for s in specs}
     assert found == {"smol": str(tmp_path / "smol.gguf"), "qwen": str(tmp_path / "qwen"),
                      "myrun": str(tmp_path / "myrun"), "wrapped": str(tmp_path / "wrapped" / "model-q8.gguf")}
-    assert estimate_bytes(tmp_path / "qwen") == 100 and estimate_bytes(tmp_path / "smol.gguf") == 10
+    sizes = {s.name: estimate_bytes(s) for s in specs}
+    assert sizes["qwen"] == 100 and sizes["smol"] == 10 and sizes["myrun"] == 30
+    assert {s.name: s.source.path for s in specs}["myrun"] == stage / "step_5"
 
 
 def test_a_missing_models_dir_is_an_error(tmp_path):

@@ -51,7 +51,8 @@ def start(tokenizer, adapters, step_delay_s: float = 0.0):
     specs = [ModelSpec("base", "", pinned=True), ModelSpec("x", str(adapters["x"]), pinned=True, base="base"),
              ModelSpec("y", str(adapters["y"]), base="base"), ModelSpec("x_merged", ""), ModelSpec("y_merged", "")]
     registry = ModelRegistry(specs, load)
-    server = serve_in_thread(create_app(ServerSettings(served_model_name="base"), registry=registry))
+    # --allow-unload: a test below unloads the start-up base by hand
+    server = serve_in_thread(create_app(ServerSettings(served_model_name="base", allow_unload=True), registry=registry))
     wait_healthy(server.url)
     return server, registry, engines
 

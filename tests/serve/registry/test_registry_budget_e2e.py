@@ -12,8 +12,8 @@ import httpx
 import openai
 import pytest
 
+from portachat.engine.loading import LoadOptions, load_served_model
 from portachat.serve.api import ServerSettings, create_app
-from portachat.serve.api.loading import LoadOptions, load_served_model
 from portachat.serve.api.server import serve_in_thread
 from portachat.serve.registry import ModelRegistry, ModelSpec
 from portachat.serve.registry.catalog import estimate_bytes
@@ -52,7 +52,7 @@ def test_two_chat_models_and_an_embedding_model_share_a_two_model_budget(small_t
 
     tiny = served_memory_bytes(load(ModelSpec("alpha", "")))
     # MiniLM counts as its weights on disk until loaded, then as measured: the larger decides.
-    big = max(served_memory_bytes(load(ModelSpec("minilm", ""))), estimate_bytes(minilm))
+    big = max(served_memory_bytes(load(ModelSpec("minilm", ""))), estimate_bytes(ModelSpec("minilm", minilm)))
     budget = tiny + big + tiny // 2  # any two fit, all three never do
     # MiniLM's path gives the registry its size before the first load (its weights on disk).
     specs = [ModelSpec("alpha", "", pinned=True), ModelSpec("beta", ""), ModelSpec("minilm", minilm)]

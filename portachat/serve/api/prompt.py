@@ -1,0 +1,55 @@
+"""Request -> prompt ids: chat messages through the model's chat template, or a completion prompt."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from portachat.i18n import _
+from portachat.serve.api.errors import APIError
+from portachat.serve.api.protocol import ChatCompletionRequest, CompletionRequest
+from portachat.serve.api.state import ModelLease
+from portachat.serve.api.tool_calls import ToolRequest, template_messages
+
+
+def chat_prompt(state: ModelLease, req: ChatCompletionRequest, tools: ToolRequest | None = None) -> list[int]:
+    settings = state.settings
+    if not req.messages:
+        raise APIError(400, "'messages' is empty: send at least one message, e.g. "
+                            '[{"role": "user", "content": "Hello"}].', param="messages")
+    check_message_count(len(req.messages), settings.max_messages)
+    messages = template_messages(req.messages)
+    try:
+        return state.model.tokenizer.render_prompt(messages, tools=tools.tools if tools else None)
+    except Exception as exc:  # noqa: BLE001 - a template's raise_exception or our format's checks
+        raise APIError(400, f"The conversation cannot be rendered with this model's chat template: {exc}",
+                       param="messages") from None
+
+
+def check_message_count(count: int, limit: int) -> None:
+    """400 past `--max-messages` (chat completions and Anthropic's messages alike)."""
+    if count > limit:
+        raise APIError(400, _("Too many messages: {count} (this server's limit is {limit}, `portachat serve "
+                              "--max-messages`).").format(count=count, limit=limit), param="messages")
+
+
+def completion_prompt(state: ModelLease, req: CompletionRequest) -> list[int]:
+    prompt: Any = req.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        if len(prompt) != 1:
+            raise APIError(400, f"Batched prompts are not supported (got {len(prompt)}): send one request per "
+                                "prompt; the server batches concurrent requests itself.", param="prompt")
+        prompt = prompt[0]
+    tokenizer = state.model.tokenizer
+    if isinstance(prompt, str):
+        ids = tokenizer.encode(prompt)
+        if state.model.bos_for_completions and tokenizer.bos_id is not None:
+            ids = [tokenizer.bos_id, *ids]
+    else:
+        ids = list(prompt)
+        bad = [t for t in ids if not 0 <= t < tokenizer.vocab_size]
+        if bad:
+            raise APIError(400, f"Token id {bad[0]} is outside this model's vocabulary (0..{tokenizer.vocab_size - 1}).",
+                           param="prompt")
+    if not ids:
+        raise APIError(400, "The prompt is empty: send some text or token ids.", param="prompt")
+    return ids

@@ -1,0 +1,83 @@
+"""An OpenAI request's sampling fields and output constraint -> what the engine takes."""
+
+from __future__ import annotations
+
+from starlette.concurrency import run_in_threadpool
+
+from portachat.engine.sampling_params import SamplingError, SamplingFallback
+from portachat.engine.structured import StructuredError, StructuredSpec
+from portachat.engine.structured.fields import structured_spec
+from portachat.engine.types import EngineError, SamplingParams
+from portachat.serve.api.errors import APIError
+from portachat.serve.api.protocol import ChatCompletionRequest, CompletionRequest
+from portachat.serve.api.state import ModelLease
+
+# What a field neither the request nor the model's generation_config sets becomes: OpenAI's
+# defaults (temperature 1). An unset max_tokens is the room the context leaves, as in vLLM.
+OPENAI_FALLBACK = SamplingFallback(temperature=1.0)
+
+
+def sampling_params(state: ModelLease, req: ChatCompletionRequest | CompletionRequest, prompt_len: int,
+                    prompt_param: str) -> SamplingParams:
+    """OpenAI fields -> SamplingParams; 400 when the prompt plus max_tokens cannot fit the context."""
+    limit = state.model.max_model_len
+    if prompt_len >= limit:
+        raise APIError(400, f"This model's maximum context length is {limit} tokens, but the {prompt_param} "
+                            f"has {prompt_len} tokens. Shorten the {prompt_param}.",
+                       param=prompt_param, code="context_length_exceeded")
+    max_tokens = req.max_tokens
+    param = "max_tokens"
+    if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
+        max_tokens, param = req.max_completion_tokens, "max_completion_tokens"
+    if max_tokens is None:
+        max_tokens = limit - prompt_len  # as vLLM: whatever room the context leaves
+    elif prompt_len + max_tokens > limit:
+        raise APIError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
+                            f"{prompt_len + max_tokens} tokens ({prompt_len} in the {prompt_param}, {max_tokens} "
+                            f"for the completion). Reduce the {prompt_param} or {param} (at most "
+                            f"{limit - prompt_len} here).", param=param, code="context_length_exceeded")
+    if isinstance(req, ChatCompletionRequest):
+        logprobs, top_logprobs = bool(req.logprobs), (req.top_logprobs or 0) if req.logprobs else 0
+    else:
+        logprobs, top_logprobs = req.logprobs is not None, req.logprobs or 0
+    fields = {
+        "max_tokens": max_tokens, "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
+        "seed": req.seed, "stop": req.stop_list(), "stop_token_ids": list(req.stop_token_ids or []),
+        "ignore_eos": req.ignore_eos, "repetition_penalty": req.repetition_penalty,
+        "presence_penalty": req.presence_penalty, "frequency_penalty": req.frequency_penalty,
+        "logprobs": logprobs, "top_logprobs": top_logprobs, "logit_bias": logit_bias(req), "adapter": state.adapter,
+    }
+    try:
+        return SamplingParams.from_request(fields, state.model.generation_defaults, OPENAI_FALLBACK,
+                                           vocab_size=state.model.tokenizer.vocab_size)
+    except SamplingError as exc:
+        raise APIError(400, str(exc), param=param if exc.param == "max_tokens" else exc.param,
+                       code="invalid_value") from None
+
+
+def logit_bias(req: ChatCompletionRequest | CompletionRequest) -> dict[int, float]:
+    """logit_bias's string keys -> token ids (check_supported has checked that they are digits; the
+    sampling check, the values and the vocabulary)."""
+    return {int(key): bias for key, bias in (req.logit_bias or {}).items()}
+
+
+def output_constraint(req: ChatCompletionRequest | CompletionRequest) -> StructuredSpec | None:
+    """response_format / structured_outputs / guided_* -> the engine's constraint; 400 naming the field."""
+    try:
+        return structured_spec(req)
+    except StructuredError as exc:
+        raise APIError(400, str(exc), param=exc.param) from None
+
+
+async def compile_constraint(state: ModelLease, spec: StructuredSpec | None) -> None:
+    """Compile a request's constraint on a worker thread before it reaches the engine loop (a 400
+    naming the part llguidance cannot handle), where the engine offers it."""
+    compile_ = getattr(state.model.engine, "compile_constraint", None)
+    if spec is None or compile_ is None:
+        return
+    try:
+        await run_in_threadpool(compile_, spec)
+    except StructuredError as exc:
+        raise APIError(400, str(exc), param=exc.param) from None
+    except EngineError as exc:  # llguidance is not installed
+        raise APIError(500, str(exc), code="engine_error") from None

@@ -1,0 +1,218 @@
+"""`portachat tune batch-size`: the largest device batch that fits, found by running real steps.
+
+Each probe builds the model and its real optimizers, runs forward + backward + optimizer steps at one
+batch size and records the peak memory; an out-of-memory error from any vendor (recognised by the
+diagnosis table) or a peak above the limit times a safety margin means "does not fit". Batch sizes
+double until one fails, then a binary search narrows the gap. Everything is freed between probes.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from portachat.device import Device
+from portachat.device.errors import diagnose
+from portachat.device.memtrack import LiveTensorBytes
+from portachat.i18n import _
+from portachat.model import GPT, GPTConfig
+from portachat.train.accumulation import grad_accum_steps, largest_dividing_batch
+from portachat.train.activation_checkpointing import apply_activation_checkpointing
+from portachat.train.optim import OptimConfig, build_optimizers
+
+
+@dataclass
+class Probe:
+    batch_size: int
+    fits: bool
+    peak_bytes: int | None  # None when it ran out of memory
+    note: str = ""
+
+
+@dataclass
+class BatchSizeResult:
+    batch_size: int  # 0 when not even batch 1 fits
+    limit_bytes: int
+    safety: float
+    probes: list[Probe] = field(default_factory=list)
+
+    def batch_for_total(self, total_batch_tokens: int, seq_len: int, world_size: int = 1) -> tuple[int, int]:
+        """(device batch, accumulation steps) for an exact `total_batch_tokens`: the largest batch that fits
+        and divides the total (what `--device-batch-size auto` trains with)."""
+        batch = largest_dividing_batch(self.batch_size, total_batch_tokens, seq_len, world_size)
+        return batch, grad_accum_steps(total_batch_tokens, batch, seq_len, world_size)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Any vendor's OOM: torch.OutOfMemoryError, MemoryError, or a message the diagnosis table knows."""
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    found = diagnose(exc)
+    return found is not None and found.rule.startswith("Out of memory")
+
+
+def measure_training_peak(
+    cfg: GPTConfig,
+    batch_size: int,
+    seq_len: int,
+    dev: Device,
+    activation_checkpointing: bool = False,
+    steps: int = 2,
+) -> int:
+    """Peak bytes of live tensors over real training steps, model and optimizer state included.
+
+    Accelerators report their allocator's high-water mark; on CPU a dispatch-mode counter tracks every
+    tensor (the process RSS would include the allocator's and libraries' own memory)."""
+    tracker = None if dev.allocator_tracks_peaks else LiveTensorBytes()
+    if tracker is None:
+        dev.synchronize()
+        dev.reset_peak_memory()
+    else:
+        tracker.__enter__()
+    model = optimizers = None
+    try:
+        model = GPT(cfg).to(dev.torch_device)
+        if activation_checkpointing:
+            apply_activation_checkpointing(model)
+        optimizers = build_optimizers(model, OptimConfig(), cfg.n_embd, dev.newton_schulz_dtype, dev.fused_optimizer)
+        gen = torch.Generator().manual_seed(0)
+        batch = torch.randint(0, cfg.vocab_size, (batch_size, seq_len + 1), generator=gen).to(dev.torch_device)
+        inputs, targets = batch[:, :-1], batch[:, 1:]
+        for _step in range(steps):
+            with dev.autocast():
+                loss = model(inputs, targets)
+            loss.backward()
+            for opt in optimizers:
+                opt.step()
+            for opt in optimizers:
+                opt.zero_grad(set_to_none=True)
+            del loss
+        dev.synchronize()
+        if tracker is not None:
+            return tracker.peak
+        peak = dev.memory().peak_allocated
+        if peak is None:
+            raise RuntimeError(_("{kind} reports no peak memory; pass --memory-limit and run on CPU to tune").format(
+                kind=dev.kind))
+        return int(peak)
+    finally:
+        if tracker is not None:
+            tracker.__exit__(None, None, None)
+        del model, optimizers
+        cleanup(dev)
+
+
+def cleanup(dev: Device) -> None:
+    gc.collect()
+    dev.empty_cache()
+
+
+def find_batch_size(
+    cfg: GPTConfig,
+    seq_len: int,
+    dev: Device,
+    memory_limit: int | None = None,
+    safety: float = 0.9,
+    max_batch_size: int = 1024,
+    activation_checkpointing: bool = False,
+    say: Callable[[str], None] = lambda _msg: None,
+) -> BatchSizeResult:
+    """Largest batch size whose measured peak stays under `safety * limit` (limit: `memory_limit`,
+    else the device's total memory) and that does not run out of memory."""
+    if not 0 < safety <= 1:
+        raise ValueError(_("safety must be in (0, 1], got {safety}").format(safety=safety))
+    limit = memory_limit if memory_limit is not None else dev.memory().total
+    if not limit:
+        raise ValueError(_("{kind} does not report its memory size; pass --memory-limit").format(kind=dev.kind))
+    budget = safety * limit
+    result = BatchSizeResult(0, int(limit), safety)
+
+    def fits(b: int) -> bool:
+        try:
+            peak = measure_training_peak(cfg, b, seq_len, dev, activation_checkpointing)
+        except Exception as exc:  # any vendor's OOM; anything else is a real error
+            if not is_out_of_memory(exc):
+                raise
+            cleanup(dev)
+            result.probes.append(Probe(b, False, None, "out of memory"))
+            say(_("batch {b}: out of memory").format(b=f"{b:5d}"))
+            return False
+        ok = peak <= budget
+        result.probes.append(Probe(b, ok, peak, "" if ok else "above the limit"))
+        verdict = _("batch {b}: peak {peak} MiB fits {budget} MiB ({pct}% of {limit} MiB)") if ok else \
+            _("batch {b}: peak {peak} MiB exceeds {budget} MiB ({pct}% of {limit} MiB)")
+        say(verdict.format(b=f"{b:5d}", peak=f"{peak / 2**20:,.1f}", budget=f"{budget / 2**20:,.1f}",
+                           pct=f"{100 * safety:.0f}", limit=f"{limit / 2**20:,.1f}"))
+        return ok
+
+    good, bad = 0, None
+    b = 1
+    while b <= max_batch_size:  # doubling
+        if fits(b):
+            good, b = b, b * 2
+        else:
+            bad = b
+            break
+    if bad is None:
+        result.batch_size = good
+        return result
+    while bad - good > 1:  # binary search between the last fit and the first failure
+        mid = (good + bad) // 2
+        if fits(mid):
+            good = mid
+        else:
+            bad = mid
+    result.batch_size = good
+    return result
+
+
+def parse_device_batch_size(text: str) -> int | str:
+    """`--device-batch-size` value: a positive integer or "auto" (find it with find_batch_size)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(_("--device-batch-size must be a positive integer or auto, got {text}").format(text=repr(text)))
+    return value
+
+
+def auto_device_batch_size(
+    cfg: GPTConfig,
+    seq_len: int,
+    dev: Device,
+    total_batch_tokens: int | None,
+    world_size: int = 1,
+    memory_limit: int | None = None,
+    activation_checkpointing: bool = False,
+    say: Callable[[str], None] = lambda _msg: None,
+    row_len: int | None = None,
+) -> tuple[int, int]:
+    """(device batch size, gradient accumulation steps) for `--device-batch-size auto`.
+
+    The batch is the largest that fits (find_batch_size), capped so one optimizer step does not
+    exceed `total_batch_tokens`; accumulation makes up the rest of the total. Under torchrun every
+    rank must use the same value: take the minimum over ranks before training. `row_len`: how long a
+    padded row of the data really gets (chat data: its longest conversation's bucket), probed instead
+    of seq_len; accumulation still counts seq_len per row, as the step's token total does."""
+    cap = max(1, total_batch_tokens // (seq_len * world_size)) if total_batch_tokens else 1024
+    probe_len = min(row_len or seq_len, seq_len)
+    if probe_len < seq_len:
+        say(_("probing rows of {n} tokens: the data's longest, padded (--max-seq-len {seq_len})").format(
+            n=probe_len, seq_len=seq_len))
+    found = find_batch_size(cfg, probe_len, dev, memory_limit=memory_limit, max_batch_size=cap,
+                            activation_checkpointing=activation_checkpointing, say=say)
+    if found.batch_size == 0:
+        raise ValueError(
+            _("not even --device-batch-size 1 fits in {gib} GiB at --max-seq-len {seq_len}; "
+              "use a smaller --depth or --max-seq-len").format(gib=f"{found.limit_bytes / 2**30:.2f}", seq_len=probe_len)
+        )
+    batch = largest_dividing_batch(found.batch_size, total_batch_tokens, seq_len, world_size)
+    accum = grad_accum_steps(total_batch_tokens, batch, seq_len, world_size)
+    say(_("--device-batch-size auto: {batch} per device, {accum} accumulation step(s)").format(batch=batch, accum=accum))
+    return batch, accum
