@@ -34,6 +34,11 @@ def kv_cache_dtype(device: torch.device | str, weight_dtype: torch.dtype) -> tor
     return torch.float32 if torch.device(device).type == "cpu" else weight_dtype
 
 
+def host_memory(device: torch.device | str) -> bool:
+    """Whether tensors on `device` live in host memory, where portachat's own CPU kernels can run."""
+    return torch.device(device).type == "cpu"
+
+
 def attention_compute_dtype(device: torch.device | str, dtype: torch.dtype) -> torch.dtype:
     """The dtype decode attention multiplies in: fp32 on a CPU whatever the cache holds (as
     kv_cache_dtype's float cache), the given dtype elsewhere."""

@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import torch
 
+from portachat.device.inference import host_memory
 from portachat.ops import cpu_kernels
 
 
@@ -130,7 +131,7 @@ def small_batch_product(fallback: Callable, kind: str, weight: torch.Tensor, n: 
 
     The two are compared once on a random row: int4 is read in PyTorch's own packed layout, which
     differs by CPU and a new PyTorch may change; where they disagree the fallback is all that runs."""
-    lib = cpu_kernels.library() if weight.device.type == "cpu" else None
+    lib = cpu_kernels.library() if host_memory(weight.device) else None
     if lib is None or (kind == "int4" and cpu_kernels.int4_packing_block() is None):
         return fallback
     small = cpu_kernels.SmallBatchLinear(lib, kind, weight, n, k, scale, zero, group, in_scale, bias)
