@@ -265,6 +265,7 @@ class GPT(nn.Module):
         weights: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
         supervised: torch.Tensor | None = None,
+        hidden_only: bool = False,
     ) -> torch.Tensor:
         """Logits [B, T, V] in fp32, or the fp32 cross-entropy loss: causal attention over `idx`
         (inference with a KV cache is the engine's: portachat.engine).
@@ -273,12 +274,16 @@ class GPT(nn.Module):
         computes logits only at supervised positions, a chunk at a time (portachat.model.loss);
         `weights` [B, T] multiply each token's loss. `positions`: see hidden_states (packed rows).
         `supervised`: the flat indices of targets >= 0 when the caller has them (no device sync to find them).
+        `hidden_only`: return hidden_states [B, T, C] instead (distillation runs the head itself, a chunk at a
+        time), through forward so that DDP's hooks see the call.
         """
         if idx.dim() != 2:
             raise ValueError(f"idx must be a [batch, time] tensor of token ids, got shape {tuple(idx.shape)}")
         if loss_reduction not in ("mean", "sum", "none"):
             raise ValueError(f"loss_reduction must be 'mean', 'sum' or 'none', got {loss_reduction!r}")
         hidden = self.hidden_states(idx, positions)
+        if hidden_only:
+            return hidden
         if targets is None:
             return self.lm_head(hidden).float()
         return chunked_cross_entropy(hidden, self.lm_head, targets, weights=weights, reduction=loss_reduction,

@@ -1,27 +1,50 @@
-"""A draft model must speak the target's token ids: the same vocabulary, token for token."""
+"""Two models must speak the same token ids (a draft and its target, a student and its teacher): the
+same vocabulary, token for token."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from portachat.model.gpt import GPT
 from portachat.tokenizer.protocol import ChatTokenizer
 
 
+@dataclass(frozen=True)
+class VocabularyDifference:
+    """The first difference found between vocabularies a and b."""
+
+    rows: tuple[int, int]  # embedding rows of a and b
+    tokens: tuple[int, int]  # tokenizer sizes of a and b
+    token_id: int | None = None  # the first id the two spell differently (same sizes)
+    spellings: tuple[bytes, bytes] | None = None
+
+
+def vocabulary_difference(a: GPT, a_tokenizer: ChatTokenizer, b: GPT, b_tokenizer: ChatTokenizer
+                          ) -> VocabularyDifference | None:  # fmt: skip
+    """None when a and b share their vocabulary token for token."""
+    found = VocabularyDifference((a.config.vocab_size, b.config.vocab_size), (a_tokenizer.vocab_size, b_tokenizer.vocab_size))
+    if found.rows[0] != found.rows[1] or found.tokens[0] != found.tokens[1]:
+        return found
+    for i in range(a_tokenizer.vocab_size):
+        x, y = a_tokenizer.token_bytes(i), b_tokenizer.token_bytes(i)
+        if x != y:
+            return VocabularyDifference(found.rows, found.tokens, i, (x, y))
+    return None
+
+
 def check_same_vocabulary(target: GPT, target_tokenizer: ChatTokenizer, draft: GPT, draft_tokenizer: ChatTokenizer,
                           draft_name: str) -> None:  # fmt: skip
     """Raise ValueError naming the first difference between the two vocabularies."""
-    problem = None
-    if draft.config.vocab_size != target.config.vocab_size:
-        problem = f"its embedding has {draft.config.vocab_size} rows, the target's {target.config.vocab_size}"
-    elif draft_tokenizer.vocab_size != target_tokenizer.vocab_size:
-        problem = f"its tokenizer has {draft_tokenizer.vocab_size} tokens, the target's {target_tokenizer.vocab_size}"
+    found = vocabulary_difference(target, target_tokenizer, draft, draft_tokenizer)
+    if found is None:
+        return
+    if found.rows[0] != found.rows[1]:
+        problem = f"its embedding has {found.rows[1]} rows, the target's {found.rows[0]}"
+    elif found.tokens[0] != found.tokens[1]:
+        problem = f"its tokenizer has {found.tokens[1]} tokens, the target's {found.tokens[0]}"
     else:
-        for i in range(target_tokenizer.vocab_size):
-            a, b = target_tokenizer.token_bytes(i), draft_tokenizer.token_bytes(i)
-            if a != b:
-                problem = f"token {i} is {b!r} in the draft and {a!r} in the target"
-                break
-    if problem is not None:
-        raise ValueError(
-            f"--speculative-model {draft_name} does not share the target model's vocabulary ({problem}); "
-            "use a draft from the same model family and tokenizer, or --speculative-model ngram"
-        )
+        problem = f"token {found.token_id} is {found.spellings[1]!r} in the draft and {found.spellings[0]!r} in the target"
+    raise ValueError(
+        f"--speculative-model {draft_name} does not share the target model's vocabulary ({problem}); "
+        "use a draft from the same model family and tokenizer, or --speculative-model ngram"
+    )

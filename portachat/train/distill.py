@@ -1,0 +1,326 @@
+"""Distillation: a student trained to match a teacher's next-token distributions (`portachat distill`).
+
+The student is any model fine-tuning takes (`--student`: an HF directory, a GGUF, one of our
+checkpoints; full or LoRA), or the teacher itself cut to fewer layers (`--student-depth N`,
+train/student.py). The two must share a vocabulary, checked token for token before any data is read
+or any stage directory is touched. The teacher runs in this process (train/teacher.py).
+
+Each micro-batch is either conversations from the data (off-policy: the loss covers the assistant's
+tokens, the cross-entropy term uses them as labels) or, with probability λ (`--on-policy`), replies the
+student itself samples through our inference engine for the same prompts (on-policy, GKD: the student
+learns from the teacher's view of its own mistakes; no cross-entropy on them, they are no labels).
+The loss is distill_loss.py's τ² · D_β + α · CE, summed per supervised token and normalised by the
+shared Trainer like every stage's. Optimizer, checkpoints (an HF directory, or a PEFT adapter and
+`--merge`), resume and multi-device runs are fine-tuning's (train/finetune.py).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from portachat.checkpoint import read_meta, stage_dir
+from portachat.data.batch import Batch
+from portachat.data.chat_data import Conversation
+from portachat.data.chat_loader import Bucket, rows_to_batch
+from portachat.device import Device, DistEnv, get_device, init_distributed
+from portachat.device.policy import finetune_activation_checkpointing
+from portachat.device.shapes import pad_bucket, row_bucket
+from portachat.engine import SamplingParams
+from portachat.engine.oneshot import generate_once
+from portachat.i18n import _
+from portachat.model import GPT
+from portachat.model.load import load_for_inference
+from portachat.model.loss import loss_chunk_size
+from portachat.model.source import resolve
+from portachat.tokenizer import Tokenizer
+from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
+from portachat.train.chat_stage import ChatOptions, prepare_stage_dir, split_conversations
+from portachat.train.distill_loss import DistillLoss, distill_loss_sum
+from portachat.train.engine_copy import engine_weights
+from portachat.train.finetune import (
+    FULL_LR,
+    LORA_LR,
+    BaseModel,
+    FinetuneTrainer,
+    Render,
+    TemplateChatLoader,
+    load_base,
+    pad_id,
+    plan_steps,
+    val_loss_evaluator,
+    write_merged,
+)
+from portachat.train.lora import LoraOptions, add_lora
+from portachat.train.student import student_from_teacher
+from portachat.train.teacher import InProcessTeacher, check_shared_vocabulary, supervised_indices
+from portachat.train.trainer import Stage, TrainConfig, TrainingError, TrainResult
+
+STAGE = "distill"
+
+
+@dataclass
+class DistillOptions:
+    teacher: str  # HF directory, .gguf file, or our checkpoint
+    student: str | None = None  # a model of the teacher's vocabulary ...
+    student_depth: int | None = None  # ... or the teacher cut to this many layers
+    data: list[str] = field(default_factory=list)  # conversations; empty = the built-in synthetic tasks
+    max_conversations: int | None = None
+    loss: DistillLoss = field(default_factory=DistillLoss)
+    on_policy: float = 0.0  # λ: share of micro-batches the student samples itself
+    max_new_tokens: int = 64  # on-policy reply length
+    sample_temperature: float = 1.0  # the student's sampling temperature on-policy
+    lr: float | None = None  # None = FULL_LR or LORA_LR
+    weight_decay: float = 0.0
+    num_epochs: float = 1.0
+    num_iterations: int | None = None
+    max_seq_len: int | None = None  # None = min(the student's context, 2048)
+    val_conversations: int = 64
+    lora: LoraOptions | None = None
+    merge: bool = False
+    activation_checkpointing: bool | None = None
+    resume: str | None = None
+    overwrite: bool = False
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def check(self) -> None:
+        if (self.student is None) == (self.student_depth is None):
+            raise TrainingError(_("distillation needs a student: pass --student MODEL or --student-depth N (one of them)"))
+        if self.student_depth is not None and self.lora is not None:
+            raise TrainingError(_("--student-depth builds a new model whose weights all train: a LoRA adapter would "
+                                  "need a base model that exists nowhere. Drop --lora-rank, or distill into an "
+                                  "existing --student with it."))
+        if self.merge and self.lora is None:
+            raise TrainingError(_("--merge folds a LoRA adapter into the model: pass --lora-rank R with it"))
+        if not 0.0 <= self.on_policy <= 1.0:
+            raise TrainingError(_("--on-policy is the share of micro-batches the student samples itself: between 0 "
+                                  "and 1, got {value}").format(value=self.on_policy))
+        try:
+            self.loss.check()
+        except ValueError as exc:
+            raise TrainingError(str(exc)) from exc
+
+
+# ----------------------------------------------------------------------------- the loss hook
+
+
+class DistillHook:
+    """The Stage's loss: the teacher scores the batch, the student's head runs a chunk at a time."""
+
+    def __init__(self, student: GPT, teacher: InProcessTeacher, loss: DistillLoss) -> None:
+        self.student, self.teacher, self.loss = student, teacher, loss
+        self.chunk = loss_chunk_size(student.config.vocab_size)
+
+    def __call__(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+        keep = supervised_indices(batch)
+        targets = self.teacher.targets(batch, self.loss)
+        hidden = model(batch.inputs, positions=batch.positions, hidden_only=True)  # through DDP's forward
+        picked = hidden.reshape(-1, hidden.size(-1)).index_select(0, keep)
+        labels = batch.targets.reshape(-1).index_select(0, keep)
+        weights = None if batch.weights is None else batch.weights.reshape(-1).index_select(0, keep)
+        return distill_loss_sum(picked, self.student.lm_head, targets, labels, weights, self.loss, self.chunk)
+
+
+def kd_evaluator(convs: Sequence[Conversation], render: Render, pad: int, batch_size: int, seq_len: int, dev: Device,
+                 hook: DistillHook, bucket: Bucket = pad_bucket) -> Callable[[GPT, int], dict[str, float]]:
+    """Mean distillation loss per supervised token on held-out conversations (every rank its share)."""
+
+    def batches(rank: int, world: int) -> Iterator[Batch]:
+        mine = list(convs[rank::world])
+        for i in range(0, len(mine), batch_size):
+            rows = [render(c["messages"], seq_len + 1) for c in mine[i : i + batch_size]]
+            yield rows_to_batch(rows, pad, seq_len, bucket)
+
+    @torch.no_grad()
+    def evaluate(model: GPT, step: int) -> dict[str, float]:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        total = torch.zeros(2, dtype=dev.accumulate_dtype, device=dev.torch_device)
+        was_training = model.training
+        model.eval()
+        try:
+            for batch in batches(rank, world):
+                batch = batch.to(dev.torch_device)
+                with dev.autocast():
+                    loss = hook(model, batch)
+                total += torch.stack([loss.to(total.dtype), (batch.targets >= 0).sum().to(total.dtype)])
+        finally:
+            model.train(was_training)
+        if world > 1:
+            dist.all_reduce(total)
+        return {"val_kd": (total[0] / total[1].clamp(min=1)).item()}
+
+    return evaluate
+
+
+# ----------------------------------------------------------------------------- on-policy batches
+
+
+def reply_prompts(convs: Sequence[Conversation], base: BaseModel) -> list[list[int]]:
+    """Each conversation's prompt for its last assistant reply (the turns before it)."""
+    prompts = []
+    for conv in convs:
+        messages = conv["messages"]
+        last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=None)
+        if last:
+            prompts.append(base.prompt(messages[:last]))
+    return prompts
+
+
+class OnPolicyStream:
+    """The data's batches, each replaced with probability λ by replies the student samples itself.
+
+    The coin for a batch is drawn from (seed, stream, batch number), so a resumed run makes the same
+    choices; the state is the inner loader's plus those counters."""
+
+    def __init__(self, inner: TemplateChatLoader, prompts: list[list[int]], student: GPT, chat_tokenizer: Any,
+                 opts: DistillOptions, pad: int, batch_size: int, seq_len: int, dev: Device, bucket: Bucket,
+                 stream: int, num_streams: int, seed: int) -> None:  # fmt: skip
+        self.inner, self.student, self.chat_tokenizer, self.opts = inner, student, chat_tokenizer, opts
+        self.pad, self.batch_size, self.seq_len, self.dev, self.bucket = pad, batch_size, seq_len, dev, bucket
+        self.prompts = [p for p in prompts[stream::num_streams] if len(p) < seq_len] or \
+            [p for p in prompts if len(p) < seq_len]
+        self.stream, self.seed = stream, seed
+        self.count = 0  # batches given so far
+        self.index = 0  # prompts sampled so far
+
+    def next_batch(self) -> Batch:
+        self.count += 1
+        coin = random.Random((self.seed * 1_000_003 + self.stream) * 1_000_003 + self.count).random()
+        if coin >= self.opts.on_policy or not self.prompts:
+            return self.inner.next_batch()
+        picked = [self.prompts[(self.index + k) % len(self.prompts)] for k in range(self.batch_size)]
+        self.index += self.batch_size
+        base_seed = (self.seed * 7919 + self.stream) * 1_000_003 + self.index
+        params = [SamplingParams(max_tokens=min(self.opts.max_new_tokens, self.seq_len + 1 - len(p)),
+                                 temperature=self.opts.sample_temperature, seed=base_seed + k)
+                  for k, p in enumerate(picked)]
+        was_training = self.student.training
+        try:
+            with engine_weights(self.student, self.dev) as weights:
+                done = generate_once(weights, picked, params, tokenizer=self.chat_tokenizer, device=self.dev)
+        finally:
+            self.student.train(was_training)
+        rows = [(list(p) + list(d.token_ids), [0] * len(p) + [1] * len(d.token_ids))
+                for p, d in zip(picked, done, strict=True)]
+        batch = rows_to_batch(rows, self.pad, self.seq_len, self.bucket)
+        batch.weights = torch.zeros(batch.targets.shape)  # CE weight 0: the student's own tokens are no labels
+        return batch
+
+    def state_dict(self) -> dict:
+        return {"inner": self.inner.state_dict(), "count": self.count, "index": self.index}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.inner.load_state_dict(state["inner"])
+        self.count, self.index = int(state["count"]), int(state["index"])
+
+
+# ----------------------------------------------------------------------------- the stage
+
+
+def load_teacher(spec: str, dev: Device) -> tuple[InProcessTeacher, Any]:
+    """The teacher on the training device in the device's compute dtype, and its tokenizer."""
+    loaded = load_for_inference(resolve(spec), device=dev.torch_device, dtype=dev.dtype)
+    return InProcessTeacher(loaded.model, str(loaded.path)), loaded.tokenizer
+
+
+def chat_tokenizer_of(base: BaseModel) -> Any:
+    return PortachatChatTokenizer(base.tokenizer) if isinstance(base.tokenizer, Tokenizer) else base.tokenizer
+
+
+def make_student(opts: DistillOptions, teacher: InProcessTeacher, teacher_tokenizer: Any, dev: Device) -> BaseModel:
+    """The student, its vocabulary checked against the teacher's (before any data is read)."""
+    if opts.student is not None:
+        base = load_base(opts.student, dev)
+        check_shared_vocabulary(teacher.model, teacher_tokenizer, teacher.name, base.model, chat_tokenizer_of(base),
+                                str(base.path))
+        return base
+    base = load_base(opts.teacher, dev)  # fp32 and trainable, with the teacher's tokenizer and template
+    base.model = student_from_teacher(base.model, opts.student_depth)
+    base.model.requires_grad_(True)
+    return base
+
+
+def run_distill(opts: DistillOptions, dev: Device | None = None, print_fn=print) -> TrainResult:
+    """Distill `opts.teacher` into the student and return the final checkpoint (the adapter, for LoRA)."""
+    opts.check()
+    dev = dev or get_device()
+    env: DistEnv = init_distributed(dev)
+    say = print_fn if env.is_main else (lambda _m: None)
+    teacher, teacher_tokenizer = load_teacher(opts.teacher, dev)
+    base = make_student(opts, teacher, teacher_tokenizer, dev)
+    cfg = opts.train
+    cfg.stage = STAGE
+    path = stage_dir(cfg.run, STAGE, Path(cfg.runs_root) if cfg.runs_root else None)
+    resume_from = prepare_stage_dir(path, opts.resume, opts.overwrite, STAGE, cfg.run, env)
+    model = base.model
+    if opts.lora is not None:
+        add_lora(model, opts.lora)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    loss = opts.loss
+    say(f"[portachat] {STAGE}: " + _("teacher {teacher} ({t_layers} layers) -> student {student} ({s_layers} layers, "
+                                     "{mode}; {trainable} parameters train)").format(
+        teacher=teacher.name, t_layers=teacher.model.config.n_layer,
+        student=opts.student or _("the teacher cut to {n} layers").format(n=opts.student_depth),
+        s_layers=model.config.n_layer, mode=_("LoRA r={rank}").format(rank=opts.lora.rank) if opts.lora else _("full"),
+        trainable=f"{trainable:,}"))
+    say(f"[portachat] {STAGE}: " + _("loss = τ² · D_β + α · CE with β={beta:g}, τ={tau:g}, α={alpha:g}, teacher "
+                                     "{top}; on-policy share λ={share:g}").format(
+        beta=loss.beta, tau=loss.temperature, alpha=loss.alpha, share=opts.on_policy,
+        top=_("top-{k}").format(k=loss.top_k) if loss.top_k else _("full vocabulary")))
+    cfg.max_seq_len = opts.max_seq_len or min(model.config.max_seq_len, 2048)
+    ac = opts.activation_checkpointing
+    cfg.activation_checkpointing = finetune_activation_checkpointing(dev.type) if ac is None else ac
+    if cfg.device_batch_size == "auto":
+        raise TrainingError(_("--device-batch-size auto is not available for distillation yet: give a number of rows"))
+    lr = opts.lr if opts.lr is not None else (LORA_LR if opts.lora else FULL_LR)
+
+    split = ChatOptions(stage="sft", data=opts.data, max_conversations=opts.max_conversations, eval_examples=0)
+    train_convs, val_convs, described = split_conversations(split, cfg.seed)
+    say(f"[portachat] {STAGE}: " + _("{n} training conversations from {source}, {held_out} held out; AdamW lr {lr}").format(
+        n=len(train_convs), source=described, held_out=len(val_convs), lr=f"{lr:g}"))
+    streams = env.world_size * cfg.grad_accum_steps(env.world_size)
+    bucket = row_bucket(dev.type, dev.compile)
+    lengths: dict[int, int] = {}
+    cfg.num_iterations = opts.num_iterations or plan_steps(train_convs, base.render, cfg, False, opts.num_epochs,
+                                                           streams, bucket, lengths)
+    B, T, pad = cfg.device_batch_size, cfg.max_seq_len, pad_id(base.tokenizer)
+    hook = DistillHook(model, teacher, loss)
+    val = val_convs[: opts.val_conversations]
+    prompts = reply_prompts(train_convs, base) if opts.on_policy > 0 else []
+    chat_tok = chat_tokenizer_of(base)
+
+    def make_stream(s: int, n: int) -> Any:
+        inner = TemplateChatLoader(train_convs, base.render, pad, B, T, pack=False, stream=s, num_streams=n,
+                                   seed=cfg.seed, tokens_per_batch=cfg.tokens_per_batch, bucket=bucket,
+                                   length_cache=lengths).prepare()
+        if opts.on_policy == 0:
+            return inner
+        return OnPolicyStream(inner, prompts, model, chat_tok, opts, pad, B, T, dev, bucket, s, n, cfg.seed)
+
+    stage = Stage(make_stream=make_stream, loss=hook,
+                  evaluators=[kd_evaluator(val, base.render, pad, B, T, dev, hook, bucket),
+                              val_loss_evaluator(val, base.render, pad, B, T, dev, bucket)])
+    extra = {"data": described, "teacher": teacher.name, "init_from": str(base.path),
+             "student": opts.student or {"depth": opts.student_depth, "from": teacher.name},
+             "distill": {**asdict(loss), "on_policy": opts.on_policy}, "finetune": "lora" if opts.lora else "full",
+             "lr": lr}
+    trainer = FinetuneTrainer(model, base.tokenizer, stage, cfg, dev, env, path, extra_meta=extra, print_fn=print_fn,
+                              lr=lr, weight_decay=opts.weight_decay, lora=opts.lora, base=base)
+    trainer.setup(resume_from=resume_from)
+    result = trainer.fit()
+    if opts.merge and env.is_main:
+        meta = {**read_meta(result.final_checkpoint), "merged_from": str(result.final_checkpoint)}
+        for key in ("data_position", "lora"):
+            meta.pop(key, None)
+        merged = write_merged(path, model, base, meta)
+        say("[portachat] " + _("merged model (adapter folded in): {path}").format(path=merged))
+    if opts.merge and env.is_distributed:
+        dist.barrier()
+    return result
