@@ -60,11 +60,12 @@ def check_shared_vocabulary(teacher: GPT, teacher_tokenizer: Any, teacher_name: 
         detail = _("token {id} is {teacher_spelling} in the teacher and {student_spelling} in the student").format(
             id=found.token_id, teacher_spelling=repr(found.spellings[0]), student_spelling=repr(found.spellings[1]))
     else:
-        detail = _("embedding rows {teacher_rows} and {student_rows}").format(
-            teacher_rows=found.rows[0], student_rows=found.rows[1])
+        detail = _("their tokenizers hold {teacher_tokens} and {student_tokens} tokens").format(
+            teacher_tokens=found.tokens[0], student_tokens=found.tokens[1])
     raise TrainingError(_(
-        "the teacher {teacher} ({teacher_vocab} tokens) and the student {student} ({student_vocab} tokens) do not "
+        "the teacher {teacher} (vocabulary of {teacher_vocab}) and the student {student} (vocabulary of {student_vocab}) "
+        "do not "
         "share a vocabulary ({detail}). Distillation compares their next-token distributions token id by token "
         "id: pick a student of the teacher's family and tokenizer, or build one from the teacher with "
-        "--student-depth N.").format(teacher=teacher_name, teacher_vocab=found.tokens[0], student=student_name,
-                                     student_vocab=found.tokens[1], detail=detail))
+        "--student-depth N.").format(teacher=teacher_name, teacher_vocab=found.rows[0], student=student_name,
+                                     student_vocab=found.rows[1], detail=detail))

@@ -1,0 +1,116 @@
+"""`portachat distill`: train a student to match a teacher's next-token distributions."""
+
+from __future__ import annotations
+
+import argparse
+
+from portachat.commands.common import EPILOG, flag, positive_int
+from portachat.commands.launch import maybe_launch
+from portachat.commands.train import add_train_flags, train_config
+from portachat.i18n import _
+
+
+def _share(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(_("must be between 0 and 1, got {value}").format(value=text))
+    return value
+
+
+def distill_options(args: argparse.Namespace, dev) -> object:
+    from portachat.train.distill import DistillOptions  # deferred: loads torch
+    from portachat.train.distill_loss import LOSSES, DistillLoss  # deferred: loads torch
+    from portachat.train.lora import LoraOptions  # deferred: loads torch
+    from portachat.train.trainer import TrainingError  # deferred: loads torch
+
+    lora = None
+    if args.lora_rank:
+        targets = [t.strip() for t in args.lora_targets.split(",") if t.strip()]
+        lora = LoraOptions(rank=args.lora_rank, alpha=args.lora_alpha or 2.0 * args.lora_rank, targets=targets,
+                           dropout=args.lora_dropout)
+        try:
+            lora.check()
+        except ValueError as exc:
+            raise TrainingError(str(exc)) from exc
+    beta = args.beta if args.beta is not None else LOSSES[args.loss]
+    loss = DistillLoss(beta=beta, temperature=args.temperature, alpha=args.alpha, top_k=args.top_k or None)
+    train = train_config(args, dev)
+    train.tokens_per_batch = args.tokens_per_batch
+    return DistillOptions(
+        teacher=args.teacher, student=args.student, student_depth=args.student_depth, data=args.data or [],
+        max_conversations=args.max_conversations, loss=loss, on_policy=args.on_policy,
+        max_new_tokens=args.max_new_tokens, sample_temperature=args.sample_temperature, lr=args.lr,
+        weight_decay=args.weight_decay, num_epochs=args.num_epochs, num_iterations=args.num_iterations,
+        max_seq_len=args.max_seq_len, lora=lora, merge=args.merge, activation_checkpointing=args.activation_checkpointing,
+        resume=args.resume, overwrite=args.overwrite, train=train,
+    )
+
+
+def cmd_distill(args: argparse.Namespace) -> int:
+    launched = maybe_launch(args)  # --nproc N: re-run this command under torchrun
+    if launched is not None:
+        return launched
+    from portachat.commands.common import device_from_args  # deferred: loads torch
+    from portachat.device import destroy_distributed, dist_env  # deferred: loads torch
+    from portachat.train.distill import run_distill  # deferred: loads torch
+
+    dev = device_from_args(args)
+    try:
+        result = run_distill(distill_options(args, dev), dev=dev)
+    finally:
+        destroy_distributed()
+    if result.final_checkpoint is not None and dist_env().is_main:
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in result.metrics.items() if isinstance(v, float))
+        print("[portachat] " + _("done: {steps} steps; {metrics}").format(steps=result.steps, metrics=shown))
+        print("[portachat] " + _("model: {path}").format(path=result.final_checkpoint))
+    return 0
+
+
+def register(sub) -> None:
+    from portachat.train.finetune import FULL_LR, LORA_LR  # deferred: loads torch
+    from portachat.train.lora import ALL_LINEAR  # deferred: loads torch
+
+    p = sub.add_parser(
+        "distill", help=_("train a smaller student to match a teacher model (knowledge distillation)"), epilog=EPILOG,
+        description=_("Knowledge distillation: the student learns the teacher's next-token distributions on the "
+                      "assistant tokens of conversations. Loss per token: τ² · D_β(teacher, student) + α · "
+                      "cross-entropy, where D_β is forward KL (β=0), reverse KL (β=1) or GKD's generalized JSD. "
+                      "Teacher and student must share a vocabulary. Checkpoints go to "
+                      "<home>/runs/<run>/distill/step_<N>/ (Hugging Face directories: serve and export work on them)."))
+    g = p.add_argument_group(_("teacher and student"))
+    flag(g, "--teacher", required=True, help=_("the teacher: a Hugging Face directory, a .gguf file or a checkpoint"))
+    flag(g, "--student", default=None, help=_("the student: a model sharing the teacher's vocabulary"))
+    flag(g, "--student-depth", type=positive_int, default=None,
+         help=_("or build the student from the teacher: keep N of its layers, evenly spaced from the first to the last"))
+    g = p.add_argument_group(_("data"))
+    flag(g, "--data", action="append", default=None,
+         help=_("jsonl/parquet file or directory of conversations ('messages'); repeat to mix (default: built-in "
+                "synthetic task conversations)"))
+    flag(g, "--max-conversations", type=positive_int, default=None, help=_("read at most N conversations"))
+    flag(g, "--tokens-per-batch", type=positive_int, default=None,
+         help=_("draw each micro-batch by a token budget instead of --device-batch-size rows"))
+    flag(g, "--num-epochs", type=float, default=1.0, help=_("passes over the data when --num-iterations is not given"))
+    g = p.add_argument_group(_("distillation loss"))
+    flag(g, "--loss", choices=["kl", "forward-kl", "reverse-kl", "jsd"], default="kl",
+         help=_("divergence: forward KL (the classic), reverse KL (mode-seeking) or GKD's JSD (default %(default)s)"))
+    flag(g, "--beta", type=_share, default=None,
+         help=_("GKD's β: 0 = forward KL, 1 = reverse KL, between = generalized JSD (default: from --loss; jsd 0.5)"))
+    flag(g, "--temperature", type=float, default=1.0, help=_("softmax temperature τ of both distributions (default 1)"))
+    flag(g, "--alpha", type=float, default=0.0, help=_("weight of the cross-entropy on the data's tokens (default 0)"))
+    flag(g, "--top-k", type=int, default=0,
+         help=_("compare on the teacher's K most likely tokens plus the rest as one outcome, to bound memory; 0 = "
+                "the whole vocabulary (default 0)"))
+    flag(g, "--on-policy", type=_share, default=0.0,
+         help=_("λ: share of micro-batches whose replies the student samples itself, scored by the teacher (default 0)"))
+    flag(g, "--max-new-tokens", type=positive_int, default=64, help=_("on-policy reply length (default 64)"))
+    flag(g, "--sample-temperature", type=float, default=1.0, help=_("the student's sampling temperature on-policy (default 1)"))
+    g = p.add_argument_group(_("optimizer and LoRA"))
+    flag(g, "--lr", type=float, default=None, help=_("AdamW learning rate (default {full} full, {lora} LoRA)").format(
+        full=f"{FULL_LR:g}", lora=f"{LORA_LR:g}"))
+    flag(g, "--lora-rank", type=positive_int, default=None, help=_("train a LoRA adapter (peft) of this rank instead of all weights"))
+    flag(g, "--lora-alpha", type=float, default=None, help=_("LoRA scale numerator (default: 2 x rank)"))
+    flag(g, "--lora-targets", default=",".join(ALL_LINEAR), help=_("comma-separated modules (default %(default)s)"))
+    flag(g, "--lora-dropout", type=float, default=0.0, help=_("dropout on the LoRA input (default 0)"))
+    flag(g, "--merge", action="store_true", help=_("with --lora-rank: also write <stage>/merged/, the adapter folded in"))
+    add_train_flags(p)
+    p.set_defaults(func=cmd_distill)
