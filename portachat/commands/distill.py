@@ -37,7 +37,7 @@ def distill_options(args: argparse.Namespace, dev) -> object:
     train = train_config(args, dev)
     train.tokens_per_batch = args.tokens_per_batch
     return DistillOptions(
-        teacher=args.teacher, student=args.student, student_depth=args.student_depth, data=args.data or [],
+        teacher=args.teacher, teacher_model=args.teacher_model, student=args.student, student_depth=args.student_depth, data=args.data or [],
         max_conversations=args.max_conversations, loss=loss, on_policy=args.on_policy,
         max_new_tokens=args.max_new_tokens, sample_temperature=args.sample_temperature, lr=args.lr,
         weight_decay=args.weight_decay, num_epochs=args.num_epochs, num_iterations=args.num_iterations,
@@ -78,7 +78,10 @@ def register(sub) -> None:
                       "Teacher and student must share a vocabulary. Checkpoints go to "
                       "<home>/runs/<run>/distill/step_<N>/ (Hugging Face directories: serve and export work on them)."))
     g = p.add_argument_group(_("teacher and student"))
-    flag(g, "--teacher", required=True, help=_("the teacher: a Hugging Face directory, a .gguf file or a checkpoint"))
+    flag(g, "--teacher", required=True,
+         help=_("the teacher: a Hugging Face directory, a .gguf file, a checkpoint, or http://HOST:PORT of a server "
+                "that returns prompt log-probabilities (vLLM's prompt_logprobs; needs --top-k and --temperature 1)"))
+    flag(g, "--teacher-model", default=None, help=_("a remote teacher's served model name (default: the server's first)"))
     flag(g, "--student", default=None, help=_("the student: a model sharing the teacher's vocabulary"))
     flag(g, "--student-depth", type=positive_int, default=None,
          help=_("or build the student from the teacher: keep N of its layers, evenly spaced from the first to the last"))

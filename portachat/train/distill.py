@@ -59,7 +59,13 @@ from portachat.train.finetune import (
 )
 from portachat.train.lora import LoraOptions, add_lora
 from portachat.train.student import student_from_teacher
-from portachat.train.teacher import InProcessTeacher, check_shared_vocabulary, supervised_indices
+from portachat.train.teacher import (
+    InProcessTeacher,
+    RemoteTeacher,
+    check_shared_vocabulary,
+    is_remote,
+    supervised_indices,
+)
 from portachat.train.trainer import Stage, TrainConfig, TrainingError, TrainResult
 
 STAGE = "distill"
@@ -67,7 +73,8 @@ STAGE = "distill"
 
 @dataclass
 class DistillOptions:
-    teacher: str  # HF directory, .gguf file, or our checkpoint
+    teacher: str  # HF directory, .gguf file, our checkpoint, or http(s)://HOST:PORT of a server scoring prompts
+    teacher_model: str | None = None  # a remote teacher: the served model's name (None = the server's first)
     student: str | None = None  # a model of the teacher's vocabulary ...
     student_depth: int | None = None  # ... or the teacher cut to this many layers
     data: list[str] = field(default_factory=list)  # conversations; empty = the built-in synthetic tasks
@@ -96,6 +103,9 @@ class DistillOptions:
             raise TrainingError(_("--student-depth builds a new model whose weights all train: a LoRA adapter would "
                                   "need a base model that exists nowhere. Drop --lora-rank, or distill into an "
                                   "existing --student with it."))
+        if self.student_depth is not None and is_remote(self.teacher):
+            raise TrainingError(_("--student-depth cuts the teacher's own layers: it needs the teacher in this process "
+                                  "(a model path), not a server. Pass --student MODEL with a remote teacher."))
         if self.merge and self.lora is None:
             raise TrainingError(_("--merge folds a LoRA adapter into the model: pass --lora-rank R with it"))
         if not 0.0 <= self.on_policy <= 1.0:
@@ -113,7 +123,7 @@ class DistillOptions:
 class DistillHook:
     """The Stage's loss: the teacher scores the batch, the student's head runs a chunk at a time."""
 
-    def __init__(self, student: GPT, teacher: InProcessTeacher, loss: DistillLoss) -> None:
+    def __init__(self, student: GPT, teacher: InProcessTeacher | RemoteTeacher, loss: DistillLoss) -> None:
         self.student, self.teacher, self.loss = student, teacher, loss
         self.chunk = loss_chunk_size(student.config.vocab_size)
 
@@ -224,9 +234,12 @@ class OnPolicyStream:
 # ----------------------------------------------------------------------------- the stage
 
 
-def load_teacher(spec: str, dev: Device) -> tuple[InProcessTeacher, Any]:
-    """The teacher on the training device in the device's compute dtype, and its tokenizer."""
-    loaded = load_for_inference(resolve(spec), device=dev.torch_device, dtype=dev.dtype)
+def load_teacher(opts: DistillOptions, dev: Device) -> tuple[InProcessTeacher | RemoteTeacher, Any]:
+    """The teacher (in this process: on the training device in the device's compute dtype) and its
+    tokenizer (None for a remote one: its vocabulary is checked through the server)."""
+    if is_remote(opts.teacher):
+        return RemoteTeacher(opts.teacher, opts.teacher_model), None
+    loaded = load_for_inference(resolve(opts.teacher), device=dev.torch_device, dtype=dev.dtype)
     return InProcessTeacher(loaded.model, str(loaded.path)), loaded.tokenizer
 
 
@@ -234,12 +247,16 @@ def chat_tokenizer_of(base: BaseModel) -> Any:
     return PortachatChatTokenizer(base.tokenizer) if isinstance(base.tokenizer, Tokenizer) else base.tokenizer
 
 
-def make_student(opts: DistillOptions, teacher: InProcessTeacher, teacher_tokenizer: Any, dev: Device) -> BaseModel:
+def make_student(opts: DistillOptions, teacher: InProcessTeacher | RemoteTeacher, teacher_tokenizer: Any,
+                 dev: Device) -> BaseModel:  # fmt: skip
     """The student, its vocabulary checked against the teacher's (before any data is read)."""
     if opts.student is not None:
         base = load_base(opts.student, dev)
-        check_shared_vocabulary(teacher.model, teacher_tokenizer, teacher.name, base.model, chat_tokenizer_of(base),
-                                str(base.path))
+        if isinstance(teacher, RemoteTeacher):
+            teacher.check_vocabulary(chat_tokenizer_of(base), base.model.config.vocab_size, str(base.path))
+        else:
+            check_shared_vocabulary(teacher.model, teacher_tokenizer, teacher.name, base.model,
+                                    chat_tokenizer_of(base), str(base.path))
         return base
     base = load_base(opts.teacher, dev)  # fp32 and trainable, with the teacher's tokenizer and template
     base.model = student_from_teacher(base.model, opts.student_depth)
@@ -253,7 +270,7 @@ def run_distill(opts: DistillOptions, dev: Device | None = None, print_fn=print)
     dev = dev or get_device()
     env: DistEnv = init_distributed(dev)
     say = print_fn if env.is_main else (lambda _m: None)
-    teacher, teacher_tokenizer = load_teacher(opts.teacher, dev)
+    teacher, teacher_tokenizer = load_teacher(opts, dev)
     base = make_student(opts, teacher, teacher_tokenizer, dev)
     cfg = opts.train
     cfg.stage = STAGE
@@ -266,7 +283,7 @@ def run_distill(opts: DistillOptions, dev: Device | None = None, print_fn=print)
     loss = opts.loss
     say(f"[portachat] {STAGE}: " + _("teacher {teacher} ({t_layers} layers) -> student {student} ({s_layers} layers, "
                                      "{mode}; {trainable} parameters train)").format(
-        teacher=teacher.name, t_layers=teacher.model.config.n_layer,
+        teacher=teacher.name, t_layers=teacher.model.config.n_layer if isinstance(teacher, InProcessTeacher) else "?",
         student=opts.student or _("the teacher cut to {n} layers").format(n=opts.student_depth),
         s_layers=model.config.n_layer, mode=_("LoRA r={rank}").format(rank=opts.lora.rank) if opts.lora else _("full"),
         trainable=f"{trainable:,}"))

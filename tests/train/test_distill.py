@@ -70,10 +70,12 @@ def test_a_student_of_another_vocabulary_is_refused_before_any_work(tmp_path):
 @pytest.mark.parametrize("bad,flag", [(dict(student="x", student_depth=2), "--student"),
                                       (dict(student_depth=2, lora=LoraOptions(rank=4)), "--lora-rank"),
                                       (dict(student_depth=2, on_policy=1.5), "--on-policy"),
-                                      (dict(student_depth=2, loss=DistillLoss(beta=2.0)), "--beta")])
+                                      (dict(student_depth=2, loss=DistillLoss(beta=2.0)), "--beta"),
+                                      (dict(student_depth=2, teacher="http://127.0.0.1:9"), "--student MODEL")])
 def test_bad_options_are_refused_before_loading_anything(bad, flag):
+    options = {"teacher": "/no/such/teacher", **bad}
     with pytest.raises(TrainingError, match=flag):
-        run_distill(DistillOptions(teacher="/no/such/teacher", **bad), dev=cpu(), print_fn=lambda _m: None)
+        run_distill(DistillOptions(**options), dev=cpu(), print_fn=lambda _m: None)
 
 
 def test_command_line_maps_to_options(tmp_path):
