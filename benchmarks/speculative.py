@@ -3,7 +3,7 @@
 Input-grounded tasks, where the reply repeats spans of the prompt: SmolLM2-135M-Instruct is asked to
 fix the spelling in a paragraph (edit), to summarise it (summarise), and to rename a function in a
 piece of code (code; this small model rewrites the code rather than copying it, so its drafts are
-accepted far less). Three engines decode the same greedy replies: plain decoding, prompt lookup
+accepted far less); and an open-ended question (chat), where only a draft that predicts the target helps. Three engines decode the same greedy replies: plain decoding, prompt lookup
 (`--speculative-model ngram`), and a draft model. Runs alternate between them round by round so
 background load hits all alike; per task and over all tasks, the median of each is reported with the
 ratio to plain (above 1.00x means faster), the acceptance rate (accepted / drafted tokens) and the
@@ -18,9 +18,14 @@ SmolLM2 to its first layers instead agrees on 3-35% of tokens (6-24 of 30 layers
 In bf16/fp16 the K+1-token verification rounds differently than a one-token decode, so a near-tie
 can flip a greedy token (the script says so); in fp32 the replies are identical.
 
+A distilled draft: `portachat distill --teacher TARGET --student-depth N --top-k 64` trains the target cut to
+N of its layers to match it (train/distill.py); its checkpoint is then `--draft` here and
+`--speculative-model` for `serve`, `chat` and `generate`.
+
     python benchmarks/speculative.py                       # 3 rounds, 96 new tokens per prompt
     python benchmarks/speculative.py --rounds 1 --max-tokens 48 --tasks edit,code --json
     python benchmarks/speculative.py --model runs/d12/sft/latest --draft runs/d4/sft/latest
+    python benchmarks/speculative.py --draft runs/default/distill/latest --tasks chat,edit   # a distilled draft
 """
 
 from __future__ import annotations
@@ -61,6 +66,9 @@ TASKS = {
     "edit": f"Fix the spelling mistakes in this text and write out the corrected text:\n\n{MISSPELT}",
     "summarise": f"Summarise this text in two sentences:\n\n{TEXT}",
     "code": f"Rename the function moving_average to rolling_mean in this code and show the full code:\n\n{CODE}",
+    # open-ended: nothing to copy from the prompt, so prompt lookup has little to offer and only a draft
+    # that predicts the target (a distilled student) speeds it up
+    "chat": "Why do we see lightning before we hear thunder? Explain it to a ten-year-old in a short paragraph.",
 }
 
 

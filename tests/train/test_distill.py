@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from portachat.device import get_device
+from portachat.engine import SamplingParams
+from portachat.engine.loading import LoadOptions, SpeculativeOptions, load_served_model
 from portachat.model.load import load_for_inference
 from portachat.model.model_dir import save_model_files
 from portachat.train.distill import DistillOptions, run_distill
@@ -124,6 +126,19 @@ def test_a_depth_two_student_distilled_on_and_off_policy_gets_closer_to_its_teac
     assert hf.config.num_hidden_layers == 2 == ours.model.config.n_layer
     with torch.no_grad():
         torch.testing.assert_close(hf(IDS).logits, ours.model(IDS), atol=1e-4, rtol=0)
+    # the distilled student drafts for its teacher (--speculative-model): greedy output is plain decoding's
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    prompts = [[1, 5, 9, 40, 77, 120], [1, 300, 64, 12]]
+
+    def served(speculative):
+        return load_served_model(LoadOptions(model=str(tmp_path / "teacher"), device="cpu", dtype="fp32", compile=False,
+                                             max_num_seqs=2, speculative=speculative)).engine
+
+    plain = served(None).generate(prompts, params)
+    engine = served(SpeculativeOptions(model=str(result.final_checkpoint), num_speculative_tokens=3))
+    drafted = engine.generate(prompts, params)
+    assert [d.token_ids for d in drafted] == [p.token_ids for p in plain]
+    assert engine.stats()["spec_decode_num_drafts"] > 0
 
 
 @pytest.mark.slow
