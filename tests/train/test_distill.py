@@ -8,12 +8,13 @@ import json
 import pytest
 import torch
 
+from portachat.data.batch import Batch
 from portachat.device import get_device
 from portachat.engine import SamplingParams
 from portachat.engine.loading import LoadOptions, SpeculativeOptions, load_served_model
 from portachat.model.load import load_for_inference
 from portachat.model.model_dir import save_model_files
-from portachat.train.distill import DistillOptions, run_distill
+from portachat.train.distill import DistillOptions, OnPolicyStream, run_distill
 from portachat.train.distill_loss import DistillLoss
 from portachat.train.lora import LoraOptions
 from portachat.train.student import kept_layers, student_from_teacher
@@ -161,3 +162,48 @@ def test_a_lora_student_distills_and_merges_into_a_plain_model(tmp_path):
     before = load_for_inference(tmp_path / "student", **CPU)
     with torch.no_grad():
         assert (merged.model(IDS) - before.model(IDS)).abs().max() > 1e-3
+
+
+class FixedLoader:
+    """The data's batches: row i of batch n is [n, i, ...], all supervised."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def next_batch(self) -> Batch:
+        self.n += 1
+        ids = torch.arange(12).repeat(2, 1) + self.n
+        return Batch(ids[:, :-1], ids[:, 1:])
+
+    def state_dict(self) -> dict:
+        return {"n": self.n}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.n = state["n"]
+
+
+def test_on_policy_stream_mixes_own_samples_and_resumes_exactly():
+    from tests.engine.engine_testing import tiny_model
+
+    student = tiny_model(64, seed=0)
+    opts = DistillOptions(teacher="t", student_depth=1, on_policy=0.5, max_new_tokens=5)
+
+    def stream() -> OnPolicyStream:
+        return OnPolicyStream(FixedLoader(), [[1, 2, 3], [4, 5, 6, 7]], student, None, opts, pad=0, batch_size=2,
+                              seq_len=16, dev=cpu(), bucket=lambda n, _m: n, stream=0, num_streams=1, seed=3)
+
+    whole = stream()
+    straight = [whole.next_batch() for _ in range(8)]
+    own = [b for b in straight if b.weights is not None]
+    assert 0 < len(own) < 8  # both kinds at λ = 0.5
+    for b in own:  # prompt tokens unsupervised, sampled ones supervised with CE weight 0
+        assert (b.targets[0, :2] == -1).all() and (b.targets[0, 2] >= 0) and not b.weights.any()
+    first = stream()
+    for _ in range(4):
+        first.next_batch()
+    resumed = stream()
+    resumed.load_state_dict(first.state_dict())
+    for want in straight[4:]:
+        got = resumed.next_batch()
+        assert torch.equal(got.inputs, want.inputs) and torch.equal(got.targets, want.targets)
+        assert (got.weights is None) == (want.weights is None)
