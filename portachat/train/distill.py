@@ -164,7 +164,9 @@ def kd_evaluator(convs: Sequence[Conversation], render: Render, pad: int, batch_
             model.train(was_training)
         if world > 1:
             dist.all_reduce(total)
-        return {"val_kd": (total[0] / total[1].clamp(min=1)).item()}
+        if total[1] == 0:  # no held-out reply token fits --max-seq-len: nothing measured, nothing to log
+            return {}
+        return {"val_kd": (total[0] / total[1]).item()}
 
     return evaluate
 
@@ -302,6 +304,12 @@ def run_distill(opts: DistillOptions, dev: Device | None = None, print_fn=print)
     train_convs, val_convs, described = split_conversations(split, cfg.seed)
     say(f"[portachat] {STAGE}: " + _("{n} training conversations from {source}, {held_out} held out; AdamW lr {lr}").format(
         n=len(train_convs), source=described, held_out=len(val_convs), lr=f"{lr:g}"))
+    sample = train_convs[:: max(1, len(train_convs) // 50)][:50]
+    unsupervised = sum(not any(base.render(c["messages"], cfg.max_seq_len + 1)[1][1:]) for c in sample)
+    if unsupervised:
+        say("[portachat] " + _("WARNING: {n} of {sampled} sampled conversations have no reply token within "
+                               "--max-seq-len {seq_len} (the prompt fills the row); they teach nothing. Raise "
+                               "--max-seq-len.").format(n=unsupervised, sampled=len(sample), seq_len=cfg.max_seq_len))
     streams = env.world_size * cfg.grad_accum_steps(env.world_size)
     bucket = row_bucket(dev.type, dev.compile)
     lengths: dict[int, int] = {}
