@@ -27,11 +27,12 @@ the contract's reference; the tests compare every path's logits with the model's
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from portachat.model.lora_batch import AdapterSet, Groups
+if TYPE_CHECKING:  # the model's own forward passes no adapters: it need not load their code
+    from portachat.model.lora_batch import AdapterSet, Groups
 
 # A fused product's output: one tensor, or its modules' outputs side by side (q, k, v / gate, up)
 # where the implementation runs them apart (no copy to join them).
