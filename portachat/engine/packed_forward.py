@@ -22,7 +22,9 @@ surround the products. This path removes most of them without changing the mathe
   prompt), all layers are one call (`forward_decode`, device.cpu_kernels.DecodeLayers): the norms,
   SwiGLU and residual adds fused into the products, rotary, the cache writes and attention in one.
 
-Results equal the module path within floating-point rounding (tests compare both).
+The layer is model/layer_ops.py's contract: `forward` runs `decoder_layer` over PackedLayerOps,
+`forward_decode` the C kernels' same sequence. Results equal the module path within floating-point
+rounding (tests/engine/test_layer_contract.py compares every path with the model's forward).
 """
 
 from __future__ import annotations

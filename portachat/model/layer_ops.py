@@ -1,10 +1,11 @@
-"""One decoder layer, written once: the forward contract every inference path implements.
+"""One decoder layer, written once: the forward contract training and every inference path implement.
 
-A layer of the GPT (model/gpt.py's Block) over a flat batch of N tokens, x [N, C] the residual stream:
+A layer of the GPT (model/gpt.py's Block) over the residual stream x (the engine's flat batch [N, C],
+training's sequences [B, T, C]):
 
     qkv      = [q|k|v](input_norm(x))      one product, q/k/v biases included
     q, k     = rope(qk_norm(q), qk_norm(k)) at each token's own position (QK-norm: Qwen3 only)
-    y        = attention(q, k, v)          over the KV cache, after writing this step's k and v
+    y        = attention(q, k, v)          over the sequence so far (the engine's KV cache: written first)
     x        = x + o(y)
     gate, up = [gate|up](post_norm(x))     one product
     x        = x + down(silu(gate) * up)
@@ -13,16 +14,16 @@ A layer of the GPT (model/gpt.py's Block) over a flat batch of N tokens, x [N, C
 order and is the one place LoRA adapters join the products (each adapter's B (A h) added to its own
 rows of a product's output, h the product's normalised input; model/lora_batch.py). Implementations:
 
-- the model's own modules (engine/module_ops.py): the reference, and the path of accelerators,
-  models still training and quantized models that do not fuse;
+- the model's own modules (model/gpt.py's ModuleOps): SequenceOps for whole sequences, which is how
+  Block.forward, and so training, runs a layer; the engine's ModuleLayerOps (engine/module_ops.py)
+  over its paged KV cache, the path of accelerators, models still training and quantized models
+  whose products do not fuse;
 - the packed CPU products (engine/packed_forward.py's PackedLayerOps): norm weights folded into the
   products, fp32 rotary and attention, fewer and larger operations;
 - the C decode step (ops/kernels/decode_step.c through PackedModel.forward_decode): the same sequence
   for every layer in one call, with no Python steps to plug in. Its speed is the point, so it stays
-  as it is and tests pin it to this contract (tests/engine/test_layer_contract.py).
-
-Training runs Block.forward (whole sequences, causal attention without a cache): the same modules,
-the contract's reference; the tests compare every path's logits with the model's plain forward.
+  as it is and tests pin it to this contract (tests/engine/test_layer_contract.py compares every
+  engine path's logits with the model's plain forward, with and without a LoRA adapter).
 """
 
 from __future__ import annotations
@@ -49,14 +50,14 @@ class LayerOps(Protocol):
         """What the q/k/v product reads: input_norm(x) (asked only when an adapter needs it)."""
 
     def rope(self, i: int, qkv: Product) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q [N, H, D] and k [N, H_kv, D] QK-normed and rotated at each token's position; v [N, H_kv, D]."""
+        """q, k, v split into heads, q and k QK-normed and rotated at each token's position."""
 
     def attend(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """k and v written to the cache, then every row's attention over its sequence: [N, H * D]
-        in the residual stream's dtype."""
+        """Every token's attention over its sequence so far (the engine writes k and v to its cache
+        first), heads joined again ([..., H * D]) in the residual stream's dtype."""
 
     def o(self, i: int, y: torch.Tensor) -> torch.Tensor:
-        """The output projection [N, C]."""
+        """The output projection."""
 
     def gate_up(self, i: int, x: torch.Tensor) -> Product:
         """gate and up of the post-attention-normalised residual stream."""
@@ -68,12 +69,12 @@ class LayerOps(Protocol):
         """silu(gate) * up, in the dtype the down product reads."""
 
     def down(self, i: int, act: torch.Tensor) -> torch.Tensor:
-        """The down projection [N, C]."""
+        """The down projection."""
 
 
 def decoder_layer(ops: LayerOps, i: int, x: torch.Tensor, adapters: AdapterSet | None = None,
                   groups: Groups | None = None) -> torch.Tensor:  # fmt: skip
-    """Layer `i` over the residual stream x [N, C]; `groups` (adapter slot, rows) say which rows run
+    """Layer `i` over the residual stream x; `groups` (adapter slot, rows) say which rows run
     which of `adapters` (none: every row is the base model, and no adapter work is done)."""
     qkv = ops.qkv(i, x)
     if groups:
