@@ -86,6 +86,9 @@ def rotary_tables(
 
 
 class Attention(nn.Module):
+    """q/k/v/o and QK-norm, HF's names. No forward of its own: Block.forward runs these modules through
+    model/layer_ops.py's contract (hook the linears, not this container)."""
+
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
@@ -100,6 +103,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """The gated MLP's products; like Attention, run by Block.forward through the layer contract."""
+
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(cfg.n_embd, cfg.intermediate_size, bias=False)
