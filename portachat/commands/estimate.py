@@ -9,18 +9,19 @@ from portachat.commands.common import EPILOG, flag, positive_int, usage_error
 from portachat.i18n import _
 
 
-def model_shape_from_args(args: argparse.Namespace):
+def model_config_from_args(args: argparse.Namespace):
+    """(GPTConfig, name): the --hf-config's sizes (named by its path) or our --depth model (named by the estimator)."""
     from portachat.model import GPTConfig  # deferred: loads torch
-    from portachat.model.estimate import ModelShape, load_hf_config  # deferred: loads torch
+    from portachat.model.estimate import load_hf_config  # deferred: loads torch
+    from portachat.model.hf import sizes_config  # deferred: loads torch
 
     if args.hf_config is not None:
         from portachat.model.estimate import gguf_hf_config  # deferred: loads torch
         from portachat.model.gguf import is_gguf  # deferred: loads torch
 
         config = gguf_hf_config(args.hf_config) if is_gguf(args.hf_config) else load_hf_config(args.hf_config)
-        return ModelShape.from_hf_config(config, name=str(args.hf_config))
-    cfg = GPTConfig.from_depth(args.depth, args.vocab_size, max_seq_len=args.seq_len)
-    return ModelShape.from_gpt_config(cfg)
+        return sizes_config(config), str(args.hf_config)
+    return GPTConfig.from_depth(args.depth, args.vocab_size, max_seq_len=args.seq_len), None
 
 
 def cmd_estimate_memory(args: argparse.Namespace) -> int:
@@ -35,7 +36,7 @@ def cmd_estimate_memory(args: argparse.Namespace) -> int:
     if args.serve:
         return cmd_estimate_serving(args)
     try:
-        shape = model_shape_from_args(args)
+        cfg, name = model_config_from_args(args)
         setup = TrainingSetup(args.batch_size, args.seq_len, args.dtype, args.optimizer,
                               args.activation_checkpointing, args.devices, args.parallel)
         data = None
@@ -43,10 +44,10 @@ def cmd_estimate_memory(args: argparse.Namespace) -> int:
             setup, data = setup_from_data(args, setup)
         elif args.tokens_per_batch:
             setup.batch_size, setup.seq_len = max(1, args.tokens_per_batch // args.seq_len), args.seq_len
-        train = estimate_training(shape, setup)
+        train = estimate_training(cfg, setup, name)
         if data is not None:
             train["data"] = data
-        serve = estimate_kv_cache(shape, args.kv_batch_size, args.kv_context or args.seq_len, args.kv_dtype)
+        serve = estimate_kv_cache(cfg, args.kv_batch_size, args.kv_context or args.seq_len, args.kv_dtype, name=name)
     except (ValueError, ConfigError) as e:
         return usage_error(e)
     measured = None
@@ -106,10 +107,10 @@ def cmd_estimate_serving(args: argparse.Namespace) -> int:
     if args.device_memory_gb is not None:
         device_bytes = int(args.device_memory_gb * 2**30)
     try:
-        shape = model_shape_from_args(args)
-        serve = estimate_serving(shape, args.tensor_parallel_size, args.kv_dtype, args.kv_batch_size,
+        cfg, name = model_config_from_args(args)
+        serve = estimate_serving(cfg, args.tensor_parallel_size, args.kv_dtype, args.kv_batch_size,
                                  args.kv_context or args.seq_len, device_bytes, device_type=device_type,
-                                 step_tokens=args.max_num_batched_tokens)  # fmt: skip
+                                 step_tokens=args.max_num_batched_tokens, name=name)  # fmt: skip
     except (ValueError, ConfigError) as e:
         return usage_error(e)
     print(json.dumps(serve, indent=2) if args.json else format_serving(serve))

@@ -14,7 +14,8 @@ from portachat.engine.config import EngineConfig
 from portachat.engine.engine import LLMEngine
 from portachat.engine.served import ServedModel
 from portachat.engine.types import EngineError
-from portachat.model.estimate import ModelShape, load_hf_config
+from portachat.model.estimate import load_hf_config
+from portachat.model.hf import sizes_config
 from portachat.model.load import InferenceModel, load_for_inference
 from portachat.model.serve_memory import check_fits
 from portachat.model.source import EMBEDDING, ModelSource, resolve
@@ -169,15 +170,15 @@ def _check_fits(options: LoadOptions, device, source: ModelSource) -> None:
     try:
         path = source.path
         config = load_hf_config(path) if path.is_dir() and (path / "config.json").is_file() else None
-        shape = ModelShape.from_hf_config(config, name=path.name) if config else None
+        cfg = sizes_config(config) if config else None
     except Exception:  # noqa: BLE001 - a missing or odd model fails properly when it loads
         return
-    if shape is None:
+    if cfg is None:
         return
     dtype = parse_dtype(options.dtype) if options.dtype else inference_dtype(device).value
     name = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}[str(dtype)]
     context = options.max_model_len or int(config.get("max_position_embeddings") or 2048)
-    check_fits(shape, options.tensor_parallel_size, name, context, device.memory().total, str(path),
+    check_fits(cfg, options.tensor_parallel_size, name, context, device.memory().total, str(path),
                device.type)  # fmt: skip
 
 

@@ -22,7 +22,9 @@ surround the products. This path removes most of them without changing the mathe
   prompt), all layers are one call (`forward_decode`, device.cpu_kernels.DecodeLayers): the norms,
   SwiGLU and residual adds fused into the products, rotary, the cache writes and attention in one.
 
-Results equal the module path within floating-point rounding (tests compare both).
+The layer is model/layer_ops.py's contract: `forward` runs `decoder_layer` over PackedLayerOps,
+`forward_decode` the C kernels' same sequence. Results equal the module path within floating-point
+rounding (tests/engine/test_layer_contract.py compares every path with the model's forward).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from portachat.model.gpt import GPT
+from portachat.model.layer_ops import decoder_layer
 from portachat.model.lora_batch import AdapterSet
 from portachat.ops import cpu_kernels
 from portachat.ops import paged_attention as pa
@@ -164,51 +167,12 @@ class PackedModel:
         if self._decode_on_kernels(inp, k_cache):
             return self.forward_decode(inp, k_cache, v_cache, cos, sin_signed)
         model = self.model
-        cfg = model.config
-        H, H_kv, D = cfg.n_head, cfg.n_kv_head, cfg.head_dim
         x = model.model.embed_tokens(inp.input_ids)  # [N, C]
-        N = x.size(0)
-        cos_n = cos.index_select(0, inp.positions)[:, None, :]  # [N, 1, D] fp32
-        sin_n = sin_signed.index_select(0, inp.positions)[:, None, :]
-        inv_c = 1.0 / x.size(1)
-        groups = inp.lora_groups
-        blocks = model.model.layers
-        for i, layer in enumerate(self.layers):
-            s = rms_scale(x, layer.eps_in, inv_c)
-            qkv = layer.qkv(x)
-            qkv = qkv * s if layer.qkv_bias is None else torch.addcmul(layer.qkv_bias, qkv, s)  # fp32
-            if groups:
-                h = (x * s * blocks[i].input_layernorm.weight).to(x.dtype)
-                lora.add_to(qkv, h, i, "qkv", groups)
-            if layer.q_norm is None:
-                qk = qkv[:, : (H + H_kv) * D].view(N, H + H_kv, D)
-            else:
-                q = layer.q_norm(qkv[:, : H * D].reshape(N, H, D))
-                k = layer.k_norm(qkv[:, H * D : (H + H_kv) * D].reshape(N, H_kv, D))
-                qk = torch.cat([q, k], dim=1)
-            qk = torch.addcmul(qk * cos_n, qk.roll(D // 2, dims=-1), sin_n)
-            q, k = qk[:, :H], qk[:, H:]
-            v = qkv[:, (H + H_kv) * D :].view(N, H_kv, D)
-            kc, vc = k_cache[i], v_cache[i]
-            pa.write_kv(kc, vc, inp.slot_mapping, k, v)
-            y = attend(inp, q, k, v, kc, vc).reshape(N, H * D).to(x.dtype)
-            o = layer.o(y)
-            if groups:
-                lora.add_to(o, y, i, "o", groups)
-            x = x + o
-            s = rms_scale(x, layer.eps_post, inv_c)
-            gate_up = layer.gate_up(x) * s
-            if groups:
-                h = (x * s * blocks[i].post_attention_layernorm.weight).to(x.dtype)
-                lora.add_to(gate_up, h, i, "gate_up", groups)
-            gate, up = gate_up.chunk(2, dim=-1)
-            act = (F.silu(gate, inplace=True) * up).to(x.dtype)
-            down = layer.down(act)
-            if groups:
-                lora.add_to(down, act, i, "down", groups)
-            x = x + down
+        ops = PackedLayerOps(self, inp, k_cache, v_cache, cos, sin_signed, x)
+        for i in range(len(self.layers)):
+            x = decoder_layer(ops, i, x, lora, inp.lora_groups)
         x = x.index_select(0, inp.logits_rows)
-        return self.head(x * model.model.norm.weight) * rms_scale(x, self.eps_final, inv_c)
+        return self.head(x * model.model.norm.weight) * rms_scale(x, self.eps_final, ops.inv_c)
 
     def _decode_on_kernels(self, inp, k_cache) -> bool:
         n = inp.input_ids.size(0)
@@ -228,6 +192,76 @@ class PackedModel:
                            cfg.head_dim)  # fmt: skip
         x = x.index_select(0, inp.logits_rows)
         return self.head.kernel(x, torch.float32, norm_eps=self.final_eps, in_scale=self.final_norm)
+
+
+class CachedAttention:
+    """The attention step of the engine's LayerOps (model/layer_ops.py): this step's keys and values
+    into layer i's cache, then every row's attention over its sequence (`attend`)."""
+
+    def __init__(self, inp, k_cache: torch.Tensor, v_cache: torch.Tensor, dtype: torch.dtype) -> None:
+        self.inp, self.k_cache, self.v_cache, self.dtype = inp, k_cache, v_cache, dtype
+
+    def attend(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        kc, vc = self.k_cache[i], self.v_cache[i]
+        pa.write_kv(kc, vc, self.inp.slot_mapping, k, v)
+        return attend(self.inp, q, k, v, kc, vc).reshape(q.size(0), -1).to(self.dtype)
+
+
+class PackedLayerOps(CachedAttention):
+    """model/layer_ops.py's LayerOps over a PackedModel's fused products for one step: each norm is
+    its per-row scale 1/rms(x) times the product (its weight is folded in), so q/k/v, rotary,
+    attention and gate/up run in fp32; rotary turns q and k together (a roll with the sign in the
+    sine table)."""
+
+    def __init__(self, packed: PackedModel, inp, k_cache: torch.Tensor, v_cache: torch.Tensor, cos: torch.Tensor,
+                 sin_signed: torch.Tensor, x: torch.Tensor) -> None:  # fmt: skip
+        super().__init__(inp, k_cache, v_cache, x.dtype)
+        cfg = packed.model.config
+        self.layers, self.blocks = packed.layers, packed.model.model.layers
+        self.H, self.H_kv, self.D = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+        self.cos = cos.index_select(0, inp.positions)[:, None, :]  # [N, 1, D] fp32
+        self.sin = sin_signed.index_select(0, inp.positions)[:, None, :]
+        self.inv_c = 1.0 / x.size(1)
+
+    def qkv(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        layer = self.layers[i]
+        s = rms_scale(x, layer.eps_in, self.inv_c)
+        qkv = layer.qkv(x)
+        return qkv * s if layer.qkv_bias is None else torch.addcmul(layer.qkv_bias, qkv, s)  # fp32
+
+    def qkv_input(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        s = rms_scale(x, self.layers[i].eps_in, self.inv_c)
+        return (x * s * self.blocks[i].input_layernorm.weight).to(x.dtype)
+
+    def rope(self, i: int, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        layer, H, H_kv, D = self.layers[i], self.H, self.H_kv, self.D
+        N = qkv.size(0)
+        if layer.q_norm is None:
+            qk = qkv[:, : (H + H_kv) * D].view(N, H + H_kv, D)
+        else:
+            q = layer.q_norm(qkv[:, : H * D].reshape(N, H, D))
+            k = layer.k_norm(qkv[:, H * D : (H + H_kv) * D].reshape(N, H_kv, D))
+            qk = torch.cat([q, k], dim=1)
+        qk = torch.addcmul(qk * self.cos, qk.roll(D // 2, dims=-1), self.sin)
+        return qk[:, :H], qk[:, H:], qkv[:, (H + H_kv) * D :].view(N, H_kv, D)
+
+    def o(self, i: int, y: torch.Tensor) -> torch.Tensor:
+        return self.layers[i].o(y)
+
+    def gate_up(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        layer = self.layers[i]
+        return layer.gate_up(x) * rms_scale(x, layer.eps_post, self.inv_c)
+
+    def gate_up_input(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        s = rms_scale(x, self.layers[i].eps_post, self.inv_c)
+        return (x * s * self.blocks[i].post_attention_layernorm.weight).to(x.dtype)
+
+    def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return (F.silu(gate, inplace=True) * up).to(self.dtype)
+
+    def down(self, i: int, act: torch.Tensor) -> torch.Tensor:
+        return self.layers[i].down(act)
 
 
 def rows_as_decode(inp) -> tuple[torch.Tensor, torch.Tensor | None]:

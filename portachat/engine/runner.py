@@ -16,13 +16,14 @@ import torch
 from portachat.device.graphs import GraphCapturer
 from portachat.device.inference import kv_cache_dtype
 from portachat.engine.decode_graphs import DecodeGraphs, PaddedDecode
-from portachat.engine.packed_forward import PackedModel, attend
+from portachat.engine.module_ops import ModuleLayerOps
+from portachat.engine.packed_forward import PackedModel
 from portachat.engine.scheduler import ScheduledSeq
 from portachat.engine.step_inputs import PrefillChunk, StepInputs, StepPlan
-from portachat.model.gpt import GPT, apply_rotary
+from portachat.model.gpt import GPT
+from portachat.model.layer_ops import decoder_layer
 from portachat.model.lora_batch import AdapterSet
 from portachat.ops import kv_quant
-from portachat.ops import paged_attention as pa
 
 
 def rotary_tables(model: GPT, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -224,41 +225,8 @@ class ModelRunner:
         """The model's own modules over the flat batch (accelerators, quantized or training models)."""
         model = self.model
         x = model.model.embed_tokens(inp.input_ids)  # [N, C]
-        N = x.size(0)
-        cos = self.cos[inp.positions].to(x.dtype)[:, None, :]  # [N, 1, D]
-        sin = self.sin[inp.positions].to(x.dtype)[:, None, :]
-        groups = inp.lora_groups
-        for layer_idx, block in enumerate(model.model.layers):
-            attn = block.self_attn
-            H, H_kv, D = attn.n_head, attn.n_kv_head, attn.head_dim
-            h = block.input_layernorm(x)
-            q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
-            if groups:
-                qkv = torch.cat([q, k, v], dim=-1)
-                self.lora.add_to(qkv, h, layer_idx, "qkv", groups)
-                q, k, v = qkv.split([q.size(-1), k.size(-1), v.size(-1)], dim=-1)
-            q = attn.q_norm(q.reshape(N, H, D))
-            k = attn.k_norm(k.reshape(N, H_kv, D))
-            v = v.reshape(N, H_kv, D)
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-            kc, vc = self.k_cache[layer_idx], self.v_cache[layer_idx]
-            pa.write_kv(kc, vc, inp.slot_mapping, k, v)
-            y = attend(inp, q, k, v, kc, vc).reshape(N, H * D).to(x.dtype)
-            o = attn.o_proj(y)
-            if groups:
-                self.lora.add_to(o, y, layer_idx, "o", groups)
-            x = x + o
-            h = block.post_attention_layernorm(x)
-            if not groups:
-                x = x + block.mlp(h)
-                continue
-            mlp = block.mlp
-            gate_up = torch.cat([mlp.gate_proj(h), mlp.up_proj(h)], dim=-1)
-            self.lora.add_to(gate_up, h, layer_idx, "gate_up", groups)
-            gate, up = gate_up.chunk(2, dim=-1)
-            act = torch.nn.functional.silu(gate) * up
-            down = mlp.down_proj(act)
-            self.lora.add_to(down, act, layer_idx, "down", groups)
-            x = x + down
+        ops = ModuleLayerOps(model, inp, self.k_cache, self.v_cache, self.cos, self.sin, x.dtype)
+        for i in range(len(model.model.layers)):
+            x = decoder_layer(ops, i, x, self.lora, inp.lora_groups)
         x = model.model.norm(x[inp.logits_rows])
         return model.lm_head(x).float()

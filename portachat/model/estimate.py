@@ -39,116 +39,61 @@ from portachat.tokenizer.template_masks import render_template_conversation
 GIB = 2**30
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    """The sizes memory depends on, from a GPTConfig or a Hugging Face config.json."""
+def model_name(cfg: GPTConfig, name: str | None = None) -> str:
+    """What the estimate calls the model: the name given (a path), or our depth."""
+    return name or f"portachat d{cfg.n_layer}"
 
-    name: str
-    n_layer: int
-    n_embd: int
-    n_head: int
-    n_kv_head: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    tie_embeddings: bool = False
-    qk_norm: bool = True
-    attention_bias: bool = False
 
-    @classmethod
-    def from_gpt_config(cls, cfg: GPTConfig, name: str | None = None) -> ModelShape:
-        return cls(name or f"portachat d{cfg.n_layer}", cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_kv_head,
-                   cfg.head_dim, cfg.intermediate_size, cfg.vocab_size, cfg.tie_embeddings, cfg.qk_norm,
-                   cfg.attention_bias)
+def layer_matrix_params(cfg: GPTConfig) -> int:
+    """Elements of one layer's matrices (q, k, v, o and the gated MLP): what Muon updates."""
+    d, q, kv = cfg.n_embd, cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim
+    return d * q + 2 * d * kv + q * d + 3 * d * cfg.intermediate_size
 
-    @classmethod
-    def from_hf_config(cls, config: dict[str, Any], name: str | None = None) -> ModelShape:
-        """A Hugging Face decoder config (the text part of a multimodal one)."""
-        c = config.get("text_config", config)
-        try:
-            d, n_head = int(c["hidden_size"]), int(c["num_attention_heads"])
-            shape = cls(
-                name=name or str((c.get("architectures") or config.get("architectures") or ["hf model"])[0]),
-                n_layer=int(c["num_hidden_layers"]),
-                n_embd=d,
-                n_head=n_head,
-                n_kv_head=int(c.get("num_key_value_heads") or n_head),
-                head_dim=int(c.get("head_dim") or d // n_head),
-                intermediate_size=int(c["intermediate_size"]),
-                vocab_size=int(c["vocab_size"]),
-                tie_embeddings=bool(c.get("tie_word_embeddings", False)),
-                qk_norm=str(c.get("model_type", "")).startswith("qwen3"),
-                attention_bias=bool(c.get("attention_bias", str(c.get("model_type", "")) == "qwen2")),
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"not a decoder config this estimator knows (missing or bad {e}); it needs "
-                             "hidden_size, num_hidden_layers, num_attention_heads, intermediate_size, vocab_size") from e
-        return shape
 
-    @property
-    def q_dim(self) -> int:
-        return self.n_head * self.head_dim
+def matrix_params(cfg: GPTConfig) -> int:
+    return cfg.n_layer * layer_matrix_params(cfg)
 
-    @property
-    def kv_dim(self) -> int:
-        return self.n_kv_head * self.head_dim
 
-    @property
-    def layer_matrix_params(self) -> int:
-        d = self.n_embd
-        return d * self.q_dim + 2 * d * self.kv_dim + self.q_dim * d + 3 * d * self.intermediate_size
+def embedding_params(cfg: GPTConfig) -> int:
+    return cfg.vocab_size * cfg.n_embd
 
-    @property
-    def layer_vector_params(self) -> int:
-        norms = 2 * self.n_embd + (2 * self.head_dim if self.qk_norm else 0)
-        return norms + (self.q_dim + 2 * self.kv_dim if self.attention_bias else 0)
 
-    @property
-    def embedding_params(self) -> int:
-        return self.vocab_size * self.n_embd
+def lm_head_params(cfg: GPTConfig) -> int:
+    """The output head's own parameters: none when it is tied to the embeddings."""
+    return 0 if cfg.tie_embeddings else cfg.vocab_size * cfg.n_embd
 
-    @property
-    def lm_head_params(self) -> int:
-        return 0 if self.tie_embeddings else self.vocab_size * self.n_embd
 
-    @property
-    def matrix_params(self) -> int:
-        return self.n_layer * self.layer_matrix_params
+def largest_matrix_group(cfg: GPTConfig) -> int:
+    """Elements of the largest same-shape group of layer matrices (Muon orthogonalizes each group at once)."""
+    d, q, kv, i = cfg.n_embd, cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim, cfg.intermediate_size
+    groups: dict[tuple[int, int], int] = {}
+    for shape in ((q, d), (kv, d), (kv, d), (d, q), (i, d), (i, d), (d, i)):
+        groups[shape] = groups.get(shape, 0) + shape[0] * shape[1] * cfg.n_layer
+    return max(groups.values())
 
-    @property
-    def num_params(self) -> int:
-        vectors = self.n_layer * self.layer_vector_params + self.n_embd
-        return self.matrix_params + vectors + self.embedding_params + self.lm_head_params
 
-    def largest_matrix_group(self) -> int:
-        """Elements of the largest same-shape group of layer matrices (Muon orthogonalizes each group at once)."""
-        d, q, kv, i = self.n_embd, self.q_dim, self.kv_dim, self.intermediate_size
-        groups: dict[tuple[int, int], int] = {}
-        for shape in ((q, d), (kv, d), (kv, d), (d, q), (i, d), (i, d), (d, i)):
-            groups[shape] = groups.get(shape, 0) + shape[0] * shape[1] * self.n_layer
-        return max(groups.values())
+def activation_bytes_per_token_layer(cfg: GPTConfig, dtype: str) -> int:
+    """Bytes autograd keeps per token and layer between forward and backward.
 
-    def activation_bytes_per_token_layer(self, dtype: str) -> int:
-        """Bytes autograd keeps per token and layer between forward and backward.
-
-        fp32: each RMSNorm keeps its input, rsqrt, normalized input and (for the next matmul) output;
-        q/k keep the projection, normalized and rotated copies; attention keeps q, k, v, output,
-        log-sum-exp and the re-laid-out output; the MLP keeps gate, silu(gate), up and their product.
-        Under bf16/fp16 autocast the matmul operands are half precision while RMSNorm computes in
-        fp32 and the residual stream stays fp32.
-        """
-        d, q, kv, i, h, g = self.n_embd, self.q_dim, self.kv_dim, self.intermediate_size, self.n_head, self.n_kv_head
-        qk_scale = 1 if self.qk_norm else 0
-        if dtype == "fp32":
-            norms = 2 * (3 * d + 1) * 4
-            attention = (q * (1 + 2 * qk_scale) + kv * (1 + 2 * qk_scale) + kv + 2 * q + h) * 4 + (h + g) * 4 * qk_scale
-            mlp = 4 * i * 4
-        else:
-            norms = 2 * (8 * d + 4)
-            attention = (q * (2 + 6 * qk_scale) + kv * (2 + 6 * qk_scale) + 2 * kv + 4 * q) + 4 * h
-            attention += 4 * (h + g) * qk_scale
-            mlp = 4 * i * 2
-        return norms + attention + mlp
+    fp32: each RMSNorm keeps its input, rsqrt, normalized input and (for the next matmul) output;
+    q/k keep the projection, normalized and rotated copies; attention keeps q, k, v, output,
+    log-sum-exp and the re-laid-out output; the MLP keeps gate, silu(gate), up and their product.
+    Under bf16/fp16 autocast the matmul operands are half precision while RMSNorm computes in
+    fp32 and the residual stream stays fp32.
+    """
+    d, i, h, g = cfg.n_embd, cfg.intermediate_size, cfg.n_head, cfg.n_kv_head
+    q, kv = h * cfg.head_dim, g * cfg.head_dim
+    qk_scale = 1 if cfg.qk_norm else 0
+    if dtype == "fp32":
+        norms = 2 * (3 * d + 1) * 4
+        attention = (q * (1 + 2 * qk_scale) + kv * (1 + 2 * qk_scale) + kv + 2 * q + h) * 4 + (h + g) * 4 * qk_scale
+        mlp = 4 * i * 4
+    else:
+        norms = 2 * (8 * d + 4)
+        attention = (q * (2 + 6 * qk_scale) + kv * (2 + 6 * qk_scale) + 2 * kv + 4 * q) + 4 * h
+        attention += 4 * (h + g) * qk_scale
+        mlp = 4 * i * 2
+    return norms + attention + mlp
 
 
 @dataclass
@@ -169,8 +114,8 @@ def _fmt(nbytes: float) -> str:
     return f"{nbytes / 2**20:,.1f} MiB"
 
 
-def estimate_training(shape: ModelShape, setup: TrainingSetup) -> dict[str, Any]:
-    """Bytes per device, by component, and the expected peak of a training step."""
+def estimate_training(cfg: GPTConfig, setup: TrainingSetup, name: str | None = None) -> dict[str, Any]:
+    """Bytes per device, by component, and the expected peak of a training step of `cfg`."""
     if setup.dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {setup.dtype!r}")
     if setup.optimizer not in ("muon", "adamw"):
@@ -181,8 +126,8 @@ def estimate_training(shape: ModelShape, setup: TrainingSetup) -> dict[str, Any]
     shard = n if setup.parallel == "fsdp2" else 1
     half = setup.dtype != "fp32"
     tokens = setup.batch_size * setup.seq_len
-    P = shape.num_params
-    muon_params = shape.matrix_params if setup.optimizer == "muon" else 0
+    P = cfg.num_params()
+    muon_params = matrix_params(cfg) if setup.optimizer == "muon" else 0
     adam_params = P - muon_params
 
     parameters = 4 * P / shard
@@ -191,35 +136,35 @@ def estimate_training(shape: ModelShape, setup: TrainingSetup) -> dict[str, Any]
     # DDP copies gradients into flat communication buckets (a second gradient-sized buffer).
     ddp_buckets = 4 * P if setup.parallel == "ddp" and n > 1 else 0
     # FSDP2 all-gathers one layer's full weights in the compute dtype, and prefetches the next.
-    unsharded = 2 * shape.layer_matrix_params * (2 if half else 4) if setup.parallel == "fsdp2" and n > 1 else 0
+    unsharded = 2 * layer_matrix_params(cfg) * (2 if half else 4) if setup.parallel == "fsdp2" and n > 1 else 0
 
-    per_layer = shape.activation_bytes_per_token_layer(setup.dtype) * tokens
-    residual = 4 * shape.n_embd * tokens  # a block's fp32 input: all checkpointing keeps
-    final_norm = (3 * shape.n_embd * 4 if not half else 8 * shape.n_embd) * tokens
+    per_layer = activation_bytes_per_token_layer(cfg, setup.dtype) * tokens
+    residual = 4 * cfg.n_embd * tokens  # a block's fp32 input: all checkpointing keeps
+    final_norm = (3 * cfg.n_embd * 4 if not half else 8 * cfg.n_embd) * tokens
     if setup.activation_checkpointing:
-        activations = shape.n_layer * residual + per_layer + final_norm  # one block recomputed at a time
+        activations = cfg.n_layer * residual + per_layer + final_norm  # one block recomputed at a time
     else:
-        activations = shape.n_layer * per_layer + final_norm
+        activations = cfg.n_layer * per_layer + final_norm
     # The loss takes its gradients chunk by chunk at the end of the forward (portachat.model.loss): one fp32
     # [positions, vocab] chunk of logits, turned into its gradient in place (under autocast also the half
     # precision matmul output and gradient beside it), for the supervised positions of one chunk at most;
     # nothing of vocabulary size is kept for the backward.
     supervised = tokens if setup.supervised_tokens is None else min(tokens, setup.supervised_tokens)
-    logits = (7 if half else 4) * shape.vocab_size * min(supervised, loss_chunk_size(shape.vocab_size))
+    logits = (7 if half else 4) * cfg.vocab_size * min(supervised, loss_chunk_size(cfg.vocab_size))
     # Autocast keeps a half-precision copy of every matmul weight from forward until its backward.
     # (FSDP2's mixed precision gathers weights already in the compute dtype: counted above.)
-    head = shape.lm_head_params or shape.embedding_params
-    weight_casts = 2 * (shape.matrix_params + head) if half and shard == 1 else 0
+    head = lm_head_params(cfg) or embedding_params(cfg)
+    weight_casts = 2 * (matrix_params(cfg) + head) if half and shard == 1 else 0
     # Optimizer step temporaries: AdamW's foreach math over its params, Muon's stacked Newton-Schulz iterates.
-    group = shape.largest_matrix_group() if setup.optimizer == "muon" else 0
+    group = largest_matrix_group(cfg) if setup.optimizer == "muon" else 0
     optimizer_step = (2 * 4 * adam_params) / shard + 6 * 4 * group / shard
 
     static = parameters + optimizer_states + ddp_buckets
-    lm_head_grad = 4 * (shape.lm_head_params or shape.embedding_params) / shard
+    lm_head_grad = 4 * head / shard
     if setup.activation_checkpointing:
         # The loss's chunks are done before the first block is recomputed: the two never coexist.
         transient = max(logits, per_layer)
-        backward_peak = static + unsharded + shape.n_layer * residual + final_norm + transient + weight_casts + lm_head_grad
+        backward_peak = static + unsharded + cfg.n_layer * residual + final_norm + transient + weight_casts + lm_head_grad
     else:
         backward_peak = static + unsharded + activations + logits + weight_casts + lm_head_grad
     step_peak = static + gradients + optimizer_step
@@ -236,21 +181,22 @@ def estimate_training(shape: ModelShape, setup: TrainingSetup) -> dict[str, Any]
         "optimizer_step_temporaries": optimizer_step,
     }
     return {
-        "model": shape.name,
+        "model": model_name(cfg, name),
         "num_params": P,
         "setup": asdict(setup),
         "tokens_per_micro_batch": tokens,
-        "loss_positions_per_chunk": int(min(supervised, loss_chunk_size(shape.vocab_size))),
+        "loss_positions_per_chunk": int(min(supervised, loss_chunk_size(cfg.vocab_size))),
         "components": {k: int(v) for k, v in components.items()},
-        "activations_without_checkpointing": int(shape.n_layer * per_layer + final_norm),
-        "activations_with_checkpointing": int(shape.n_layer * residual + per_layer + final_norm),
+        "activations_without_checkpointing": int(cfg.n_layer * per_layer + final_norm),
+        "activations_with_checkpointing": int(cfg.n_layer * residual + per_layer + final_norm),
         "peak_bytes": int(peak),
         "peak_phase": "forward/backward" if backward_peak >= step_peak else "optimizer step",
     }
 
 
 def estimate_kv_cache(
-    shape: ModelShape, batch_size: int, context: int, dtype: str = "bf16", weights_dtype: str | None = None
+    cfg: GPTConfig, batch_size: int, context: int, dtype: str = "bf16", weights_dtype: str | None = None,
+    name: str | None = None,
 ) -> dict[str, Any]:
     """Serving memory: weights plus K and V for every layer, sequence and position, the cache in
     `dtype` (fp32/bf16/fp16/int8/fp8). Weights are in `weights_dtype`, by default `dtype` for a
@@ -258,11 +204,11 @@ def estimate_kv_cache(
     if dtype not in KV_DTYPES:
         raise ValueError(f"KV-cache dtype must be one of {', '.join(KV_DTYPES)}, got {dtype!r}")
     weights_dtype = weights_dtype or (dtype if dtype in DTYPE_BYTES else "bf16")
-    per_token = bytes_per_token(shape.n_layer, shape.n_kv_head, shape.head_dim, KV_DTYPES[dtype])
+    per_token = bytes_per_token(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, KV_DTYPES[dtype])
     kv = per_token * context * batch_size
-    weights = shape.num_params * DTYPE_BYTES[weights_dtype]
+    weights = cfg.num_params() * DTYPE_BYTES[weights_dtype]
     return {
-        "model": shape.name,
+        "model": model_name(cfg, name),
         "batch_size": batch_size,
         "context": context,
         "dtype": dtype,

@@ -10,12 +10,14 @@ the same modules are Llama's (SmolLM2) and Qwen2's, whose checkpoints load uncha
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from portachat.model.config import GPTConfig
+from portachat.model.layer_ops import decoder_layer
 from portachat.model.loss import chunked_cross_entropy, loss_chunk_size
 from portachat.ops.attention import attention, packed_causal_mask
 
@@ -84,6 +86,9 @@ def rotary_tables(
 
 
 class Attention(nn.Module):
+    """q/k/v/o and QK-norm, HF's names. No forward of its own: Block.forward runs these modules through
+    model/layer_ops.py's contract (hook the linears, not this container)."""
+
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
@@ -96,26 +101,15 @@ class Attention(nn.Module):
         self.q_norm: nn.Module = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else nn.Identity()
         self.k_norm: nn.Module = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else nn.Identity()
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-        B, T, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(B, T, self.n_head, self.head_dim)).transpose(1, 2)
-        k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        y = attention(q, k, v, is_causal=attn_mask is None, attn_mask=attn_mask)
-        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
-
 
 class MLP(nn.Module):
+    """The gated MLP's products; like Attention, run by Block.forward through the layer contract."""
+
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(cfg.n_embd, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.n_embd, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.n_embd, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Block(nn.Module):
@@ -128,8 +122,68 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn_mask=attn_mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        """x [B, T, C] -> the same after this layer (model/layer_ops.py's contract), causal attention
+        within each row, or within each sequence of a packed row (`attn_mask`)."""
+        return decoder_layer(SequenceOps((self,), cos, sin, attn_mask), 0, x)
+
+
+class ModuleOps:
+    """The steps of model/layer_ops.py's contract that are one of a Block's own modules, for layer i
+    of `blocks`; subclasses lay out the heads and attend (SequenceOps here for training, the engine's
+    ModuleLayerOps over its KV cache)."""
+
+    def __init__(self, blocks: Sequence[Block]) -> None:
+        self.blocks = blocks
+
+    def qkv(self, i: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        attn = self.blocks[i].self_attn
+        h = self.blocks[i].input_layernorm(x)
+        return attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+
+    def qkv_input(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks[i].input_layernorm(x)
+
+    def o(self, i: int, y: torch.Tensor) -> torch.Tensor:
+        return self.blocks[i].self_attn.o_proj(y)
+
+    def gate_up(self, i: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mlp = self.blocks[i].mlp
+        h = self.blocks[i].post_attention_layernorm(x)
+        return mlp.gate_proj(h), mlp.up_proj(h)
+
+    def gate_up_input(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks[i].post_attention_layernorm(x)
+
+    def swiglu(self, gate_up: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        gate, up = gate_up
+        return F.silu(gate) * up
+
+    def down(self, i: int, act: torch.Tensor) -> torch.Tensor:
+        return self.blocks[i].mlp.down_proj(act)
+
+
+class SequenceOps(ModuleOps):
+    """Whole sequences, as training runs them: x [B, T, C], heads as [B, H, T, D], attention over the
+    sequence itself (ops/attention.py: causal, or `attn_mask` for packed rows)."""
+
+    def __init__(self, blocks: Sequence[Block], cos: torch.Tensor, sin: torch.Tensor,
+                 attn_mask: torch.Tensor | None) -> None:  # fmt: skip
+        super().__init__(blocks)
+        self.cos, self.sin, self.attn_mask = cos, sin, attn_mask
+
+    def rope(self, i: int, qkv: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        attn = self.blocks[i].self_attn
+        q, k, v = qkv
+        B, T, _ = q.shape
+        q = attn.q_norm(q.view(B, T, attn.n_head, attn.head_dim)).transpose(1, 2)
+        k = attn.k_norm(k.view(B, T, attn.n_kv_head, attn.head_dim)).transpose(1, 2)
+        v = v.view(B, T, attn.n_kv_head, attn.head_dim).transpose(1, 2)
+        return apply_rotary(q, self.cos, self.sin), apply_rotary(k, self.cos, self.sin), v
+
+    def attend(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        y = attention(q, k, v, is_causal=self.attn_mask is None, attn_mask=self.attn_mask)
+        B, H, T, D = y.shape
+        return y.transpose(1, 2).reshape(B, T, H * D)
 
 
 class Transformer(nn.Module):

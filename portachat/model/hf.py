@@ -184,6 +184,43 @@ def _check_family_options(d: dict[str, Any], family: str) -> None:
             value=sorted(set(layer_types))))
 
 
+def _sizes(d: dict[str, Any]) -> dict[str, Any]:
+    """The GPTConfig fields that size the model, read from a decoder `config.json` dict (KeyError when
+    one that has no default is missing)."""
+    n_head = int(d["num_attention_heads"])
+    n_embd = int(d["hidden_size"])
+    return dict(
+        vocab_size=int(d["vocab_size"]),
+        n_layer=int(d["num_hidden_layers"]),
+        n_embd=n_embd,
+        n_head=n_head,
+        n_kv_head=int(d.get("num_key_value_heads") or n_head),
+        head_dim=int(d.get("head_dim") or n_embd // n_head),
+        intermediate_size=int(d["intermediate_size"]),
+        max_seq_len=int(d.get("max_position_embeddings") or 2048),
+        rms_norm_eps=float(d.get("rms_norm_eps") or 1e-6),
+        tie_embeddings=bool(d.get("tie_word_embeddings", False)),
+    )
+
+
+def sizes_config(d: dict[str, Any]) -> GPTConfig:
+    """A GPTConfig with the sizes of any Llama / Qwen / Mistral style decoder config (the text part of a
+    multimodal one), for the memory estimators: a family we cannot run still has sizes to count, so
+    nothing but the sizes is checked. QK-norm as Qwen3 has it; q/k/v biases as the config (or Qwen2)
+    says; the family is the nearest of ours with those options."""
+    c = d.get("text_config", d)
+    model_type = str(c.get("model_type", ""))
+    qk_norm = model_type.startswith("qwen3")
+    bias = bool(c.get("attention_bias", model_type == "qwen2"))
+    try:
+        return GPTConfig(**_sizes(c), qk_norm=qk_norm, attention_bias=bias,
+                         architecture="qwen3" if qk_norm else "qwen2" if bias else "llama")
+    except (KeyError, TypeError, ValueError) as e:
+        raise UnsupportedConfigError(
+            _("not a decoder config the estimator knows (missing or bad {error}); it needs hidden_size, "
+              "num_hidden_layers, num_attention_heads, intermediate_size, vocab_size").format(error=e)) from e
+
+
 def from_hf_config(d: dict[str, Any]) -> GPTConfig:
     """GPTConfig for a Hugging Face `config.json` dict of a supported family (or our own
     `portachat` model_type); rejects anything we cannot run exactly, naming what is supported."""
@@ -210,25 +247,8 @@ def from_hf_config(d: dict[str, Any]) -> GPTConfig:
     _check_family_options(d, model_type)
     theta, scaling = _rope(d)
     try:
-        n_head = int(d["num_attention_heads"])
-        n_embd = int(d["hidden_size"])
-        return GPTConfig(
-            vocab_size=int(d["vocab_size"]),
-            n_layer=int(d["num_hidden_layers"]),
-            n_embd=n_embd,
-            n_head=n_head,
-            n_kv_head=int(d.get("num_key_value_heads") or n_head),
-            head_dim=int(d.get("head_dim") or n_embd // n_head),
-            intermediate_size=int(d["intermediate_size"]),
-            max_seq_len=int(d.get("max_position_embeddings") or 2048),
-            rope_theta=theta,
-            rms_norm_eps=float(d.get("rms_norm_eps") or 1e-6),
-            tie_embeddings=bool(d.get("tie_word_embeddings", False)),
-            qk_norm=qk_norm,
-            attention_bias=bias,
-            rope_scaling=scaling,
-            architecture=model_type,
-        )
+        return GPTConfig(**_sizes(d), rope_theta=theta, qk_norm=qk_norm, attention_bias=bias, rope_scaling=scaling,
+                         architecture=model_type)
     except KeyError as e:
         raise UnsupportedConfigError(_("config.json lacks the required field {name}").format(name=repr(e.args[0]))) from None
 

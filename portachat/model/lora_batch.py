@@ -104,13 +104,19 @@ class AdapterSet:
     def slot(self, name: str) -> int:
         return self.slots[name]
 
-    def add_to(self, out: torch.Tensor, inp: torch.Tensor, layer: int, product: str, groups: Groups) -> None:
+    def add_to(self, out: torch.Tensor | tuple[torch.Tensor, ...], inp: torch.Tensor, layer: int, product: str,
+               groups: Groups) -> None:  # fmt: skip
         """out[rows] += B_a (A_a inp[rows]) for each (slot a, rows) group, in place; `inp` already
-        normalised as the product's own input. Rows of the base model (in no group) are untouched."""
+        normalised as the product's own input. `out` is the fused product's output, or its modules'
+        outputs side by side (q, k, v), each getting its columns of the update. Rows of the base
+        model (in no group) are untouched."""
+        parts = out if isinstance(out, tuple) else (out,)
+        widths = [part.size(-1) for part in parts]
         for slot, rows in groups:
             update = self.weights[slot][layer].get(product)
             if update is None:
                 continue
             x = inp.index_select(0, rows).to(self.dtype)
             delta = (x @ update.A.T) @ update.B.T
-            out.index_add_(0, rows, delta.to(out.dtype))
+            for part, columns in zip(parts, delta.split(widths, dim=-1), strict=True):
+                part.index_add_(0, rows, columns.to(part.dtype))

@@ -21,7 +21,7 @@ import torch
 from portachat.device.dtypes import DTYPE_BYTES, KV_DTYPES
 from portachat.device.inference import kv_cache_dtype
 from portachat.model.config import GPTConfig
-from portachat.model.estimate import ModelShape, _fmt
+from portachat.model.estimate import _fmt, lm_head_params, matrix_params, model_name
 from portachat.model.tensor_parallel import plan_shard, working_sizes
 from portachat.ops.cpu_linear import packed_weight_bytes, step_transient_factor
 from portachat.ops.kv_quant import bytes_per_token
@@ -30,12 +30,10 @@ UTILIZATION = 0.9  # of a device's memory the weights and KV cache may take (vLL
 STEP_TOKENS = 1024  # the engine's default max_num_batched_tokens (tokens per forward step)
 
 
-def shard_shape(shape: ModelShape, tp: int) -> ModelShape:
-    """The shape of rank 0's shard (the largest) of `shape` split over `tp` ranks."""
-    cfg = GPTConfig(vocab_size=shape.vocab_size, n_layer=shape.n_layer, n_embd=shape.n_embd, n_head=shape.n_head,
-                    n_kv_head=shape.n_kv_head, head_dim=shape.head_dim, intermediate_size=shape.intermediate_size)  # fmt: skip
+def shard_config(cfg: GPTConfig, tp: int) -> GPTConfig:
+    """The sizes of rank 0's shard (the largest) of `cfg` split over `tp` ranks."""
     plan = plan_shard(cfg, 0, tp)
-    return dataclasses.replace(shape, n_head=len(plan.q_heads), n_kv_head=len(plan.kv_heads),
+    return dataclasses.replace(cfg, n_head=len(plan.q_heads), n_kv_head=len(plan.kv_heads),
                                intermediate_size=len(plan.mlp))  # fmt: skip
 
 
@@ -46,54 +44,55 @@ def _compute_dtype(dtype: str, device_type: str | None) -> torch.dtype:
     return weights if device_type is None else kv_cache_dtype(device_type, weights)
 
 
-def _per_device(shape: ModelShape, tp: int, dtype: str, device_type: str | None = None) -> tuple[int, int]:
+def _per_device(cfg: GPTConfig, tp: int, dtype: str, device_type: str | None = None) -> tuple[int, int]:
     """Weights and KV bytes per token on one device. An int8/fp8 KV cache sits beside bf16 weights
     and stores one fp32 scale per token and kv head."""
-    shard = shard_shape(shape, tp)
+    shard = shard_config(cfg, tp)
     # The LM head is vocab-parallel (rank 0's slice the largest); a tied one is a view of the table.
-    head_rows = -(-shape.vocab_size // tp) if shape.lm_head_params else 0
-    params = shard.num_params - shard.lm_head_params + head_rows * shape.n_embd
+    head_rows = -(-cfg.vocab_size // tp) if lm_head_params(cfg) else 0
+    params = shard.num_params() - lm_head_params(shard) + head_rows * cfg.n_embd
     weights = params * DTYPE_BYTES.get(dtype, DTYPE_BYTES["bf16"])
     kv = KV_DTYPES[dtype] if dtype not in DTYPE_BYTES else _compute_dtype(dtype, device_type)
-    kv_token = bytes_per_token(shard.n_layer, shard.kv_dim // shard.head_dim, shard.head_dim, kv)
+    kv_token = bytes_per_token(shard.n_layer, shard.n_kv_head, shard.head_dim, kv)
     return weights, kv_token
 
 
-def packed_bytes(shape: ModelShape, tp: int, dtype: str, device_type: str | None) -> int:
+def packed_bytes(cfg: GPTConfig, tp: int, dtype: str, device_type: str | None) -> int:
     """The packed copies of the layer matrices and the output head a CPU engine keeps (one device,
     unsharded: tensor-parallel shards run the module path); 0 elsewhere."""
     if device_type is None or tp > 1 or dtype not in DTYPE_BYTES:
         return 0
-    params = shape.matrix_params + shape.vocab_size * shape.n_embd  # a tied head is packed too
+    params = matrix_params(cfg) + cfg.vocab_size * cfg.n_embd  # a tied head is packed too
     return packed_weight_bytes(device_type, KV_DTYPES[dtype], params * DTYPE_BYTES[dtype])
 
 
-def step_activation_bytes(shape: ModelShape, tp: int, dtype: str, step_tokens: int, context: int,
+def step_activation_bytes(cfg: GPTConfig, tp: int, dtype: str, step_tokens: int, context: int,
                           device_type: str | None = None) -> int:  # fmt: skip
     """The transient of one forward step of `step_tokens` tokens (the engine's max_num_batched_tokens):
     one layer's activations at a time (residual, normalised input, q/k/v and their rotated copies, the
     MLP's gate/up, activation and output) plus a prefill chunk's attention scores and probabilities,
     times what the device's allocator holds beyond them (device.cpu_linear.step_transient_factor)."""
-    s = shard_shape(shape, tp)
+    s = shard_config(cfg, tp)
     size = _compute_dtype(dtype, device_type).itemsize
-    per_token = 3 * s.n_embd + 5 * s.intermediate_size + 2 * (s.q_dim + 2 * s.kv_dim)
+    per_token = 3 * s.n_embd + 5 * s.intermediate_size + 2 * s.head_dim * (s.n_head + 2 * s.n_kv_head)
     chunk = min(step_tokens, context)
     counted = size * (step_tokens * per_token + 2 * s.n_head * chunk * context)
     return int(counted * step_transient_factor(device_type))
 
 
-def estimate_serving(shape: ModelShape, tp: int = 1, dtype: str = "bf16", batch_size: int = 8, context: int = 2048,
+def estimate_serving(cfg: GPTConfig, tp: int = 1, dtype: str = "bf16", batch_size: int = 8, context: int = 2048,
                      device_bytes: int | None = None, utilization: float = UTILIZATION,
-                     device_type: str | None = None, step_tokens: int = STEP_TOKENS) -> dict[str, Any]:  # fmt: skip
+                     device_type: str | None = None, step_tokens: int = STEP_TOKENS,
+                     name: str | None = None) -> dict[str, Any]:  # fmt: skip
     """Per-device serving memory with -tp `tp`; with `device_bytes`, also the tokens of KV cache that
     fit beside the weights and the smallest -tp whose weights plus `batch_size` x `context` fit.
     `device_type` (cpu, cuda, ...) adds what the engine holds there beyond weights and KV cache."""
-    weights, kv_token = _per_device(shape, tp, dtype, device_type)
-    packed = packed_bytes(shape, tp, dtype, device_type)
-    activations = step_activation_bytes(shape, tp, dtype, step_tokens, context, device_type)
+    weights, kv_token = _per_device(cfg, tp, dtype, device_type)
+    packed = packed_bytes(cfg, tp, dtype, device_type)
+    activations = step_activation_bytes(cfg, tp, dtype, step_tokens, context, device_type)
     kv_cache = kv_token * batch_size * context
     out: dict[str, Any] = {
-        "model": shape.name, "tensor_parallel_size": tp, "dtype": dtype, "batch_size": batch_size,
+        "model": model_name(cfg, name), "tensor_parallel_size": tp, "dtype": dtype, "batch_size": batch_size,
         "context": context, "device_type": device_type, "weights_bytes_per_device": int(weights),
         "packed_weights_bytes_per_device": packed, "kv_bytes_per_token_per_device": int(kv_token),
         "kv_cache_bytes_per_device": int(kv_cache), "step_tokens": step_tokens,
@@ -105,18 +104,16 @@ def estimate_serving(shape: ModelShape, tp: int = 1, dtype: str = "bf16", batch_
         tokens = max(0, (budget - weights - packed - activations) // kv_token)
         out.update(device_bytes=int(device_bytes), utilization=utilization, kv_tokens_that_fit=int(tokens),
                    sequences_that_fit=int(tokens // context), fits=out["total_bytes_per_device"] <= budget,
-                   smallest_tp_that_fits=smallest_tp(shape, dtype, batch_size, context, budget, device_type, step_tokens))  # fmt: skip
+                   smallest_tp_that_fits=smallest_tp(cfg, dtype, batch_size, context, budget, device_type, step_tokens))  # fmt: skip
     return out
 
 
-def smallest_tp(shape: ModelShape, dtype: str, batch_size: int, context: int, budget: int,
+def smallest_tp(cfg: GPTConfig, dtype: str, batch_size: int, context: int, budget: int,
                 device_type: str | None = None, step_tokens: int = STEP_TOKENS, up_to: int = 64) -> int | None:  # fmt: skip
     """The smallest -tp whose per-device total for `batch_size` x `context` tokens fits in `budget` bytes."""
-    cfg = GPTConfig(vocab_size=shape.vocab_size, n_layer=shape.n_layer, n_embd=shape.n_embd, n_head=shape.n_head,
-                    n_kv_head=shape.n_kv_head, head_dim=shape.head_dim, intermediate_size=shape.intermediate_size)  # fmt: skip
     for tp in working_sizes(cfg, up_to):
         est = estimate_serving(
-            shape, tp, dtype, batch_size, context, device_type=device_type, step_tokens=step_tokens
+            cfg, tp, dtype, batch_size, context, device_type=device_type, step_tokens=step_tokens
         )
         if est["total_bytes_per_device"] <= budget:
             return tp
@@ -155,13 +152,13 @@ class ModelTooBig(ValueError):
     """The weights (plus one full-length sequence of KV cache) do not fit on the devices given."""
 
 
-def check_fits(shape: ModelShape, tp: int, dtype: str, context: int, device_bytes: int | None,
+def check_fits(cfg: GPTConfig, tp: int, dtype: str, context: int, device_bytes: int | None,
                config_path: str, device_type: str | None = None) -> None:  # fmt: skip
     """Raise ModelTooBig, with the estimator's numbers and the smallest -tp that fits, when one
     sequence of `context` tokens cannot be served beside the weights on each device."""
     if not device_bytes:
         return  # the device layer cannot say how much memory there is: let the load find out
-    est = estimate_serving(shape, tp, dtype, batch_size=1, context=context, device_bytes=device_bytes,
+    est = estimate_serving(cfg, tp, dtype, batch_size=1, context=context, device_bytes=device_bytes,
                            device_type=device_type)  # fmt: skip
     if est["fits"]:
         return

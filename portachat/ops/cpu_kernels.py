@@ -275,7 +275,8 @@ class DecodeLayers:
     """The layers of a small step in one call (kernels/decode_step.c): per layer `products` holds
     (qkv, o, gate_up, down) SmallBatchLinears, qkv and gate_up with their norm's weight as in_scale;
     `qkv_bias` (fp32, or None) per layer is added after the normalised product; `norm_eps` per layer
-    (input, post-attention). Holds references to every tensor the C side reads."""
+    (input, post-attention). Holds references to every tensor the C side reads. Each layer is
+    model/layer_ops.py's contract (tests/engine/test_layer_contract.py holds it to the model's forward)."""
 
     def __init__(self, lib: ctypes.CDLL, products: list[tuple[SmallBatchLinear, ...]],
                  qkv_bias: list[torch.Tensor | None], norm_eps: list[tuple[float, float]]) -> None:  # fmt: skip

@@ -25,7 +25,7 @@ from portachat.device import Device
 from portachat.device.dist import share_from_rank0
 from portachat.i18n import _
 from portachat.model import GPT, GPTConfig
-from portachat.model.estimate import ModelShape, TrainingSetup, estimate_training
+from portachat.model.estimate import TrainingSetup, estimate_training
 
 __all__ = ["choose_parallel", "decide_parallel", "full_model", "grad_sync_paused", "is_sharded", "load_weights", "shard_model",
            "share_from_rank0"]
@@ -39,7 +39,7 @@ def replicated_peak_bytes(cfg: GPTConfig, device_batch_size: int, seq_len: int, 
 
     setup = TrainingSetup(batch_size=device_batch_size, seq_len=seq_len, dtype=DTYPE_NAMES.get(dtype, "fp32"),
                           world_size=world, parallel="ddp")
-    return estimate_training(ModelShape.from_gpt_config(cfg), setup)["peak_bytes"]
+    return estimate_training(cfg, setup)["peak_bytes"]
 
 
 def choose_parallel(fsdp: str, model: GPT, device_batch_size: int, seq_len: int, dev: Device, world: int,

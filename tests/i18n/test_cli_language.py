@@ -142,11 +142,11 @@ def test_every_help_text_of_every_command_is_chinese(monkeypatch):
 def test_memory_estimate_table_in_chinese_stays_aligned(monkeypatch):
     from portachat.i18n.width import display_width
     from portachat.model import GPTConfig
-    from portachat.model.estimate import ModelShape, TrainingSetup, estimate_training, format_estimate
+    from portachat.model.estimate import TrainingSetup, estimate_training, format_estimate
 
     monkeypatch.setenv("PORTACHAT_LANG", "zh")
-    shape = ModelShape.from_gpt_config(GPTConfig.from_depth(2, 1000, max_seq_len=64))
-    text = format_estimate(estimate_training(shape, TrainingSetup(2, 64, "bf16", "muon", False, 1, "ddp")))
+    cfg = GPTConfig.from_depth(2, 1000, max_seq_len=64)
+    text = format_estimate(estimate_training(cfg, TrainingSetup(2, 64, "bf16", "muon", False, 1, "ddp")))
     assert "组成部分（每个设备）" in text and "参数" in text and "峰值（" in text
     rows = [line for line in text.splitlines() if line.endswith(("MiB", "KiB", "GiB", " B"))]
     assert len(rows) >= 5 and len({display_width(line) for line in rows}) == 1  # one right edge

@@ -10,7 +10,8 @@ import torch
 from portachat.cli import main
 from portachat.device import get_device, reset_device_cache
 from portachat.model import GPT, GPTConfig
-from portachat.model.estimate import ModelShape, TrainingSetup, estimate_kv_cache, estimate_training
+from portachat.model.estimate import TrainingSetup, estimate_kv_cache, estimate_training
+from portachat.model.hf import sizes_config
 from portachat.train.batch_size import measure_training_peak
 
 QWEN25_7B = {  # Qwen/Qwen2.5-7B-Instruct config.json (the fields that size memory)
@@ -39,42 +40,42 @@ def _cpu(monkeypatch):
 def test_estimate_is_within_15_percent_of_the_measured_peak(depth, vocab, batch, seq, dtype, ckpt):
     cfg = GPTConfig.from_depth(depth, vocab, max_seq_len=seq, aspect_ratio=32, head_dim=32)
     measured = measure_training_peak(cfg, batch, seq, get_device("cpu", dtype=dtype), activation_checkpointing=ckpt)
-    est = estimate_training(ModelShape.from_gpt_config(cfg), TrainingSetup(batch, seq, dtype, activation_checkpointing=ckpt))
+    est = estimate_training(cfg, TrainingSetup(batch, seq, dtype, activation_checkpointing=ckpt))
     assert est["num_params"] == GPT(cfg).num_params()
     assert abs(est["peak_bytes"] / measured - 1) < 0.15, (est["peak_bytes"], measured)
 
 
 def test_hf_7b_config_on_one_and_eight_devices():
-    shape = ModelShape.from_hf_config(QWEN25_7B)
-    assert abs(shape.num_params - 7.615e9) / 7.615e9 < 0.01  # Qwen2.5-7B has 7.62B parameters
-    one = estimate_training(shape, TrainingSetup(1, 4096, "bf16", "adamw"))
+    cfg = sizes_config(QWEN25_7B)
+    assert abs(cfg.num_params() - 7.615e9) / 7.615e9 < 0.01  # Qwen2.5-7B has 7.62B parameters
+    one = estimate_training(cfg, TrainingSetup(1, 4096, "bf16", "adamw"))
     c = one["components"]
-    assert c["parameters"] == 4 * shape.num_params and c["optimizer_states"] == 8 * shape.num_params
-    fsdp = estimate_training(shape, TrainingSetup(1, 4096, "bf16", "adamw", world_size=8, parallel="fsdp2"))
-    ddp = estimate_training(shape, TrainingSetup(1, 4096, "bf16", "adamw", world_size=8, parallel="ddp"))
+    assert c["parameters"] == 4 * cfg.num_params() and c["optimizer_states"] == 8 * cfg.num_params()
+    fsdp = estimate_training(cfg, TrainingSetup(1, 4096, "bf16", "adamw", world_size=8, parallel="fsdp2"))
+    ddp = estimate_training(cfg, TrainingSetup(1, 4096, "bf16", "adamw", world_size=8, parallel="ddp"))
     assert fsdp["components"]["parameters"] * 8 == pytest.approx(c["parameters"])
     assert fsdp["peak_bytes"] < 80 * 2**30 < ddp["peak_bytes"]  # 7B full fine-tuning fits 8x80GB only sharded
-    ckpt = estimate_training(shape, TrainingSetup(1, 4096, "bf16", "adamw", True, 8, "fsdp2"))
+    ckpt = estimate_training(cfg, TrainingSetup(1, 4096, "bf16", "adamw", True, 8, "fsdp2"))
     assert ckpt["components"]["activations"] < fsdp["components"]["activations"] / 5
 
 
 def test_kv_cache_matches_the_formula_and_grows_linearly():
-    shape = ModelShape.from_hf_config(QWEN25_7B)
-    kv = estimate_kv_cache(shape, batch_size=1, context=1000, dtype="bf16")
+    cfg = sizes_config(QWEN25_7B)
+    kv = estimate_kv_cache(cfg, batch_size=1, context=1000, dtype="bf16")
     assert kv["kv_bytes_per_token"] == 2 * 28 * 4 * 128 * 2  # K and V, 28 layers, 4 KV heads of 128, bf16
-    assert estimate_kv_cache(shape, 4, 1000)["kv_cache_bytes"] == 4 * kv["kv_cache_bytes"]
+    assert estimate_kv_cache(cfg, 4, 1000)["kv_cache_bytes"] == 4 * kv["kv_cache_bytes"]
 
 
 def test_int8_and_fp8_kv_caches_count_their_scales_and_keep_bf16_weights(tmp_path, capsys):
-    shape = ModelShape.from_hf_config(QWEN25_7B)
-    bf16 = estimate_kv_cache(shape, 8, 1000, dtype="bf16")
+    cfg = sizes_config(QWEN25_7B)
+    bf16 = estimate_kv_cache(cfg, 8, 1000, dtype="bf16")
     for dtype in ("int8", "fp8"):
-        q = estimate_kv_cache(shape, 8, 1000, dtype=dtype)
+        q = estimate_kv_cache(cfg, 8, 1000, dtype=dtype)
         assert q["kv_bytes_per_token"] == 2 * 28 * 4 * (128 + 4)  # a byte per value, an fp32 scale per head
         assert q["weights_dtype"] == "bf16" and q["weights_bytes"] == bf16["weights_bytes"]
         assert 1.9 < bf16["kv_cache_bytes"] / q["kv_cache_bytes"] < 2
     with pytest.raises(ValueError, match="int8, fp8"):
-        estimate_kv_cache(shape, 1, 10, dtype="int4")
+        estimate_kv_cache(cfg, 1, 10, dtype="int4")
     (tmp_path / "config.json").write_text(json.dumps(QWEN25_7B))
     assert main(["estimate", "memory", "--hf-config", str(tmp_path), "--kv-dtype", "int8", "--json"]) == 0
     serving = json.loads(capsys.readouterr().out)["serving"]
@@ -127,3 +128,19 @@ def test_data_sizes_the_micro_batch_by_its_real_lengths(tmp_path, capsys, small_
     assert budget["tokens_per_micro_batch"] <= 1024
     assert main([*run, "--data", str(data)]) == 2  # nothing to render it with
     assert "--tokenizer" in capsys.readouterr().err
+
+
+def test_sizes_config_reads_any_decoder_family_and_agrees_with_the_strict_mapping():
+    from portachat.model.hf import UnsupportedConfigError, from_hf_config
+
+    assert sizes_config(QWEN25_7B) == from_hf_config(QWEN25_7B)  # a family we run: the same GPTConfig
+    mistral = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 4096,
+               "intermediate_size": 14336, "num_attention_heads": 32, "num_hidden_layers": 32,
+               "num_key_value_heads": 8, "vocab_size": 32768, "sliding_window": 4096}  # fmt: skip
+    with pytest.raises(UnsupportedConfigError):
+        from_hf_config(mistral)
+    cfg = sizes_config({"text_config": mistral})  # the text part of a multimodal config
+    assert (cfg.n_layer, cfg.n_kv_head, cfg.head_dim, cfg.qk_norm, cfg.attention_bias) == (32, 8, 128, False, False)
+    assert abs(cfg.num_params() - 7.248e9) / 7.248e9 < 0.01  # Mistral-7B-v0.3 has 7.25B parameters
+    with pytest.raises(UnsupportedConfigError, match="hidden_size"):
+        sizes_config({"model_type": "llama", "vocab_size": 10})

@@ -9,7 +9,6 @@ import pytest
 
 from portachat.cli import main
 from portachat.model import GPT, GPTConfig
-from portachat.model.estimate import ModelShape
 from portachat.model.serve_memory import ModelTooBig, check_fits, estimate_serving, smallest_tp
 from portachat.model.tensor_parallel import shard_model
 
@@ -30,25 +29,25 @@ def test_per_device_weights_and_kv_match_the_real_shard(overrides, tp):
     shard_model(model, 0, tp)
     held = sum(p.numel() for p in model.parameters()) * 4
     kv_per_token = 2 * model.config.n_layer * model.config.n_kv_head * model.config.head_dim * 4
-    est = estimate_serving(ModelShape.from_gpt_config(cfg), tp, "fp32", batch_size=2, context=16)
+    est = estimate_serving(cfg, tp, "fp32", batch_size=2, context=16)
     assert est["weights_bytes_per_device"] == held
     assert est["kv_bytes_per_token_per_device"] == kv_per_token
 
 
 def test_what_fits_and_the_smallest_size_that_does():
-    shape = ModelShape.from_gpt_config(GPTConfig(vocab_size=32000, n_layer=8, n_embd=1024, n_head=16, n_kv_head=8,
-                                                 head_dim=64, intermediate_size=4096))  # fmt: skip
-    one = estimate_serving(shape, 1, "bf16", batch_size=4, context=1024)
+    cfg = GPTConfig(vocab_size=32000, n_layer=8, n_embd=1024, n_head=16, n_kv_head=8, head_dim=64,
+                    intermediate_size=4096)
+    one = estimate_serving(cfg, 1, "bf16", batch_size=4, context=1024)
     budget = int(one["total_bytes_per_device"] * 0.7)  # too small for one device, enough for two
-    est = estimate_serving(shape, 1, "bf16", 4, 1024, device_bytes=budget, utilization=1.0)
+    est = estimate_serving(cfg, 1, "bf16", 4, 1024, device_bytes=budget, utilization=1.0)
     assert not est["fits"] and est["smallest_tp_that_fits"] == 2
     assert est["kv_tokens_that_fit"] == 0  # not even the weights fit
-    roomy = estimate_serving(shape, 1, "bf16", 4, 1024, device_bytes=10 * budget, utilization=1.0)
+    roomy = estimate_serving(cfg, 1, "bf16", 4, 1024, device_bytes=10 * budget, utilization=1.0)
     kv_room = 10 * budget - one["weights_bytes_per_device"] - one["activations_bytes_per_device"]
     assert roomy["kv_tokens_that_fit"] == kv_room // one["kv_bytes_per_token_per_device"]
     assert roomy["sequences_that_fit"] == roomy["kv_tokens_that_fit"] // 1024
-    assert smallest_tp(shape, "bf16", 4, 1024, budget=1) is None
-    two = estimate_serving(shape, 2, "bf16", 4, 1024, device_bytes=budget, utilization=1.0)
+    assert smallest_tp(cfg, "bf16", 4, 1024, budget=1) is None
+    two = estimate_serving(cfg, 2, "bf16", 4, 1024, device_bytes=budget, utilization=1.0)
     assert two["fits"] and two["weights_bytes_per_device"] < one["weights_bytes_per_device"]
 
 
@@ -65,15 +64,15 @@ def test_cli_prints_the_serving_table(tmp_path, capsys):
 
 
 def test_check_fits_names_the_smallest_size_that_fits():
-    shape = ModelShape.from_gpt_config(GPTConfig(vocab_size=32000, n_layer=8, n_embd=1024, n_head=16, n_kv_head=8,
-                                                 head_dim=64, intermediate_size=4096))  # fmt: skip
-    need = estimate_serving(shape, 1, "bf16", batch_size=1, context=1024)["total_bytes_per_device"]
-    check_fits(shape, 1, "bf16", 1024, int(need / 0.89), "cfg")  # fits: no error
+    cfg = GPTConfig(vocab_size=32000, n_layer=8, n_embd=1024, n_head=16, n_kv_head=8, head_dim=64,
+                    intermediate_size=4096)
+    need = estimate_serving(cfg, 1, "bf16", batch_size=1, context=1024)["total_bytes_per_device"]
+    check_fits(cfg, 1, "bf16", 1024, int(need / 0.89), "cfg")  # fits: no error
     with pytest.raises(ModelTooBig, match=r"at -tp 1 in bf16 .*serve it with --tensor-parallel-size 2 .*--serve -tp 2"):
-        check_fits(shape, 1, "bf16", 1024, int(need * 0.8), "cfg")
-    weights = estimate_serving(shape, 1, "bf16", 1, 1024)["weights_bytes_per_device"]
+        check_fits(cfg, 1, "bf16", 1024, int(need * 0.8), "cfg")
+    weights = estimate_serving(cfg, 1, "bf16", 1, 1024)["weights_bytes_per_device"]
     with pytest.raises(ModelTooBig, match="or lower --max-model-len"):  # weights fit, a 64k-token sequence does not
-        check_fits(shape, 1, "bf16", 65536, int(weights / 0.85), "cfg")
+        check_fits(cfg, 1, "bf16", 65536, int(weights / 0.85), "cfg")
 
 
 def test_serve_refuses_a_model_too_big_before_reading_any_weight(tmp_path):

@@ -15,7 +15,6 @@ import sys
 import pytest
 
 from portachat.model import GPTConfig
-from portachat.model.estimate import ModelShape
 from portachat.model.serve_memory import estimate_serving
 
 MEASURE = r"""
@@ -60,8 +59,8 @@ def test_serving_estimate_is_within_15_percent_of_the_measured_peak(depth, batch
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     measured = json.loads(run.stdout.strip().splitlines()[-1])
-    shape = ModelShape.from_gpt_config(GPTConfig.from_depth(depth, vocab_size=32768, max_seq_len=context))
-    est = estimate_serving(shape, 1, "fp32", batch, context, device_type="cpu", step_tokens=step_tokens)
+    cfg = GPTConfig.from_depth(depth, vocab_size=32768, max_seq_len=context)
+    est = estimate_serving(cfg, 1, "fp32", batch, context, device_type="cpu", step_tokens=step_tokens)
     assert (est["packed_weights_bytes_per_device"] > 0) == measured["packed"]  # both follow the device layer
     ratio = est["total_bytes_per_device"] / measured["peak_bytes"]
     assert 0.85 <= ratio <= 1.15, (ratio, est, measured)
