@@ -204,7 +204,7 @@ def run_grpo(opts: RLOptions, dev: Device | None = None, print_fn=print) -> Trai
         step_metrics=step_metrics,
     )
     extra = {"data": ", ".join(opts.data), "init_from": str(base.path), "finetune": "full", "lr": lr,
-             "grpo": {"num_samples": opts.num_samples, "rewards": rewards.names, "reward_weights": rewards.weights,
+             "grpo": {"num_samples": opts.num_samples, "rewards": rewards.specs, "reward_weights": rewards.weights,
                       "beta": opts.beta, "epsilon": opts.epsilon, "epsilon_high": opts.epsilon_high,
                       "normalize_std": opts.normalize_std}}
     trainer = FinetuneTrainer(model, base.tokenizer, stage, cfg, dev, env, path, extra_meta=extra, print_fn=print_fn,

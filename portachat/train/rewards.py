@@ -129,6 +129,12 @@ def reward_function(spec: str) -> RewardFn:
         spec=spec, builtins=", ".join(BUILTINS)))
 
 
+def _label(spec: str) -> str:
+    """A reward's short name: a user function's own name, a built-in's spec."""
+    file, _sep, name = spec.rpartition(":")
+    return name if file.endswith(".py") else spec
+
+
 class Rewards:
     """Several reward functions and their weights; `score` gives each completion's weighted sum."""
 
@@ -138,7 +144,8 @@ class Rewards:
         if weights is not None and len(weights) != len(specs):
             raise TrainingError(_("--reward-weights has {n} values for {m} rewards; give one per --reward").format(
                 n=len(weights), m=len(specs)))
-        self.names = list(specs)
+        self.specs = list(specs)
+        self.names = [_label(s) for s in specs]  # the metric names: reward/<name>
         self.functions = [reward_function(s) for s in specs]
         self.weights = list(weights) if weights is not None else [1.0] * len(specs)
 
