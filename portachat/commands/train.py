@@ -330,9 +330,10 @@ def add_rl_parser(tsub) -> None:
                                     "prompt through the inference engine (calculator on), reward 1 for a correct final "
                                     "answer, advantage = reward - group mean. Starts from the run's sft checkpoint "
                                     "(<home>/runs/<run>/sft/latest) unless --init says otherwise. Logs reward, pass@k "
-                                    "and reply length every step."))
+                                    "and reply length every step. With --reward: GRPO on any model (--init a Hugging Face directory, a GGUF "
+                                    "or a checkpoint) over the prompts of --data, scored by the rewards."))
     g = t.add_argument_group(_("tasks and sampling"))
-    flag(g, "--init", default=None, help=_("checkpoint to start from (default: this run's sft/latest)"))
+    flag(g, "--init", default=None, help=_("checkpoint to start from (default: this run's sft/latest; with --reward any model)"))
     flag(g, "--data", action="append", default=None,
          help=_("jsonl/parquet rows with verifiable answers (GSM8K 'question'/'answer', ARC/MMLU); repeat to mix "
               "or hf:OWNER/NAME[:GLOB] (default: built-in synthetic tasks)"))

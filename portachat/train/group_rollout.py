@@ -2,7 +2,9 @@
 
 One LLMEngine (paged KV cache, continuous batching) runs over the training weights themselves, or on
 an accelerator over their copy in the inference dtype (a bf16 shadow, train.engine_copy), which
-`sync` refreshes in place after every optimizer step: no reload, the same addresses. The G replies
+`sync` refreshes in place after every optimizer step: no reload, the same addresses. Under FSDP2 each rank
+keeps a whole copy for its engine and gathers the shards into it in place (a collective: every rank
+samples, and so syncs, at the same points of the step). The G replies
 of a prompt share its KV blocks: each group's first reply is admitted alone, and the other G - 1
 once its prompt is computed, so they find the prompt's full blocks in the prefix cache (cleared at
 every sync: keys and values from older weights must not be reused). Between batches the engine
@@ -14,6 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+from portachat.checkpoint.sharded import is_sharded, whole_copy
 from portachat.device import Device
 from portachat.device.inference import training_engine_dtype
 from portachat.engine import LLMEngine, SamplingParams
@@ -41,7 +47,10 @@ class GroupRollout:
     def engine(self) -> LLMEngine:
         if self._engine is None:
             dtype = training_engine_dtype(self.dev)
-            self.weights = self.model if dtype is None else inference_copy(self.model, dtype)
+            if is_sharded(self.model):  # FSDP2: the engine needs whole weights (gathered: a collective)
+                self.weights = inference_copy(whole_copy(self.model), dtype or torch.float32)
+            else:
+                self.weights = self.model if dtype is None else inference_copy(self.model, dtype)
             self._engine = engine_for(self.weights, self.tokenizer, self.dev, max_num_seqs=self.max_num_seqs,
                                       max_model_len=self.max_model_len, prefix_caching=True)
             self.kv = KVSleep(self._engine)
@@ -51,7 +60,12 @@ class GroupRollout:
         """Make the engine sample from the model's current weights: the shadow copied in place (the CPU
         runs the weights themselves), packed copies rebuilt, cached prefixes dropped."""
         engine = self.engine()
-        if self.weights is not self.model:
+        if is_sharded(self.model):  # every rank gathers the whole weights together, then copies in place
+            state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
+            with torch.no_grad():
+                for name, p in self.weights.named_parameters():
+                    p.copy_(state[name])
+        elif self.weights is not self.model:
             refresh_copy(self.weights, self.model)
         engine.reload_weights()
 

@@ -131,6 +131,8 @@ def heldout_reward_evaluator(rows: Sequence[PromptRow], scorer: GroupScorer, dev
             scorer.sampler.sleep()
             scorer.reward_means.clear()
             total += torch.tensor([float(rewards.sum()), float(rewards.numel())], dtype=torch.float64)
+        else:
+            scorer.sampler.sync()  # under FSDP2 a collective: every rank takes part
         if world > 1:
             total = total.to(dev.torch_device)
             dist.all_reduce(total)
