@@ -64,7 +64,7 @@ class GroupScorer:
     def __init__(self, base: BaseModel, chat_tok, sampler: GroupRollout, rewards: Rewards) -> None:
         self.base, self.chat_tok, self.sampler, self.rewards = base, chat_tok, sampler, rewards
         self.ours = isinstance(base.tokenizer, Tokenizer)  # our models call the calculator: mask its output
-        self.reward_means: dict[str, list[float]] = {}
+        self.reward_sums = torch.zeros(2 * len(rewards.names), dtype=torch.float64)  # (sum, count) per function
 
     def run(self, rows: Sequence[PromptRow], group_size: int, max_tokens: int, temperature: float, seed: int,
             ) -> tuple[list[list[int]], list[Reply], torch.Tensor]:
@@ -78,15 +78,21 @@ class GroupScorer:
                        for i, t in enumerate(texts)]  # TRL's two formats
         values, means = self.rewards.score(shown_prompts, completions, [r.token_ids for r in replies],
                                            columns_of(rows, group_size))
-        for name, mean in means.items():
-            self.reward_means.setdefault(name, []).append(mean)
+        for k, name in enumerate(self.rewards.names):
+            if name in means:  # the mean over the completions the function applied to, weighed by their number
+                self.reward_sums[2 * k : 2 * k + 2] += torch.tensor([means[name] * len(replies), len(replies)])
         rewards = torch.tensor(values, dtype=torch.float32).view(len(rows), group_size)
         return [p for p in prompts for _ in range(group_size)], replies, rewards
 
-    def read_means(self) -> dict[str, float]:
-        out = {f"reward/{name}": sum(v) / len(v) for name, v in self.reward_means.items() if v}
-        self.reward_means.clear()
-        return out
+    def read_means(self, dev: Device) -> dict[str, float]:
+        """Each reward function's mean since the last read, over every rank (a collective when distributed)."""
+        totals = self.reward_sums.to(dev.accumulate_dtype).to(dev.torch_device)
+        if dist.is_initialized():
+            dist.all_reduce(totals)
+        values = totals.tolist()
+        self.reward_sums.zero_()
+        return {f"reward/{name}": values[2 * k] / values[2 * k + 1] for k, name in enumerate(self.rewards.names)
+                if values[2 * k + 1] > 0}
 
 
 class GroupStream:
@@ -127,9 +133,10 @@ def heldout_reward_evaluator(rows: Sequence[PromptRow], scorer: GroupScorer, dev
         mine = list(rows[rank::world])
         total = torch.zeros(2, dtype=torch.float64)
         if mine:
+            saved = scorer.reward_sums.clone()  # greedy held-out replies do not count as training rollouts
             _p, _r, rewards = scorer.run(mine, 1, max_tokens, 0.0, seed=0)
             scorer.sampler.sleep()
-            scorer.reward_means.clear()
+            scorer.reward_sums.copy_(saved)
             total += torch.tensor([float(rewards.sum()), float(rewards.numel())], dtype=torch.float64)
         else:
             scorer.sampler.sync()  # under FSDP2 a collective: every rank takes part
@@ -197,7 +204,7 @@ def run_grpo(opts: RLOptions, dev: Device | None = None, print_fn=print) -> Trai
     pad = chat_tok.bos_id if chat_tok.bos_id is not None else next(iter(chat_tok.stop_ids))
 
     def step_metrics() -> dict[str, float]:
-        return {**stats.read(), **scorer.read_means(), "kv_freed_bytes": float(sampler.freed_bytes)}
+        return {**stats.read(), **scorer.read_means(dev), "kv_freed_bytes": float(sampler.freed_bytes)}
 
     stage = Stage(
         make_stream=lambda s, n: GroupStream(train_rows, scorer, stats, opts, prompts_per_batch, pad, s, n, cfg.seed),

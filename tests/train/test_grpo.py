@@ -62,6 +62,34 @@ def test_help_in_english_and_chinese(monkeypatch, capsys):
         assert expect in text and "--reward-weights" in text and "path.py:function" in text
 
 
+def test_grpo_on_our_own_checkpoint_runs_and_resumes(small_tokenizer, tmp_path):
+    """--init one of our checkpoints: our tokenizer and chat format (calculator on), a built-in reward."""
+    from portachat.checkpoint import save_checkpoint
+    from tests.train.test_rl import tiny_model
+
+    ckpt = save_checkpoint(tmp_path / "sft", 3, tiny_model(small_tokenizer), small_tokenizer, {"stage": "sft"})
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"What is {i} + 1?"}],
+                                        "answer": str(i + 1)}) + "\n" for i in range(8)))
+    dev = get_device("cpu", dtype="fp32", compile=False)
+
+    def opts(steps: int, resume: str | None = None) -> RLOptions:
+        return RLOptions(init=str(ckpt), data=[str(data)], rewards=["synthetic", "length:4"], num_samples=2,
+                         max_new_tokens=6, num_iterations=steps, eval_examples=0, lr=1e-3, resume=resume,
+                         train=TrainConfig(run="ours", runs_root=str(tmp_path / "runs"), device_batch_size=4,
+                                           eval_every=0, log_every=1))
+
+    first = run_grpo(opts(1), dev=dev, print_fn=lambda _m: None)
+    meta = json.loads((first.final_checkpoint / "portachat.json").read_text())
+    assert meta["stage"] == "rl" and meta["grpo"]["rewards"] == ["synthetic", "length:4"]
+    resumed = run_grpo(opts(2, resume="auto"), dev=dev, print_fn=lambda _m: None)
+    assert resumed.steps == 2
+    records = [json.loads(line) for line in (first.final_checkpoint.parent / "log.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "reward" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(0.0 <= r["reward/synthetic"] <= 1.0 and -1.0 <= r["reward/length:4"] <= 0.0 for r in steps)
+
+
 @pytest.mark.slow
 def test_reward_rises_on_a_tiny_task(tmp_path):
     base, data, reward = tiny_task(tmp_path)
@@ -99,6 +127,7 @@ def test_torchrun_two_gloo_workers_with_fsdp2(tmp_path):
     assert meta["parallel"] == "fsdp2" and meta["world_size"] == 2 and meta["step"] == 3
     records = [json.loads(line) for line in (stage / "log.jsonl").read_text().splitlines()]
     assert sorted(r["step"] for r in records if "reward" in r) == [1, 2, 3]
+    assert all("reward/low_ids" in r for r in records if "reward" in r)  # summed over both ranks
     before = load_for_inference(base, device="cpu", dtype=torch.float32).model.state_dict()
     after = load_for_inference(stage / "step_000003", device="cpu", dtype=torch.float32).model.state_dict()
     assert any(not torch.allclose(after[k], before[k]) for k in after)
