@@ -298,11 +298,9 @@ def cmd_train_rl(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         train=cfg,
     )
-    run = run_rl
-    if args.reward:  # GRPO on any model, scored by the given rewards
-        from portachat.train.grpo import run_grpo  # deferred: loads torch
+    from portachat.train.grpo import run_grpo, wants_grpo  # deferred: loads torch
 
-        run = run_grpo
+    run = run_grpo if wants_grpo(args.init, opts.rewards) else run_rl  # GRPO on any model, scored by the rewards
     try:
         result = run(opts, dev=dev)
     finally:

@@ -28,6 +28,7 @@ from portachat.device import Device, get_device, init_distributed
 from portachat.device.inference import training_engine_dtype
 from portachat.i18n import _
 from portachat.model import GPT
+from portachat.model.source import PORTACHAT, resolve
 from portachat.tokenizer import Tokenizer
 from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
 from portachat.train.chat_stage import prepare_stage_dir
@@ -41,6 +42,18 @@ from portachat.train.rollout import Reply, tool_mask
 from portachat.train.trainer import Stage, TrainingError, TrainResult
 
 GRPO_LR = 1e-6  # TRL's GRPOConfig default: RL updates of a trained model are small
+
+
+def wants_grpo(init: str | None, rewards: Sequence[str]) -> bool:
+    """`train rl` runs GRPO when given rewards; an existing model (not our checkpoint) without any is refused
+    with what to add (the synthetic-task RL path reads only our checkpoints)."""
+    if rewards:
+        return True
+    if init and resolve(init).format != PORTACHAT:
+        raise TrainingError(_("--init {init} is an existing model, not a portachat checkpoint: RL on it is GRPO, "
+                              "which needs --data PROMPTS.jsonl and at least one --reward (e.g. --reward gsm8k)").format(
+            init=init))
+    return False
 
 
 def prompt_ids(base: BaseModel, chat_tok, row: PromptRow) -> list[int]:

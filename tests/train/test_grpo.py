@@ -15,7 +15,7 @@ import torch
 from portachat.cli import build_parser
 from portachat.device import get_device
 from portachat.model.load import load_for_inference
-from portachat.train.grpo import run_grpo
+from portachat.train.grpo import run_grpo, wants_grpo
 from portachat.train.rl import RLOptions
 from portachat.train.trainer import TrainConfig, TrainingError
 from tests.e2e.helpers import cli_env, run_cli
@@ -45,6 +45,11 @@ def test_flags_reach_the_options_and_bad_setups_fail_clearly(tmp_path):
                                       "--epsilon-high", "0.28", "--lr", "2e-6"])
     assert args.reward == ["gsm8k", "length:64"] and args.reward_weights == [1.0, 0.5]
     assert (args.beta, args.epsilon, args.epsilon_high, args.lr) == (0.04, 0.2, 0.28, 2e-6)
+    base = tmp_path / "base"
+    make_hf_dir(base, "qwen3")
+    with pytest.raises(TrainingError, match="existing model, not a portachat checkpoint.*--reward"):
+        wants_grpo(str(base), [])
+    assert wants_grpo(str(base), ["gsm8k"]) and not wants_grpo(None, [])
     with pytest.raises(TrainingError, match="at least one --reward"):
         run_grpo(RLOptions(init="m", data=["p.jsonl"]), dev=get_device("cpu", dtype="fp32", compile=False))
     with pytest.raises(TrainingError, match="multiple of --num-samples"):
