@@ -33,7 +33,7 @@ from portachat.tokenizer import Tokenizer
 from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
 from portachat.train.chat_stage import prepare_stage_dir
 from portachat.train.engine_copy import inference_copy
-from portachat.train.finetune import BaseModel, FinetuneTrainer, load_base
+from portachat.train.finetune import BaseModel, FinetuneTrainer, load_base, pad_id
 from portachat.train.group_rollout import GroupRollout
 from portachat.train.grpo_loss import GRPOLoss, group_advantages
 from portachat.train.rewards import Rewards
@@ -89,11 +89,10 @@ class GroupScorer:
         shown_prompts = [r.prompt for r in rows for _ in range(group_size)]
         completions = [[{"role": "assistant", "content": t}] if rows[i // group_size].conversational else t
                        for i, t in enumerate(texts)]  # TRL's two formats
-        values, means = self.rewards.score(shown_prompts, completions, [r.token_ids for r in replies],
-                                           columns_of(rows, group_size))
-        for k, name in enumerate(self.rewards.names):
-            if name in means:  # the mean over the completions the function applied to, weighed by their number
-                self.reward_sums[2 * k : 2 * k + 2] += torch.tensor([means[name] * len(replies), len(replies)])
+        values, applied = self.rewards.score(shown_prompts, completions, [r.token_ids for r in replies],
+                                             columns_of(rows, group_size))
+        for k, name in enumerate(self.rewards.names):  # over the completions each function applied to
+            self.reward_sums[2 * k : 2 * k + 2] += torch.tensor(applied[name], dtype=torch.float64)
         rewards = torch.tensor(values, dtype=torch.float32).view(len(rows), group_size)
         return [p for p in prompts for _ in range(group_size)], replies, rewards
 
@@ -214,7 +213,7 @@ def run_grpo(opts: RLOptions, dev: Device | None = None, print_fn=print) -> Trai
     if opts.beta != 0.0:  # the starting weights, frozen (in the inference dtype where the device has one)
         reference = inference_copy(model, training_engine_dtype(dev) or torch.float32)
     stats = RolloutStats(dev)
-    pad = chat_tok.bos_id if chat_tok.bos_id is not None else next(iter(chat_tok.stop_ids))
+    pad = pad_id(base.tokenizer)
 
     def step_metrics() -> dict[str, float]:
         return {**stats.read(), **scorer.read_means(dev), "kv_freed_bytes": float(sampler.freed_bytes)}

@@ -150,12 +150,12 @@ class Rewards:
         self.weights = list(weights) if weights is not None else [1.0] * len(specs)
 
     def score(self, prompts: list, completions: list, completion_ids: list[list[int]],
-              columns: dict[str, list[Any]]) -> tuple[list[float], dict[str, float]]:
-        """(each completion's weighted reward, each function's mean over the completions it applied to)."""
+              columns: dict[str, list[Any]]) -> tuple[list[float], dict[str, tuple[float, int]]]:
+        """(each completion's weighted reward, each function's (sum, count) over the completions it applied to)."""
         n = len(completions)
         total = [0.0] * n
         seen = [False] * n
-        means: dict[str, float] = {}
+        applied_to: dict[str, tuple[float, int]] = {}
         for name, fn, w in zip(self.names, self.functions, self.weights, strict=True):
             values = fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
             if not isinstance(values, (list, tuple)) or len(values) != n:
@@ -166,6 +166,5 @@ class Rewards:
             for i, v in applied:
                 total[i] += w * v
                 seen[i] = True
-            if applied:
-                means[name] = sum(v for _i, v in applied) / len(applied)
-        return [t if s else 0.0 for t, s in zip(total, seen, strict=True)], means
+            applied_to[name] = (sum(v for _i, v in applied), len(applied))
+        return [t if s else 0.0 for t, s in zip(total, seen, strict=True)], applied_to

@@ -3,8 +3,6 @@ None as "does not apply", and clear errors for a missing file or function or a w
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from portachat.train.rewards import Rewards, reward_function
@@ -41,11 +39,11 @@ def test_user_function_with_trls_signature_gets_columns_and_weights(tmp_path):
         "    return [2.0] + [None] * (len(completions) - 1)\n"
     )
     rewards = Rewards([f"{path}:exact", f"{path}:only_first", "length:8"], weights=[1.0, 0.5, 2.0])
-    values, means = rewards.score(CHAT_PROMPTS, CHAT_COMPLETIONS, [[1] * 4, [1] * 12, [1] * 4],
+    values, applied = rewards.score(CHAT_PROMPTS, CHAT_COMPLETIONS, [[1] * 4, [1] * 12, [1] * 4],
                                   {"answer": ["4", "4", "4"]})
     assert values == [1.0 + 0.5 * 2.0, 0.0 + 2.0 * -0.5, 1.0]  # None skipped, as TRL's nansum
     assert rewards.names == ["exact", "only_first", "length:8"]
-    assert means["only_first"] == 2.0 and math.isclose(means["exact"], 2 / 3)
+    assert applied["only_first"] == (2.0, 1) and applied["exact"] == (2.0, 3) and applied["length:8"] == (-0.5, 3)
     plain, _ = Rewards([f"{path}:exact"]).score(["2+2="] * 2, [" 4", " 5"], [[1], [1]], {"answer": ["4", "4"]})
     assert plain == [1.0, 0.0]
 
