@@ -288,12 +288,21 @@ def cmd_train_rl(args: argparse.Namespace) -> int:
         num_epochs=args.num_epochs,
         num_iterations=args.num_iterations,
         eval_examples=args.eval_examples,
+        rewards=args.reward or [],
+        reward_weights=args.reward_weights,
+        beta=args.beta,
+        epsilon=args.epsilon,
+        epsilon_high=args.epsilon_high,
+        lr=args.lr,
         resume=args.resume,
         overwrite=args.overwrite,
         train=cfg,
     )
+    from portachat.train.grpo import run_grpo, wants_grpo  # deferred: loads torch
+
+    run = run_grpo if wants_grpo(args.init, opts.rewards) else run_rl  # GRPO on any model, scored by the rewards
     try:
-        result = run_rl(opts, dev=dev)
+        result = run(opts, dev=dev)
     finally:
         destroy_distributed()
     if result.final_checkpoint is not None and dist_env().is_main:
@@ -301,6 +310,13 @@ def cmd_train_rl(args: argparse.Namespace) -> int:
         print("[portachat] " + _("done: {steps} steps; {metrics}").format(steps=result.steps, metrics=shown))
         print("[portachat] " + _("model: {path}").format(path=result.final_checkpoint))
     return 0
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(_("expected comma-separated numbers, got {text}").format(text=repr(text))) from None
 
 
 def add_rl_parser(tsub) -> None:
@@ -312,9 +328,10 @@ def add_rl_parser(tsub) -> None:
                                     "prompt through the inference engine (calculator on), reward 1 for a correct final "
                                     "answer, advantage = reward - group mean. Starts from the run's sft checkpoint "
                                     "(<home>/runs/<run>/sft/latest) unless --init says otherwise. Logs reward, pass@k "
-                                    "and reply length every step."))
+                                    "and reply length every step. With --reward: GRPO on any model (--init a Hugging Face directory, a GGUF "
+                                    "or a checkpoint) over the prompts of --data, scored by the rewards."))
     g = t.add_argument_group(_("tasks and sampling"))
-    flag(g, "--init", default=None, help=_("checkpoint to start from (default: this run's sft/latest)"))
+    flag(g, "--init", default=None, help=_("checkpoint to start from (default: this run's sft/latest; with --reward any model)"))
     flag(g, "--data", action="append", default=None,
          help=_("jsonl/parquet rows with verifiable answers (GSM8K 'question'/'answer', ARC/MMLU); repeat to mix "
               "or hf:OWNER/NAME[:GLOB] (default: built-in synthetic tasks)"))
@@ -326,6 +343,16 @@ def add_rl_parser(tsub) -> None:
     flag(g, "--lr-scale", type=float, default=d.lr_scale, help=_("multiply every learning rate by this (default %(default)s)"))
     flag(g, "--num-epochs", type=float, default=1.0, help=_("passes over the prompts when --num-iterations is not given"))
     flag(g, "--eval-examples", type=nonneg_int, default=d.eval_examples, help=_("held-out questions answered at each evaluation"))
+    g = t.add_argument_group(_("GRPO for any model (--init MODEL --data PROMPTS.jsonl --reward ...)"))
+    flag(g, "--reward", action="append", default=None,
+         help=_("reward: synthetic, gsm8k, regex:PATTERN, length:N, or path.py:function (TRL's signature); repeat to "
+                "combine. Switches to GRPO on --init (any model) over --data rows {'prompt': ...} or {'messages': "
+                "[...]}; other columns reach the rewards"))
+    flag(g, "--reward-weights", type=_floats, default=None, help=_("comma-separated weights, one per --reward (default 1 each)"))
+    flag(g, "--beta", type=float, default=d.beta, help=_("weight of the KL to the starting model (default %(default)s: none kept)"))
+    flag(g, "--epsilon", type=float, default=d.epsilon, help=_("clip range of the probability ratio (default %(default)s)"))
+    flag(g, "--epsilon-high", type=float, default=None, help=_("upper clip range (default: --epsilon)"))
+    flag(g, "--lr", type=float, default=None, help=_("AdamW learning rate for GRPO (default 1e-06)"))
     add_train_flags(t)
     t.set_defaults(func=cmd_train_rl)
     _stage_default(t, "warmdown_ratio", d.warmdown_ratio, _("linear decay to 0"))

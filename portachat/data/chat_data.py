@@ -130,6 +130,11 @@ def _parquet_rows(path: Path) -> Iterator[tuple[str, Any]]:
         yield f"{path} row {i}", row
 
 
+def file_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    """(where, row) for each row of a .jsonl/.json/.parquet file; `where` names the file and line or row."""
+    return _parquet_rows(path) if path.suffix == ".parquet" else _jsonl_rows(path)
+
+
 def hub_dataset(spec: str) -> Path:
     """`hf:OWNER/NAME[:GLOB]` (or `modelscope:...`) -> a local directory with the dataset's matching
     files (downloaded once)."""

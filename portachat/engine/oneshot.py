@@ -98,16 +98,19 @@ def engine_for(
     max_num_seqs: int = 1,
     max_model_len: int | None = None,
     max_num_batched_tokens: int | None = None,
+    prefix_caching: bool = False,
 ) -> LLMEngine:
     """An LLMEngine over `model` as it is, with room for `max_num_seqs` sequences of `max_model_len`
-    tokens (default: the model's context; longer is allowed: rotary grows). No tokenizer: ids only."""
+    tokens (default: the model's context; longer is allowed: rotary grows). No tokenizer: ids only.
+    `prefix_caching`: for a caller that calls `reload_weights` after every weight update (GRPO: the G
+    replies of a prompt share its blocks)."""
     length = max_model_len or model.config.max_seq_len
     config = EngineConfig(
         max_model_len=length,
         max_num_seqs=max_num_seqs,
         block_size=BLOCK_SIZE,
         num_blocks=max_num_seqs * -(-length // BLOCK_SIZE) + 1,
-        enable_prefix_caching=False,
+        enable_prefix_caching=prefix_caching,
         dtype="model",
         compile=False,
     )

@@ -38,6 +38,7 @@ from portachat.model.model_dir import read_meta
 from portachat.tokenizer import Tokenizer, render_for_completion
 from portachat.train.chat_eval import answer_accuracy_evaluator, is_correct
 from portachat.train.chat_stage import model_from_checkpoint, start_points
+from portachat.train.grpo_loss import group_advantages
 from portachat.train.rollout import Reply, RolloutEngine
 from portachat.train.trainer import Stage, TrainConfig, TrainingError, TrainResult, load_init_weights, train
 
@@ -62,17 +63,16 @@ class RLOptions:
     num_epochs: float = 1.0
     num_iterations: int | None = None
     eval_examples: int = 64
+    # GRPO for any model (train.grpo): rewards and the clipped objective; see train.rewards, train.grpo_loss
+    rewards: list[str] = field(default_factory=list)  # built-in names or path.py:function
+    reward_weights: list[float] | None = None  # one per reward; None = all 1
+    beta: float = 0.0  # weight of the k3 KL to the starting model (0: no reference model is kept)
+    epsilon: float = 0.2  # the ratio's clip range below 1 (and above, unless epsilon_high)
+    epsilon_high: float | None = None  # DAPO's clip-higher
+    lr: float | None = None  # AdamW's learning rate for an existing model (None = grpo.GRPO_LR)
     resume: str | None = None
     overwrite: bool = False
     train: TrainConfig = field(default_factory=TrainConfig)
-
-
-def group_advantages(rewards: torch.Tensor, normalize_std: bool = False) -> torch.Tensor:
-    """rewards [groups, G] -> advantages: reward minus the group mean (over the std if asked)."""
-    adv = rewards - rewards.mean(dim=1, keepdim=True)
-    if normalize_std:
-        adv = adv / (rewards.std(dim=1, keepdim=True) + 1e-6)
-    return adv
 
 
 def rollout_batch(prompts: Sequence[list[int]], replies: Sequence[Reply], advantages: Sequence[float], pad_id: int,

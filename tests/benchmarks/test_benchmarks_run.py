@@ -184,3 +184,16 @@ def test_speculative_benchmark_reports_each_task():
     unknown = subprocess.run([sys.executable, str(REPO / "benchmarks" / "speculative.py"), "--tasks", "poem"],
                              capture_output=True, text=True, timeout=300, cwd=REPO)  # fmt: skip
     assert unknown.returncode != 0 and "unknown tasks ['poem']" in unknown.stderr
+
+
+def test_rl_rollouts_benchmark_prints_a_ratio():
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "rl_rollouts.py"), "--models", "ours", "--depth", "1",
+         "--prompts", "2", "--group", "2", "--prompt-len", "20", "--new-tokens", "4", "--rounds", "1",
+         "--threads", "1", "--json"],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    record = json.loads(proc.stdout.strip().splitlines()[-1])["results"][0]
+    assert record["ratio"] > 0 and record["ours_tok_s"] > 0 and record["hf_tok_s"] > 0
+    assert record["prefix_hits"] > 0  # the G replies shared their prompt's blocks

@@ -1,0 +1,119 @@
+"""RL rollout throughput: G replies per prompt from portachat's engine in the training process
+(train.group_rollout: paged KV, continuous batching, the G replies sharing their prompt's blocks)
+against `transformers.generate` on the same weights, as TRL's GRPOTrainer generates without vLLM
+(each prompt repeated G times, left-padded, sampled in one `generate` call).
+
+Both sides run the model as RL trains it (fp32 master weights that require gradients: the engine
+runs them as they are, nothing packed), sample at temperature 1 and generate exactly
+`--new-tokens` tokens per reply (no stop token), in alternating timed rounds inside this one
+process so background load hits both alike. Printed: rollout tokens/s of each side (new tokens
+only) and the ratio (ours / transformers; the goal on a CPU is >= 3x).
+
+    python benchmarks/rl_rollouts.py                       # SmolLM2-135M, 4 prompts x G=8, 64 new tokens
+    python benchmarks/rl_rollouts.py --models ours --depth 4 --group 16 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from portachat.device import Device, get_device
+from portachat.engine.oneshot import TokenIdsOnly
+from portachat.model import GPT, GPTConfig
+from portachat.train.group_rollout import GroupRollout
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from decode import hf_twin, load_smollm2  # noqa: E402  (the decode benchmark's loaders: one home)
+
+
+def training_model(name: str, dev: Device, depth: int) -> GPT:
+    """The model as an RL run holds it: fp32, trainable, in train mode."""
+    if name == "smollm2":
+        model = load_smollm2(dev, torch.float32)
+    else:
+        torch.manual_seed(0)
+        model = GPT(GPTConfig.from_depth(depth, vocab_size=32768, max_seq_len=2048)).to(dev.torch_device)
+    return model.float().requires_grad_(True).train()
+
+
+def run_ours(rollout: GroupRollout, prompts: list[list[int]], group: int, new_tokens: int, dev: Device) -> float:
+    dev.synchronize()
+    t0 = time.perf_counter()
+    replies = rollout.sample_groups(prompts, group, new_tokens, 1.0, seed=0)
+    dev.synchronize()
+    assert all(len(r) == new_tokens for g in replies for r in g)
+    return time.perf_counter() - t0
+
+
+@torch.no_grad()
+def run_hf(hf, prompts: list[list[int]], group: int, new_tokens: int, dev: Device) -> float:
+    rows = [p for p in prompts for _ in range(group)]  # TRL repeats each prompt G times
+    width = max(len(p) for p in rows)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in rows], device=dev.torch_device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows], device=dev.torch_device)
+    dev.synchronize()
+    t0 = time.perf_counter()
+    out = hf.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=True,
+                      temperature=1.0, top_k=0, top_p=1.0, pad_token_id=0)
+    dev.synchronize()
+    assert out.shape[1] == width + new_tokens
+    return time.perf_counter() - t0
+
+
+def bench(name: str, args: argparse.Namespace, dev: Device) -> dict:
+    model = training_model(name, dev, args.depth)
+    hf = hf_twin(model, torch.float32, dev.torch_device)
+    g = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    prompts = [torch.randint(0, vocab, (args.prompt_len + 3 * i,), generator=g).tolist() for i in range(args.prompts)]
+    rollout = GroupRollout(model, TokenIdsOnly(vocab), dev, max_num_seqs=args.prompts * args.group,
+                           max_model_len=max(len(p) for p in prompts) + args.new_tokens)
+    run_ours(rollout, prompts, args.group, 2, dev)  # warm up
+    run_hf(hf, prompts, args.group, 2, dev)
+    times: dict[str, list[float]] = {"ours": [], "hf": []}
+    for r in range(args.rounds):
+        for side in (("ours", "hf") if r % 2 == 0 else ("hf", "ours")):
+            fn = run_ours if side == "ours" else run_hf
+            times[side].append(fn(rollout if side == "ours" else hf, prompts, args.group, args.new_tokens, dev))
+    tokens = args.prompts * args.group * args.new_tokens
+    tok_s = {k: tokens / statistics.median(v) for k, v in times.items()}
+    rec = dict(model=name, prompts=args.prompts, group=args.group, new_tokens=args.new_tokens,
+               ours_tok_s=tok_s["ours"], hf_tok_s=tok_s["hf"], ratio=tok_s["ours"] / tok_s["hf"],
+               prefix_hits=rollout.engine().blocks.prefix_hits)
+    print(f"{name:>8}  {args.prompts} prompts x G={args.group}, {args.new_tokens} new tokens: ours "
+          f"{tok_s['ours']:8.1f} tok/s   transformers.generate {tok_s['hf']:8.1f} tok/s   ratio {rec['ratio']:.2f}x",
+          flush=True)
+    return rec
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default="smollm2", help="comma list of: smollm2, ours (a random model of --depth)")
+    p.add_argument("--depth", type=int, default=4)
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--group", type=int, default=8, help="replies per prompt, G")
+    p.add_argument("--prompt-len", type=int, default=96)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=3, help="timed runs per side, alternating; the median counts")
+    p.add_argument("--device", default=None, help="cpu, cuda, ... (default: auto)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's choice)")
+    p.add_argument("--json", action="store_true", help="print one JSON record as the last line")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dev = get_device(args.device, dtype="fp32", compile=False)
+    records = [bench(name, args, dev) for name in args.models.split(",") if name]
+    if args.json:
+        print(json.dumps({"device": dev.type, "results": records}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,116 @@
+"""GRPO's rollouts: G replies to each prompt from the engine, in the training process.
+
+One LLMEngine (paged KV cache, continuous batching) runs over the training weights themselves, or on
+an accelerator over their copy in the inference dtype (a bf16 shadow, train.engine_copy), which
+`sync` refreshes in place after every optimizer step: no reload, the same addresses. Under FSDP2 each rank
+keeps a whole copy for its engine and gathers the shards into it in place (a collective: every rank
+samples, and so syncs, at the same points of the step). The G replies
+of a prompt share its KV blocks: each group's first reply is admitted alone, and the other G - 1
+once its prompt is computed, so they find the prompt's full blocks in the prefix cache (cleared at
+every sync: keys and values from older weights must not be reused). Between batches the engine
+sleeps: its KV cache's memory is given back while the trainer runs the forward and backward
+(engine.kv_sleep).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+from portachat.checkpoint.sharded import is_sharded, whole_copy
+from portachat.device import Device
+from portachat.device.inference import training_engine_dtype
+from portachat.engine import LLMEngine, SamplingParams
+from portachat.engine.kv_sleep import KVSleep
+from portachat.engine.oneshot import engine_for, eval_mode
+from portachat.engine.types import EngineError
+from portachat.i18n import _
+from portachat.model import GPT
+from portachat.tokenizer.protocol import ChatTokenizer
+from portachat.train.engine_copy import inference_copy, refresh_copy
+
+
+class GroupRollout:
+    """An engine over `model`'s current weights, built on first use, for batches of prompt groups."""
+
+    def __init__(self, model: GPT, tokenizer: ChatTokenizer, dev: Device, max_num_seqs: int,
+                 max_model_len: int) -> None:
+        self.model, self.tokenizer, self.dev = model, tokenizer, dev
+        self.max_num_seqs, self.max_model_len = max_num_seqs, max_model_len
+        self._engine: LLMEngine | None = None
+        self.kv: KVSleep | None = None
+        self.weights: GPT = model  # what the engine runs: the model itself, or its inference copy
+        self.freed_bytes = 0  # KV cache bytes given back at the last sleep
+
+    def engine(self) -> LLMEngine:
+        if self._engine is None:
+            dtype = training_engine_dtype(self.dev)
+            if is_sharded(self.model):  # FSDP2: the engine needs whole weights (gathered: a collective)
+                self.weights = inference_copy(whole_copy(self.model), dtype or torch.float32)
+            else:
+                self.weights = self.model if dtype is None else inference_copy(self.model, dtype)
+            self._engine = engine_for(self.weights, self.tokenizer, self.dev, max_num_seqs=self.max_num_seqs,
+                                      max_model_len=self.max_model_len, prefix_caching=True)
+            self.kv = KVSleep(self._engine)
+        return self._engine
+
+    def sync(self) -> None:
+        """Make the engine sample from the model's current weights: the shadow copied in place (the CPU
+        runs the weights themselves), packed copies rebuilt, cached prefixes dropped."""
+        engine = self.engine()
+        if is_sharded(self.model):  # every rank gathers the whole weights together, then copies in place
+            state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
+            with torch.no_grad():
+                for name, p in self.weights.named_parameters():
+                    p.copy_(state[name])
+        elif self.weights is not self.model:
+            refresh_copy(self.weights, self.model)
+        engine.reload_weights()
+
+    def sleep(self) -> int:
+        """Give the KV cache back until the next batch; returns the bytes freed."""
+        self.freed_bytes = self.kv.sleep() if self.kv is not None else 0
+        return self.freed_bytes
+
+    def sample_groups(self, prompts: Sequence[list[int]], group_size: int, max_tokens: int, temperature: float,
+                      seed: int) -> list[list[list[int]]]:
+        """For each prompt, `group_size` replies (token ids, the closing stop token included); reply k of
+        prompt g samples with seed `seed + g * group_size + k`."""
+        engine = self.engine()
+        self.kv.wake()
+        self.sync()
+        replies: list[list[list[int]]] = [[[] for _ in range(group_size)] for _ in prompts]
+        which: dict[str, tuple[int, int]] = {}
+        followers_due = set(range(len(prompts)))
+
+        def add(g: int, k: int) -> None:
+            room = self.max_model_len - len(prompts[g])
+            if room < 1:
+                raise EngineError(_("a prompt of {n} tokens leaves no room for a reply in {limit} tokens").format(
+                    n=len(prompts[g]), limit=self.max_model_len), kind="too_long")
+            params = SamplingParams(max_tokens=min(max_tokens, room), temperature=temperature,
+                                    seed=seed + g * group_size + k, logprobs=False)
+            which[engine.add_request(list(prompts[g]), params)] = (g, k)
+
+        with eval_mode(self.model):
+            for g in range(len(prompts)):
+                add(g, 0)
+            while engine.has_unfinished():
+                for out in engine.step():
+                    g, k = which[out.request_id]
+                    if out.error:
+                        raise RuntimeError(f"sampling a rollout failed: {out.error}")
+                    replies[g][k].extend(out.token_ids)
+                    if k == 0 and g in followers_due:  # the prompt is computed: its blocks are cached now
+                        followers_due.discard(g)
+                        for j in range(1, group_size):
+                            add(g, j)
+        return replies
+
+    def reply_text(self, ids: list[int]) -> str:
+        """A reply's text up to its stop token (control tokens dropped)."""
+        stops = self.tokenizer.stop_ids
+        cut = next((i for i, t in enumerate(ids) if t in stops), len(ids))
+        return self.tokenizer.decode(ids[:cut])
