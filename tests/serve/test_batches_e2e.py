@@ -25,7 +25,7 @@ ENDPOINT = "/v1/chat/completions"
 def line(i: int) -> dict:
     return {"custom_id": f"row-{i}", "method": "POST", "url": ENDPOINT,
             "body": {"model": "tiny", "messages": [{"role": "user", "content": f"tell me about {i}"}],
-                     "max_tokens": 24, "temperature": 0, "ignore_eos": True}}
+                     "max_tokens": 8, "temperature": 0, "ignore_eos": True}}
 
 
 def serve(model_dir: Path, port: int) -> subprocess.Popen:
@@ -83,7 +83,7 @@ def test_batches_fail_on_a_bad_line_and_complete_across_a_restart(tmp_path, smal
         output = [json.loads(raw) for raw in client.files.content(done.output_file_id).text.splitlines()]
         assert sorted(r["custom_id"] for r in output) == sorted(f"row-{i}" for i in range(200))  # each exactly once
         assert all(r["response"]["status_code"] == 200 and
-                   r["response"]["body"]["usage"]["completion_tokens"] == 24 for r in output)
+                   r["response"]["body"]["usage"]["completion_tokens"] == 8 for r in output)
     finally:
         proc.kill()
         proc.wait()

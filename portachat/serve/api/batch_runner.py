@@ -28,7 +28,7 @@ from portachat.serve.api.documents import app_doc_store
 from portachat.serve.api.state import ServerState
 from portachat.serve.jsonl_rows import RowWriter, done_ids
 
-BATCH_LINES_IN_FLIGHT = 4  # lines of all batches running at once
+BATCH_LINES_IN_FLIGHT = 8  # lines of all batches running at once (a quarter of the default --max-num-seqs)
 BATCH_PRIORITY = 1  # vLLM's `priority` (lower runs first): interactive requests default to 0
 
 
