@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import signal
 import time
 
 import httpx
@@ -14,11 +15,13 @@ import openai
 import pytest
 from api_testing import chat_tokenizer, served_tiny
 
+from portachat.engine.loading import LoadOptions, load_served_model
 from portachat.serve.api import ServerSettings, create_app
 from portachat.serve.api.batch_lines import output_record
 from portachat.serve.api.batch_store import BatchJob, BatchStore
 from portachat.serve.api.server import serve_in_thread
 from portachat.serve.registry import ModelRegistry, ModelSpec
+from tests.minilm import minilm_dir
 
 ENDPOINT = "/v1/chat/completions"
 
@@ -187,5 +190,64 @@ def test_batch_lines_wait_behind_interactive_requests(tokenizer):
             "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
         assert reply.status_code == 200
         assert client.batches.retrieve(batch.id).status == "in_progress"  # served while the batch ran
+    finally:
+        server.stop()
+
+
+def test_a_graceful_stop_mid_batch_leaves_it_to_resume_with_each_id_once(tokenizer):
+    server = start(tokenizer)
+    client = client_for(server)
+    rows = [chat_line(i, max_tokens=8) for i in range(24)]
+    batch = client.batches.create(input_file_id=upload(client, rows), endpoint=ENDPOINT, completion_window="24h")
+    while client.batches.retrieve(batch.id).request_counts.completed < 3:
+        time.sleep(0.01)
+    server.server.handle_exit(signal.SIGTERM, None)  # as `kill -TERM`: the lines running end without an answer
+    server.thread.join(30)
+    store = BatchStore()
+    assert json.loads((store.directory(batch.id) / "batch.json").read_text())["status"] == "in_progress"
+    written = [json.loads(raw)["custom_id"] for raw in store.output_path(batch.id).read_text().splitlines()]
+    assert 3 <= len(written) < 24 and len(set(written)) == len(written)
+    assert not store.errors_path(batch.id).exists() or not store.errors_path(batch.id).read_text()
+
+    server = start(tokenizer)
+    try:
+        client = client_for(server)
+        done = wait_done(client, batch.id)
+        assert done.status == "completed" and done.request_counts.completed == 24 and done.request_counts.failed == 0
+        ids = [r["custom_id"] for r in lines_of(client, done.output_file_id)]
+        assert sorted(ids) == sorted(r["custom_id"] for r in rows) and set(written) <= set(ids)
+    finally:
+        server.stop()
+
+
+def test_completions_and_embeddings_batches(tokenizer):
+    minilm = load_served_model(LoadOptions(model=str(minilm_dir()), device="cpu", dtype="fp32"), embedding_models=True)
+    models = {"tiny": lambda: served_tiny(tokenizer), "minilm": lambda: minilm}
+    registry = ModelRegistry([ModelSpec(n, "", pinned=True) for n in models], lambda spec: models[spec.name]())
+    server = serve_in_thread(create_app(ServerSettings(served_model_name="tiny"), registry=registry))
+    try:
+        client = client_for(server)
+        texts = ["the king", "a queen"]
+        rows = [{"custom_id": t, "method": "POST", "url": "/v1/embeddings", "body": {"model": "minilm", "input": t}}
+                for t in texts]
+        done = wait_done(client, client.batches.create(input_file_id=upload(client, rows), endpoint="/v1/embeddings",
+                                                       completion_window="24h").id)
+        assert done.status == "completed" and done.request_counts.completed == 2
+        direct = client.embeddings.create(model="minilm", input="a queen").data[0].embedding
+        got = {r["custom_id"]: r["response"]["body"] for r in lines_of(client, done.output_file_id)}
+        assert got["a queen"]["object"] == "list" and got["a queen"]["data"][0]["embedding"] == pytest.approx(direct)
+
+        rows = [{"custom_id": "c", "method": "POST", "url": "/v1/completions",
+                 "body": {"model": "tiny", "prompt": "the king", "max_tokens": 4, "temperature": 0}},
+                {"custom_id": "s", "method": "POST", "url": "/v1/completions",
+                 "body": {"model": "tiny", "prompt": "x", "stream": True}}]
+        failed = wait_done(client, client.batches.create(input_file_id=upload(client, rows), endpoint="/v1/completions",
+                                                         completion_window="24h").id)
+        assert failed.status == "failed" and [(e.line, e.param) for e in failed.errors.data] == [(2, "body.stream")]
+        done = wait_done(client, client.batches.create(input_file_id=upload(client, rows[:1]),
+                                                       endpoint="/v1/completions", completion_window="24h").id)
+        (line,) = lines_of(client, done.output_file_id)
+        direct = client.completions.create(model="tiny", prompt="the king", max_tokens=4, temperature=0)
+        assert line["response"]["body"]["choices"][0]["text"] == direct.choices[0].text
     finally:
         server.stop()

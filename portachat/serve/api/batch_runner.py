@@ -88,6 +88,8 @@ class BatchRunner:
                 await asyncio.sleep(0.05)
             if job.status != "cancelling" and not await self._validate_and_run(job):
                 return
+            if not self.server.accepting:  # a graceful shutdown cut lines off: they run after the restart
+                return
             await self._finish(job, "cancelled" if job.status == "cancelling" else "completed")
         except asyncio.CancelledError:
             if job.status != "cancelling":  # the server stops: the job resumes after the restart
@@ -132,7 +134,7 @@ class BatchRunner:
 
     async def _one(self, job: BatchJob, line: BatchLine, output: RowWriter, errors: RowWriter) -> None:
         async with self.slots:
-            if not self.server.accepting:
+            if not self.server.accepting or job.status != "in_progress":
                 return
             status, body = await run_line(self.app, job.endpoint, job.owner, job.admin, background(line.body, job.endpoint))
         if not self.server.accepting:  # cut off by a shutdown: it runs again after the restart

@@ -11,6 +11,7 @@ A job belongs to the API key that created it (owner.py's id); another key sees n
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -66,6 +67,7 @@ class BatchJob:
 class BatchStore:
     def __init__(self, root: Path | None = None) -> None:
         self.root = Path(root) if root is not None else portachat_home() / "batches"
+        self._saving = threading.Lock()  # write_text_atomic's temporary name is per process, not per thread
 
     def directory(self, batch_id: str) -> Path:
         return self.root / batch_id
@@ -87,7 +89,8 @@ class BatchStore:
         self.save(job)
 
     def save(self, job: BatchJob) -> None:
-        write_text_atomic(self.directory(job.id) / "batch.json", json.dumps(asdict(job), ensure_ascii=False))
+        with self._saving:
+            write_text_atomic(self.directory(job.id) / "batch.json", json.dumps(asdict(job), ensure_ascii=False))
 
     def load_all(self) -> list[BatchJob]:
         """Every job on disk, oldest first."""
