@@ -189,6 +189,9 @@ class ModelRegistry:
         entry = self.get(name)
         entry.keep_alive = self.keep_alive if keep_alive == "default" else keep_alive
         base = await self.acquire(entry.spec.base) if entry.is_adapter else None  # in flight on its base too
+        if base is not None and self.entries.get(name) is not entry:  # removed while its base loaded
+            self.release(base)
+            raise UnknownModel(name)
         entry.in_flight += 1  # from here on nothing evicts it
         try:
             if base is not None:
