@@ -251,3 +251,22 @@ def test_completions_and_embeddings_batches(tokenizer):
         assert line["response"]["body"]["choices"][0]["text"] == direct.choices[0].text
     finally:
         server.stop()
+
+
+def test_a_job_past_its_window_expires_keeping_the_answers_it_has(tokenizer):
+    """A job the server was down for more than 24 hours: the lines not run are not started."""
+    store = BatchStore()
+    job = BatchJob(id="batch_old", owner="", admin=True, endpoint=ENDPOINT, input_file_id="file-gone",
+                   completion_window="24h", created_at=int(time.time()) - 25 * 3600, total=4)
+    job.stamp("in_progress")
+    store.create(job, jsonl([chat_line(i) for i in range(4)]))
+    store.output_path(job.id).write_bytes(jsonl([output_record("req-1", 200, {"earlier": True})]))
+    server = start(tokenizer)
+    try:
+        client = client_for(server)
+        done = wait_done(client, job.id)
+        assert done.status == "expired" and done.expired_at and done.completed_at is None
+        assert (done.request_counts.total, done.request_counts.completed) == (4, 1)
+        assert [r["custom_id"] for r in lines_of(client, done.output_file_id)] == ["req-1"]
+    finally:
+        server.stop()

@@ -1,7 +1,8 @@
 """The background runner of /v1/batches: validate, run, finalize; and resume after a restart.
 
 A job goes validating -> in_progress -> finalizing -> completed, or validating -> failed (a bad
-line: nothing runs), or -> cancelling -> cancelled. Each answered line is appended to the job's
+line: nothing runs), or -> cancelling -> cancelled, or in_progress -> expired (its 24-hour window
+ran out, e.g. while the server was down: the lines not yet started do not run). Each answered line is appended to the job's
 output or error file at once (serve/jsonl_rows.py, as `portachat generate` writes), so a server
 that stops mid-batch resumes where it stopped: the lines whose custom_id is already written are
 skipped, the rest run, and no custom_id is answered twice. Lines cut off by a shutdown are not
@@ -17,13 +18,14 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
 from portachat.i18n import _
 from portachat.serve.api.batch_lines import BatchLine, output_record, read_lines, run_line
-from portachat.serve.api.batch_store import ACTIVE, BatchJob, BatchStore
+from portachat.serve.api.batch_store import ACTIVE, COMPLETION_WINDOW_S, BatchJob, BatchStore
 from portachat.serve.api.documents import app_doc_store
 from portachat.serve.api.state import ServerState
 from portachat.serve.jsonl_rows import RowWriter, done_ids
@@ -90,7 +92,8 @@ class BatchRunner:
                 return
             if not self.server.accepting:  # a graceful shutdown cut lines off: they run after the restart
                 return
-            await self._finish(job, "cancelled" if job.status == "cancelling" else "completed")
+            final = "expired" if job.status == "in_progress" and expired(job) else "completed"
+            await self._finish(job, "cancelled" if job.status == "cancelling" else final)
         except asyncio.CancelledError:
             if job.status != "cancelling":  # the server stops: the job resumes after the restart
                 raise
@@ -134,7 +137,7 @@ class BatchRunner:
 
     async def _one(self, job: BatchJob, line: BatchLine, output: RowWriter, errors: RowWriter) -> None:
         async with self.slots:
-            if not self.server.accepting or job.status != "in_progress":
+            if not self.server.accepting or job.status != "in_progress" or expired(job):
                 return
             status, body = await run_line(self.app, job.endpoint, job.owner, job.admin, background(line.body, job.endpoint))
         if not self.server.accepting:  # cut off by a shutdown: it runs again after the restart
@@ -162,6 +165,11 @@ class BatchRunner:
                 await run_in_threadpool(self.store.save, job)
         job.stamp(final)
         await run_in_threadpool(self.store.save, job)
+
+
+def expired(job: BatchJob) -> bool:
+    """Past its completion window (OpenAI's "24h"): lines not started by then are not run."""
+    return time.time() >= job.created_at + COMPLETION_WINDOW_S
 
 
 def background(body: bytes, endpoint: str) -> bytes:
