@@ -88,6 +88,8 @@ class BatchRunner:
         try:
             while self.server.starting:  # the models given at start-up load first
                 await asyncio.sleep(0.05)
+            if self.server.load_error is not None:  # every line would fail: the job waits for a working server
+                return
             if job.status != "cancelling" and not await self._validate_and_run(job):
                 return
             if not self.server.accepting:  # a graceful shutdown cut lines off: they run after the restart
