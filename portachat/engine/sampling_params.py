@@ -116,6 +116,9 @@ def check_field(name: str, value: Any) -> None:
                 raise SamplingError(name, _("{name} must map token ids to numbers, got {value}").format(
                     name=name, value=repr(token)))
             _between(name, bias, -LOGIT_BIAS_MAX, LOGIT_BIAS_MAX)
+    elif name == "priority":
+        if not _integer(value):
+            raise SamplingError(name, _("{name} must be an integer, got {value}").format(name=name, value=repr(value)))
     elif name in ("ignore_eos", "logprobs", "use_tools"):
         _flag(name, value)
 

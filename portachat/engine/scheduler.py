@@ -3,8 +3,8 @@
 Every sequence is "tokens so far" plus "how many of them are in the KV cache"; a step computes some
 of the rest. That one rule covers a prompt's prefill (many tokens, cut into chunks by the token
 budget), a decode (one token), and the calculator's forced tokens (a few). Running sequences go
-first, so decodes never starve behind a long prompt; waiting ones are admitted in arrival order
-while budget, sequence slots and KV blocks last; a prompt whose leading blocks another running
+first, so decodes never starve behind a long prompt; waiting ones are admitted by priority (lower
+first, vLLM's `priority`), then in arrival order, while budget, sequence slots and KV blocks last; a prompt whose leading blocks another running
 sequence is still computing (the samples of an `n > 1` request, identical prompts arriving together)
 waits for them and then takes them from the prefix cache instead of computing them again. When a running sequence needs a block and none is
 free, the newest running sequence is preempted: its blocks are freed and it is recomputed later.
@@ -49,6 +49,14 @@ class Scheduler:
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
+        """Queue `seq` behind every waiting sequence of its priority or a lower one (lower runs first,
+        vLLM's rule): a request of priority 0 overtakes the server's waiting batch lines (priority 1)."""
+        priority = seq.params.priority
+        if self.waiting and self.waiting[-1].params.priority > priority:
+            for i, other in enumerate(self.waiting):
+                if other.params.priority > priority:
+                    self.waiting.insert(i, seq)
+                    return
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:

@@ -45,6 +45,7 @@ class SamplingParams:
     use_tools: bool = True  # run the calculator when the model emits a tool call (our chat format)
     adapter: str | None = None  # a LoRA adapter loaded in the engine (LLMEngine.add_adapter); None = base
     structured: StructuredSpec | None = None  # constrain the output to a schema/regex/choice/grammar
+    priority: int = 0  # vLLM's: waiting requests are admitted lowest first (the server's batch lines run at 1)
 
     @classmethod
     def from_request(cls, request: Mapping[str, Any], defaults: GenerationDefaults | None,

@@ -8,13 +8,12 @@ All rows go through one engine, so they are batched continuously.
 
 The output is written one row at a time (append + flush + fsync), so an interrupted run keeps
 every finished row; running the same command again skips the rows already in the output and
-repairs a last line cut short by a crash.
+repairs a last line cut short by a crash (serve/jsonl_rows.py, which the server's /v1/batches
+shares).
 """
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -26,6 +25,7 @@ from portachat.engine.structured import StructuredError
 from portachat.engine.structured.fields import structured_spec
 from portachat.engine.types import EngineError, SamplingParams
 from portachat.i18n import _
+from portachat.serve.jsonl_rows import BatchInputError, RowWriter, done_ids, json_lines
 from portachat.tokenizer.protocol import ChatTokenizer
 
 ROW_PARAMS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
@@ -33,10 +33,6 @@ ROW_PARAMS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 # `generate`'s own defaults for what neither a row, the flags nor the model's generation_config
 # set: greedy, so a batch run is reproducible unless it asks for sampling.
 GENERATE_FALLBACK = SamplingFallback(temperature=0.0, max_tokens=256)
-
-
-class BatchInputError(ValueError):
-    """An input row that cannot be generated from; the message names the line."""
 
 
 @dataclass
@@ -64,14 +60,7 @@ def read_rows(
     rows: list[BatchRow] = []
     seen: set[str] = set()
     with open(path, encoding="utf-8") as f:
-        for n, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            try:
-                obj = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                raise BatchInputError(_("{where}: not valid JSON ({error})").format(
-                    where=f"{path}:{n}", error=exc.msg)) from None
+        for n, obj in json_lines(f, str(path)):
             rows.append(_parse_row(obj, n, path, tokenizer, defaults, prepend_bos))
             if rows[-1].row_id in seen:
                 raise BatchInputError(_("{where}: id {id} repeats an earlier row; ids must be unique").format(
@@ -114,41 +103,6 @@ def _parse_row(
     if constraint is not None:
         params = replace(params, structured=constraint)
     return BatchRow(line=n, row_id=row_id, prompt_ids=prompt_ids, params=params)
-
-
-def done_ids(output: Path) -> set[str]:
-    """Ids already written; a trailing partial line (the process died mid-write) is cut off."""
-    if not output.exists():
-        return set()
-    data = output.read_bytes()
-    end = data.rfind(b"\n") + 1
-    if end < len(data):  # incomplete last row: drop it so it is generated again
-        with open(output, "r+b") as f:
-            f.truncate(end)
-            f.flush()
-            os.fsync(f.fileno())
-        data = data[:end]
-    ids = set()
-    for raw in data.decode("utf-8").splitlines():
-        if raw.strip():
-            ids.add(str(json.loads(raw)["id"]))
-    return ids
-
-
-class RowWriter:
-    """Appends one JSON line per finished row, durably, so a crash loses at most the row in flight."""
-
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
-
-    def write(self, record: dict[str, Any]) -> None:
-        self._f.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self._f.flush()
-        os.fsync(self._f.fileno())
-
-    def close(self) -> None:
-        self._f.close()
 
 
 def run_batch(

@@ -17,7 +17,9 @@ from starlette.middleware.cors import CORSMiddleware
 
 from portachat import __version__
 from portachat.i18n import _
+from portachat.serve.api.adapters import add_routes as add_adapter_routes
 from portachat.serve.api.anthropic import messages
+from portachat.serve.api.batches import add_routes as add_batch_routes
 from portachat.serve.api.completions import chat_completions, completions
 from portachat.serve.api.documents import add_routes as add_document_routes
 from portachat.serve.api.embeddings import embeddings
@@ -94,7 +96,7 @@ def create_app(settings: ServerSettings, loader: Loader | None = None,
     async def lifespan(app: FastAPI):
         state.created = int(time.time())
         tasks = [asyncio.ensure_future(_load_at_startup(state, on_load_error)),
-                 asyncio.ensure_future(registry.reap_forever())]
+                 asyncio.ensure_future(registry.reap_forever()), asyncio.ensure_future(app.state.batch_runner.run())]
         yield
         for task in tasks:
             task.cancel()
@@ -181,6 +183,8 @@ def create_app(settings: ServerSettings, loader: Loader | None = None,
     app.add_api_route("/v1/messages", messages, methods=["POST"])  # Anthropic's Messages API
     app.add_api_route("/v1/embeddings", embeddings, methods=["POST"])
     add_document_routes(app)  # /v1/files, /v1/vector_stores (document QA)
+    add_batch_routes(app)  # /v1/batches (background jobs over /v1/files)
+    add_adapter_routes(app)  # /v1/load_lora_adapter, /v1/unload_lora_adapter
 
     # Last added runs first: the Host/Origin/Content-Type guard, CORS (answers preflights), the size
     # limit (before anything reads the body), then the keys (which also say who called).

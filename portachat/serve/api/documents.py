@@ -103,11 +103,16 @@ def _list(data: list[dict]) -> JSONResponse:
 
 def doc_store(request: Request) -> DocStore:
     """The app's store under PORTACHAT_HOME/docs, opened on first use with the server's quota."""
-    store = getattr(request.app.state, "doc_store", None)
+    return app_doc_store(request.app)
+
+
+def app_doc_store(app: Any) -> DocStore:
+    """`doc_store` for code without a request (the batch runner writing its output files)."""
+    store = getattr(app.state, "doc_store", None)
     if store is None:
-        server = getattr(request.app.state, "server", None)
+        server = getattr(app.state, "server", None)
         settings = getattr(server, "settings", None)
-        store = request.app.state.doc_store = DocStore(
+        store = app.state.doc_store = DocStore(
             max_bytes=getattr(settings, "docs_max_bytes", DOCS_MAX_BYTES),
             max_files=getattr(settings, "docs_max_files", DOCS_MAX_FILES))
     return store

@@ -16,7 +16,8 @@ from portachat.serve.api.owner import owner_id
 Scope = dict
 PUBLIC_PATHS = ("/health",)  # answer load balancers without a key
 PAGE_PATHS = ("/", "/index.html", "/favicon.ico")  # the static chat page holds no data; its API calls need the key
-ADMIN_PATHS = ("/models/load", "/models/unload")  # with keys, only the admin key loads and unloads models
+# With keys, only the admin key loads and unloads models and adds or removes adapters.
+ADMIN_PATHS = ("/models/load", "/models/unload", "/v1/load_lora_adapter", "/v1/unload_lora_adapter")
 UPLOAD_PATHS = ("/v1/files",)  # document uploads: multipart, and a larger size limit than prompts
 
 

@@ -14,7 +14,9 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from portachat.serve.api.adapters import LoadAdapter, UnloadAdapter
 from portachat.serve.api.anthropic import MessagesRequest
+from portachat.serve.api.batches import BatchCreate
 from portachat.serve.api.embeddings import EmbeddingRequest
 from portachat.serve.api.protocol import ChatCompletionRequest, CompletionRequest
 
@@ -183,6 +185,50 @@ class AnthropicMessage(BaseModel):
     usage: AnthropicUsage
 
 
+class RequestCounts(BaseModel):
+    total: int
+    completed: int
+    failed: int
+
+
+class BatchError(BaseModel):
+    code: str
+    message: str
+    param: str | None
+    line: int | None  # the input file's line (1-based)
+
+
+class BatchErrors(BaseModel):
+    object: Literal["list"]
+    data: list[BatchError]
+
+
+class Batch(BaseModel):
+    """OpenAI's Batch object (POST /v1/batches, GET /v1/batches/{id}, POST .../cancel)."""
+
+    id: str
+    object: Literal["batch"]
+    endpoint: str
+    errors: BatchErrors | None
+    input_file_id: str
+    completion_window: str
+    status: Literal["validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling",
+                    "cancelled"]
+    output_file_id: str | None
+    error_file_id: str | None
+    created_at: int
+    in_progress_at: int | None
+    expires_at: int | None
+    finalizing_at: int | None
+    completed_at: int | None
+    failed_at: int | None
+    expired_at: int | None
+    cancelling_at: int | None
+    cancelled_at: int | None
+    request_counts: RequestCounts
+    metadata: dict[str, str] | None
+
+
 class ErrorDetail(BaseModel):
     message: str
     type: str
@@ -202,7 +248,11 @@ BODIES: dict[str, tuple[type[BaseModel], type[BaseModel], type[BaseModel] | None
     "/v1/completions": (CompletionRequest, Completion, Completion),
     "/v1/embeddings": (EmbeddingRequest, EmbeddingList, None),
     "/v1/messages": (MessagesRequest, AnthropicMessage, None),
+    "/v1/batches": (BatchCreate, Batch, None),
 }
+# path -> request model, for the routes that answer plain text (vLLM's adapter routes)
+TEXT_REPLIES: dict[str, type[BaseModel]] = {"/v1/load_lora_adapter": LoadAdapter,
+                                            "/v1/unload_lora_adapter": UnloadAdapter}
 
 
 def openapi_schema(app: FastAPI, version: str) -> dict[str, Any]:
@@ -228,6 +278,11 @@ def openapi_schema(app: FastAPI, version: str) -> dict[str, Any]:
             content["text/event-stream"] = {"schema": ref(event_model)}
         operation["responses"] = {"200": {"description": "The reply", "content": content},
                                   "4XX": error, "5XX": error}
+    for path, request_model in TEXT_REPLIES.items():
+        schema["paths"][path]["post"].update(
+            requestBody={"required": True, "content": {"application/json": {"schema": ref(request_model)}}},
+            responses={"200": {"description": "Success: ...", "content": {"text/plain": {"schema": {"type": "string"}}}},
+                       "4XX": error})
     schema["paths"]["/v1/models"]["get"]["responses"] = {
         "200": {"description": "The served models", "content": {"application/json": {"schema": ref(ModelList)}}}}
     schema.setdefault("components", {}).setdefault("schemas", {}).update(components)

@@ -69,6 +69,7 @@ class _SamplingFields(BaseModel):
     frequency_penalty: float = Field(0.0, json_schema_extra={"minimum": -PENALTY_MAX, "maximum": PENALTY_MAX})
     repetition_penalty: float | None = Field(None, json_schema_extra={"exclusiveMinimum": 0.0})  # vLLM extension
     ignore_eos: bool = False  # vLLM extension
+    priority: int = 0  # vLLM extension: waiting requests are admitted lowest first (batch lines run at 1)
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None

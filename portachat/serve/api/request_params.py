@@ -46,6 +46,7 @@ def sampling_params(state: ModelLease, req: ChatCompletionRequest | CompletionRe
         "ignore_eos": req.ignore_eos, "repetition_penalty": req.repetition_penalty,
         "presence_penalty": req.presence_penalty, "frequency_penalty": req.frequency_penalty,
         "logprobs": logprobs, "top_logprobs": top_logprobs, "logit_bias": logit_bias(req), "adapter": state.adapter,
+        "priority": req.priority,
     }
     try:
         return SamplingParams.from_request(fields, state.model.generation_defaults, OPENAI_FALLBACK,

@@ -29,6 +29,7 @@ from typing import Any, Literal
 from portachat.device.explain import diagnose
 from portachat.engine.async_engine import AsyncEngine, RequestObserver
 from portachat.engine.embeddings.queue import EmbeddingQueue
+from portachat.engine.types import EngineError
 from portachat.engine.workers.data_parallel import DataParallelEngine, async_engine_for
 from portachat.model.lora import load_lora
 from portachat.serve.registry.catalog import ModelSpec, estimate_bytes
@@ -188,6 +189,9 @@ class ModelRegistry:
         entry = self.get(name)
         entry.keep_alive = self.keep_alive if keep_alive == "default" else keep_alive
         base = await self.acquire(entry.spec.base) if entry.is_adapter else None  # in flight on its base too
+        if base is not None and self.entries.get(name) is not entry:  # removed while its base loaded
+            self.release(base)
+            raise UnknownModel(name)
         entry.in_flight += 1  # from here on nothing evicts it
         try:
             if base is not None:
@@ -237,6 +241,42 @@ class ModelRegistry:
             return False
         await self._unload(entry, reason)
         return True
+
+    def add_adapter(self, spec: ModelSpec) -> RegistryEntry:
+        """A row for a LoRA adapter given while the server runs (POST /v1/load_lora_adapter); it loads
+        onto its base's engine on its first request, as a start-up adapter does."""
+        if spec.name in self.entries:
+            raise ValueError(f"a model or adapter named {spec.name} is already served")
+        base = self.entries.get(spec.base or "")
+        if base is None or base.is_adapter:
+            raise ValueError(f"LoRA adapter {spec.name} runs on {spec.base}, which is not a served model")
+        entry = self.entries[spec.name] = RegistryEntry(spec, 0, self.keep_alive)
+        self.specs.append(spec)
+        return entry
+
+    async def remove_adapter(self, name: str, poll_s: float = 0.02) -> None:
+        """Take an adapter's row out (POST /v1/unload_lora_adapter): new requests for it find no such
+        model at once; the requests already running on it finish first, then it leaves its base's engine."""
+        entry = self.get(name)
+        if not entry.is_adapter:
+            raise ValueError(f"{name} is a model, not a LoRA adapter")
+        del self.entries[name]
+        self.specs.remove(entry.spec)
+        while entry.in_flight:  # its requests keep their rows in the batch until they end
+            await asyncio.sleep(poll_s)
+        engine = entry.engine
+        if entry.state != "loaded" or engine is None:
+            return
+        entry.state, entry.served, entry.engine = "available", None, None
+        for _attempt in range(500):  # an aborted request may hold its row until the engine's next step
+            if not engine.is_alive:
+                break
+            try:
+                await engine.call(lambda e: e.remove_adapter(name))
+                break
+            except EngineError:
+                await asyncio.sleep(poll_s)
+        self.events.on_unloaded(entry, "removed")
 
     async def reap_forever(self, interval_s: float = 0.5) -> None:
         """Unload models whose keep-alive ran out (a task for the server's lifetime)."""
