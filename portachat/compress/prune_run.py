@@ -67,7 +67,10 @@ def check_options(opts: PruneOptions) -> None:
             check_amount(opts.unstructured)
         except ValueError as exc:
             raise PruneError(str(exc)) from None
-    output = Path(opts.output).expanduser()
+    check_output_free(Path(opts.output).expanduser())
+
+
+def check_output_free(output: Path) -> None:
     if output.exists():
         raise PruneError(_("{path} already exists; pass a new --output path or remove the old one first").format(
             path=output))
