@@ -73,7 +73,7 @@ def _add_prune_flags(p: argparse.ArgumentParser, output_help: str) -> None:
                 "get faster from it)"))
     flag(p, "--sparsity-pattern", default="unstructured", choices=["unstructured", "2:4"],
          help=_("2:4 keeps the 2 largest of every 4 weights (50%%; sparse kernels on GPUs that have them)"))
-    flag(p, "--device", help=_("device kind (default: the best one found)"))
+    flag(p, "--device", default=None, help=_("cpu|cuda|rocm|dcu|npu|xpu|mps (default: auto-detect)"))
 
 
 def register(sub) -> None:
