@@ -13,7 +13,7 @@ Each is aggregated as the paper's best choice: L2 norm over the sequence, mean o
 Depth (Sreenivas et al. 2024, "LLM Pruning and Distillation in Practice: The Minitron Approach",
 §depth pruning): the language-model loss on the calibration batches with one block skipped,
 minus the loss of the whole model — one extra pass per block; a block whose removal costs the
-least matters least. The same first pass also measures Block Importance (ShortGPT, Men et al.
+least matters least (the blocks before it are computed once per batch and reused). The same first pass also measures Block Importance (ShortGPT, Men et al.
 2024): 1 - the mean cosine similarity of a block's input and output, for free; it is the
 `--depth-metric cosine` choice when the extra passes cost too much.
 """
@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from portachat.model.gpt import GPT
+from portachat.model.loss import chunked_cross_entropy
 
 DEPTH_METRICS = ("loss", "cosine")
 
@@ -105,27 +106,39 @@ class _Recorder:
             handle.remove()
 
 
-def _mean_loss(model: GPT, batches: Sequence[torch.Tensor]) -> tuple[float, int]:
-    """Mean next-token cross-entropy per token over the batches, and the number of tokens scored."""
-    total, tokens = 0.0, 0
+def _loss_sum(model: GPT, x: torch.Tensor, targets: torch.Tensor) -> float:
+    return float(chunked_cross_entropy(model.model.norm(x), model.lm_head, targets, reduction="sum"))
+
+
+def _losses(model: GPT, batches: Sequence[torch.Tensor], skip_each_block: bool) -> tuple[float, torch.Tensor | None, int]:
+    """Mean loss per token of the whole model and, with `skip_each_block`, of the model without each
+    block in turn. The blocks before the skipped one compute what they computed for the whole
+    model, so each batch's block inputs are kept from its full pass and every skip pass starts
+    at its block: L(L-1)/2 block calls per batch instead of L^2."""
+    layers = model.model.layers
+    base, skipped, tokens = 0.0, torch.zeros(len(layers)), 0
     for idx in batches:
         idx = idx.to(model.lm_head.weight.device)
-        loss = model(idx[:, :-1], idx[:, 1:], loss_reduction="sum")
-        total += float(loss)
-        tokens += idx[:, 1:].numel()
-    return total / max(tokens, 1), tokens
-
-
-def _skip_block_losses(model: GPT, batches: Sequence[torch.Tensor], base_loss: float) -> torch.Tensor:
-    layers = model.model.layers
-    out = torch.zeros(len(layers))
-    try:
+        inputs, targets = idx[:, :-1], idx[:, 1:]
+        cos, sin = model.rotary(inputs.size(1))
+        cos, sin = cos[None, None], sin[None, None]
+        x = model.model.embed_tokens(inputs)
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        block_inputs = []
+        for block in layers:
+            block_inputs.append(x)
+            x = block(x, cos, sin)
+        base += _loss_sum(model, x, targets)
+        tokens += targets.numel()
+        if not skip_each_block:
+            continue
         for i in range(len(layers)):
-            model.model.layers = nn.ModuleList(b for j, b in enumerate(layers) if j != i)
-            out[i] = _mean_loss(model, batches)[0] - base_loss
-    finally:
-        model.model.layers = layers
-    return out
+            x = block_inputs[i]
+            for block in layers[i + 1:]:
+                x = block(x, cos, sin)
+            skipped[i] += _loss_sum(model, x, targets)
+    tokens = max(tokens, 1)
+    return base / tokens, (skipped / tokens - base / tokens) if skip_each_block else None, tokens
 
 
 @torch.no_grad()
@@ -140,12 +153,12 @@ def measure_importance(model: GPT, batches: Sequence[torch.Tensor], depth_metric
     was_training = model.training
     model.eval()
     recorder = _Recorder(model)
-    try:
-        base_loss, tokens = _mean_loss(model, batches)
+    try:  # the hooks see every pass: only the full model's pass may count
+        base_loss, _unused, tokens = _losses(model, batches, skip_each_block=False)
     finally:
         recorder.remove()
     rows = sum(int(b.size(0)) for b in batches)
-    block_loss = _skip_block_losses(model, batches, base_loss) if depth_metric == "loss" else None
+    block_loss = _losses(model, batches, skip_each_block=True)[1] if depth_metric == "loss" else None
     model.train(was_training)
     return Importance(
         neurons=[n / rows for n in recorder.neurons],

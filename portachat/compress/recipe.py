@@ -19,7 +19,13 @@ from pathlib import Path
 
 from portachat.compress.measure import ModelNumbers, measure_model
 from portachat.compress.prune import PruneError
-from portachat.compress.prune_run import PruneOptions, calibration_for, check_options, check_output_free, run_prune
+from portachat.compress.prune_run import (
+    PruneOptions,
+    calibration_for,
+    check_options,
+    check_output_free,
+    run_prune,
+)
 from portachat.compress.report import write_report
 from portachat.device import Device, get_device
 from portachat.i18n import _
