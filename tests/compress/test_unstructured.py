@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
+from portachat.compress.prune_run import PruneOptions, run_prune
 from portachat.compress.unstructured import block_linears, sparsify_
+from portachat.device import get_device
 from portachat.model import GPT
 from tests.model.gpt_testing import randomized, tiny_config
+from tests.model.hf_families import make_hf_dir, train_bpe
 
 
 def _model() -> GPT:
@@ -53,3 +57,16 @@ def test_two_four_keeps_two_of_every_four():
 def test_fraction_outside_zero_one_is_refused(amount):
     with pytest.raises(ValueError, match="between 0 and 1"):
         sparsify_(_model(), amount)
+
+
+def test_prune_unstructured_writes_the_exact_zeros_without_calibration_data(tmp_path):
+    """`portachat prune --unstructured 0.2` needs no --data; the written weights hold exactly the zeros reported."""
+    make_hf_dir(tmp_path / "src", "qwen2", tokenizer=train_bpe())
+    result = run_prune(PruneOptions(model=str(tmp_path / "src"), output=str(tmp_path / "out"), unstructured=0.2),
+                       dev=get_device("cpu"), print_fn=lambda _m: None)
+    state = load_file(str(tmp_path / "out" / "model.safetensors"))
+    matrices = {k: v for k, v in state.items() if ".layers." in k and k.endswith("proj.weight")}
+    assert result.sparsity is not None and result.plan is None
+    assert sum(int((v == 0).sum()) for v in matrices.values()) == result.sparsity.zeros
+    assert all(int((v == 0).sum()) == round(0.2 * v.numel()) for v in matrices.values())
+    assert result.params_after == result.params_before  # zeros are still parameters
