@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from portachat.device import Device
-from portachat.engine.oneshot import generate_once
+from portachat.engine.oneshot import engine_for, eval_mode
 from portachat.engine.types import SamplingParams
 from portachat.eval.generation import as_chat_tokenizer, model_complete
 from portachat.eval.gsm8k import evaluate_gsm8k, read_gsm8k
@@ -44,14 +44,17 @@ def perplexity(base: BaseModel, batches: list[torch.Tensor]) -> float:
 
 
 def decode_speed(base: BaseModel, tokens: int) -> float:
-    """Tokens per second of one greedy stream (after a short warm-up run of the same engine path)."""
+    """Tokens per second of one greedy stream, timed on an engine already built and warmed up once
+    (building it and the first step's one-off work are not decoding)."""
     tok = as_chat_tokenizer(base.tokenizer)
     prompt = tok.encode(DECODE_PROMPT)
-    generate_once(base.model, [prompt], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True), tokenizer=tok)
-    start = time.perf_counter()
-    done = generate_once(base.model, [prompt], SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True),
-                         tokenizer=tok)
-    return len(done[0].token_ids) / (time.perf_counter() - start)
+    engine = engine_for(base.model, tok, max_num_seqs=1, max_model_len=len(prompt) + tokens)
+    with eval_mode(base.model):
+        engine.generate([prompt], [SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)])
+        start = time.perf_counter()
+        done = engine.generate([prompt], [SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)])
+        seconds = time.perf_counter() - start
+    return len(done[0].token_ids) / seconds
 
 
 def measure_model(spec: str, dev: Device, batches_for, gsm8k: str | None, gsm8k_examples: int,

@@ -62,6 +62,9 @@ def check_options(opts: PruneOptions) -> None:
         raise PruneError(_("--depth-metric must be one of {choices}").format(choices=", ".join(DEPTH_METRICS)))
     if opts.sparsity_pattern not in PATTERNS:
         raise PruneError(_("--sparsity-pattern must be one of {choices}").format(choices=", ".join(PATTERNS)))
+    if opts.unstructured is not None and opts.sparsity_pattern == "2:4":
+        raise PruneError(_("--unstructured FRACTION and --sparsity-pattern 2:4 are two different patterns (2:4 is "
+                           "always 50%); pass one of them"))
     if opts.unstructured is not None:
         try:
             check_amount(opts.unstructured)

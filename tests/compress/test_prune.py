@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 
+from portachat.cli import main
 from portachat.compress.importance import measure_importance
 from portachat.compress.prune import PruneError, PruneTargets, prune_model, pruned_config
 from portachat.compress.prune_run import PruneOptions, run_prune
@@ -123,3 +124,14 @@ def test_pruning_what_does_nothing_leaves_the_logits_unchanged():
     assert all(3 not in n for n in plan.neurons.values()) and pruned.config.n_head == 2
     with torch.no_grad():
         torch.testing.assert_close(pruned(idx), model(idx), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("flags, message", [
+    ([], "nothing to prune"),
+    (["--target-num-layers", "1"], "pass --data FILE"),
+    (["--unstructured", "0.2", "--sparsity-pattern", "2:4"], "two different patterns"),
+])  # fmt: skip
+def test_prune_command_refuses_bad_flags_with_exit_1_and_writes_nothing(tmp_path, capsys, flags, message):
+    code = main(["prune", "--model", str(tmp_path / "unread"), "--output", str(tmp_path / "out"), *flags])
+    assert code == 1 and message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
