@@ -35,7 +35,7 @@ def calibration_tokens(spec: str | Path, encode: Callable[[str], list[int]],
             if len(ids) >= need:
                 break
         return ids
-    for conv in load_conversations([path], limit=None):
+    for conv in load_conversations([path], limit=need):  # every conversation is at least one token
         ids += render(conv["messages"], None)[0]
         if len(ids) >= need:
             break

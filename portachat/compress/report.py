@@ -7,14 +7,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from portachat.i18n import _
+from portachat.i18n import N_, _, gettext
 
 # (key, label, better): the metrics drawn and tabled, in order.
 METRICS = [
-    ("params", "parameters", "lower"),
-    ("perplexity", "perplexity", "lower"),
-    ("gsm8k_accuracy", "GSM8K accuracy", "higher"),
-    ("decode_tok_s", "decode tok/s", "higher"),
+    ("params", N_("parameters"), "lower"),
+    ("perplexity", N_("perplexity"), "lower"),
+    ("gsm8k_accuracy", N_("GSM8K accuracy"), "higher"),
+    ("decode_tok_s", N_("decode tok/s"), "higher"),
 ]
 
 
@@ -33,6 +33,7 @@ def plot_before_after(columns: dict[str, dict[str, Any]], path: Path) -> Path | 
     matplotlib.use("Agg")  # no display on servers
     import matplotlib.pyplot as plt
 
+    # English labels: a plot font may lack CJK glyphs (the table beside it is translated)
     shown = [(k, label) for k, label, _better in METRICS if all(c.get(k) is not None for c in columns.values())]
     if not shown:
         return None
@@ -55,7 +56,8 @@ def render_report(columns: dict[str, dict[str, Any]], notes: list[str], plot: Pa
     lines += ["| " + _("metric") + " | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for key, label, better in METRICS:
         cells = " | ".join(_fmt(columns[n].get(key)) for n in names)
-        lines.append(f"| {label} ({_('lower is better') if better == 'lower' else _('higher is better')}) | {cells} |")
+        hint = _("lower is better") if better == "lower" else _("higher is better")
+        lines.append(f"| {gettext(label)} ({hint}) | {cells} |")
     lines.append("")
     if plot is not None:
         lines += [f"![before and after]({plot.name})", ""]
