@@ -14,6 +14,7 @@ what the model knows, and LoRA's low-rank A/B pairs are not the matrices Muon's 
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 from collections.abc import Callable, Iterator, Sequence
@@ -32,6 +33,9 @@ from portachat.data.chat_loader import Bucket, ChatLoader, batches_per_epoch, ro
 from portachat.device import Device, DistEnv, get_device, init_distributed
 from portachat.device.policy import finetune_activation_checkpointing
 from portachat.device.shapes import pad_bucket, row_bucket
+from portachat.engine import SamplingParams
+from portachat.engine.oneshot import engine_for
+from portachat.eval.generation import reply_text
 from portachat.i18n import _
 from portachat.model import GPT
 from portachat.model.load import load_for_inference
@@ -39,8 +43,12 @@ from portachat.model.model_dir import META, save_model_files
 from portachat.model.source import PEFT, PORTACHAT, is_portachat_dir, resolve
 from portachat.storage.atomic import commit_tmp, prepare_tmp
 from portachat.tokenizer import Tokenizer, render_conversation
+from portachat.tokenizer.chat import render_for_completion
+from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
 from portachat.tokenizer.template_masks import render_template_conversation, render_template_prompt
+from portachat.train.chat_eval import is_correct
 from portachat.train.chat_stage import ChatOptions, prepare_stage_dir, split_conversations
+from portachat.train.engine_copy import engine_weights
 from portachat.train.lora import LoraOptions, add_lora, merge_lora, save_adapter
 from portachat.train.trainer import Stage, TrainConfig, Trainer, TrainingError, TrainResult
 
@@ -101,8 +109,6 @@ def load_base(spec: str | Path, dev: Device) -> BaseModel:
     gen = loaded.generation
     generation = {k: v for k, v in vars(gen).items() if v is not None and k != "max_new_tokens"}
     if source.format == PORTACHAT or (source.format == PEFT and is_portachat_dir(path)):  # a LoRA run of ours
-        from portachat.tokenizer.chat import render_for_completion
-
         tok = Tokenizer.load(path)
         return BaseModel(model, tok, lambda m, n: render_conversation(tok, m, n),
                          lambda m: render_for_completion(tok, m), generation, path)
@@ -157,13 +163,6 @@ def val_loss_evaluator(convs: Sequence[Conversation], render: Render, pad: int, 
 def answer_evaluator(convs: Sequence[Conversation], base: BaseModel, dev: Device, max_tokens: int
                      ) -> Callable[[GPT, int], dict[str, float]]:  # fmt: skip
     """Fraction of held-out questions answered right (greedy, through the inference engine)."""
-    from portachat.engine import SamplingParams
-    from portachat.engine.oneshot import engine_for
-    from portachat.eval.generation import reply_text
-    from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
-    from portachat.train.chat_eval import is_correct
-    from portachat.train.engine_copy import engine_weights
-
     items = [c for c in convs if c.get("answer") is not None]
     chat_tok = PortachatChatTokenizer(base.tokenizer) if isinstance(base.tokenizer, Tokenizer) else base.tokenizer
 
@@ -268,8 +267,6 @@ class FinetuneTrainer(Trainer):
 
 
 def _json(obj: Any) -> str:
-    import json
-
     return json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n"
 
 

@@ -21,7 +21,7 @@ class RunLogger:
             return
         stage_path.mkdir(parents=True, exist_ok=True)
         self._jsonl = open(stage_path / "log.jsonl", "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
-        try:
+        try:  # optional and slow to import (it pulls in tensorboard): only when logging is on
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(log_dir=str(stage_path / "tensorboard"))

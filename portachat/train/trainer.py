@@ -40,6 +40,8 @@ from portachat.model import GPT
 from portachat.model.model_dir import check_tokenizer_matches, load_weights_into, read_config, read_meta
 from portachat.tokenizer import Tokenizer
 from portachat.train.accumulation import TrainingError, grad_accum_steps
+from portachat.train.activation_checkpointing import apply_activation_checkpointing
+from portachat.train.batch_size import auto_device_batch_size
 from portachat.train.hot_path import (
     MFU_ATTENTION,
     causal_flops_per_token,
@@ -236,8 +238,6 @@ class Trainer:
             self.say(f"[portachat] {cfg.stage}: " + _("starting from the weights of {path} (fresh optimizer state)").format(
                 path=init_from))
         if cfg.activation_checkpointing:
-            from portachat.train.activation_checkpointing import apply_activation_checkpointing
-
             wrapped = apply_activation_checkpointing(model)
             self.say("[portachat] " + _("activation checkpointing: {n} blocks recompute their activations in backward").format(
                 n=wrapped))
@@ -699,8 +699,6 @@ def resolve_device_batch_size(cfg: TrainConfig, model: GPT, dev: Device, env: Di
         say("[portachat] " + _("--device-batch-size auto: not used, --tokens-per-batch {n} sets each micro-batch").format(
             n=cfg.tokens_per_batch))
         return
-    from portachat.train.batch_size import auto_device_batch_size
-
     batch, _accum = auto_device_batch_size(model.config, cfg.max_seq_len, dev, cfg.total_batch_size, env.world_size,
                                       activation_checkpointing=cfg.activation_checkpointing, say=say,
                                       row_len=row_len() if row_len is not None else None)
