@@ -9,7 +9,6 @@ Either way a batch is padded only to its longest row (portachat.data.chat_loader
 
 from __future__ import annotations
 
-import math
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,15 +24,13 @@ from portachat.data.chat_data import (
     synthetic_heldout,
 )
 from portachat.data.chat_loader import (
-    Bucket,
     ChatLoader,
-    batches_per_epoch,
     data_lengths,
     iter_chat_val_batches,
 )
 from portachat.data.synthetic.tasks import MIXED_TURNS
 from portachat.device import Device, DistEnv, get_device, init_distributed
-from portachat.device.shapes import pad_bucket, row_bucket
+from portachat.device.shapes import row_bucket
 from portachat.i18n import _
 from portachat.model import GPT
 from portachat.model.model_dir import read_config, read_meta
@@ -41,6 +38,7 @@ from portachat.model.source import resolve
 from portachat.storage.runs import list_steps
 from portachat.tokenizer import Tokenizer, render_conversation
 from portachat.train.chat_eval import answer_accuracy_evaluator
+from portachat.train.stage import plan_iterations
 from portachat.train.trainer import (
     Stage,
     TrainConfig,
@@ -164,15 +162,6 @@ def split_conversations(opts: ChatOptions, seed: int) -> tuple[list[Conversation
     return train_convs, val, f"synthetic tasks ({n} conversations)"
 
 
-def plan_iterations(convs: list[Conversation], tokenizer: Tokenizer, cfg: TrainConfig, pack: bool, epochs: float,
-                    streams: int, bucket: Bucket = pad_bucket, length_cache: dict[int, int] | None = None) -> int:
-    """Optimizer steps for `epochs` passes over the conversations (packing estimated from a sample)."""
-    per_epoch = batches_per_epoch(convs, lambda m, n: render_conversation(tokenizer, m, n), cfg.max_seq_len, pack,
-                                  int(cfg.device_batch_size), streams, cfg.tokens_per_batch, bucket, seed=cfg.seed,
-                                  length_cache=length_cache)
-    return max(1, math.ceil(epochs * per_epoch))
-
-
 def run_chat_stage(opts: ChatOptions, dev: Device | None = None, print_fn=print) -> TrainResult:
     """Train a chat stage (mid or sft) and return its final checkpoint."""
     if opts.stage not in STAGE_DEFAULTS:
@@ -218,8 +207,8 @@ def run_chat_stage(opts: ChatOptions, dev: Device | None = None, print_fn=print)
     if opts.num_iterations is not None:
         cfg.num_iterations = opts.num_iterations
     else:
-        cfg.num_iterations = plan_iterations(train_convs, tokenizer, cfg, pack, opts.num_epochs, streams, bucket,
-                                             lengths)
+        render = lambda m, n: render_conversation(tokenizer, m, n)  # noqa: E731
+        cfg.num_iterations = plan_iterations(train_convs, render, cfg, pack, opts.num_epochs, streams, bucket, lengths)
 
     B, T = cfg.device_batch_size, cfg.max_seq_len
     max_val_batches = max(1, cfg.eval_tokens // (B * T))

@@ -15,7 +15,6 @@ what the model knows, and LoRA's low-rank A/B pairs are not the matrices Muon's 
 from __future__ import annotations
 
 import json
-import math
 import shutil
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from portachat.checkpoint import read_meta, stage_dir
 from portachat.checkpoint.trainer_state import save_optimizers, save_rng
 from portachat.checkpoint.writer import gather_positions, gather_rngs, step_directory
 from portachat.data.chat_data import Conversation
-from portachat.data.chat_loader import Bucket, ChatLoader, batches_per_epoch, rows_to_batch
+from portachat.data.chat_loader import Bucket, ChatLoader, rows_to_batch
 from portachat.device import Device, DistEnv, get_device, init_distributed
 from portachat.device.policy import finetune_activation_checkpointing
 from portachat.device.shapes import pad_bucket, row_bucket
@@ -50,13 +49,12 @@ from portachat.train.chat_eval import is_correct
 from portachat.train.chat_stage import ChatOptions, prepare_stage_dir, split_conversations
 from portachat.train.engine_copy import engine_weights
 from portachat.train.lora import LoraOptions, add_lora, merge_lora, save_adapter
+from portachat.train.stage import Render, plan_iterations
 from portachat.train.trainer import Stage, TrainConfig, Trainer, TrainingError, TrainResult
 
 FULL_LR = 2e-5
 LORA_LR = 2e-4
 MERGED = "merged"  # <stage>/merged/: the last LoRA checkpoint folded into a plain model (--merge)
-
-Render = Callable[[Any, int | None], tuple[list[int], list[int]]]  # (messages, max tokens) -> ids, mask
 
 
 @dataclass
@@ -286,13 +284,6 @@ def write_merged(stage_path: Path, model: GPT, base: BaseModel, meta: dict[str, 
 # ----------------------------------------------------------------------------- the stage
 
 
-def plan_steps(convs: Sequence[Conversation], render: Render, cfg: TrainConfig, pack: bool, epochs: float,
-               streams: int, bucket: Bucket = pad_bucket, length_cache: dict[int, int] | None = None) -> int:
-    per_epoch = batches_per_epoch(convs, render, cfg.max_seq_len, pack, int(cfg.device_batch_size), streams,
-                                  cfg.tokens_per_batch, bucket, seed=cfg.seed, length_cache=length_cache)
-    return max(1, math.ceil(epochs * per_epoch))
-
-
 def run_finetune(opts: FinetuneOptions, dev: Device | None = None, print_fn=print) -> TrainResult:
     """Fine-tune `opts.init` (full or LoRA) and return the final checkpoint (the adapter, for LoRA)."""
     if opts.stage not in ("mid", "sft"):
@@ -343,7 +334,7 @@ def run_finetune(opts: FinetuneOptions, dev: Device | None = None, print_fn=prin
     streams = env.world_size * cfg.grad_accum_steps(env.world_size)
     bucket = row_bucket(dev.type, dev.compile)
     lengths: dict[int, int] = {}  # rendered lengths, shared by the planner and every stream
-    cfg.num_iterations = opts.num_iterations or plan_steps(train_convs, base.render, cfg, pack, opts.num_epochs, streams,
+    cfg.num_iterations = opts.num_iterations or plan_iterations(train_convs, base.render, cfg, pack, opts.num_epochs, streams,
                                                            bucket, lengths)
     B, T, pad = cfg.device_batch_size, cfg.max_seq_len, pad_id(base.tokenizer)
     evaluators = [val_loss_evaluator(val_convs[: opts.val_conversations], base.render, pad, B, T, dev, bucket)]
