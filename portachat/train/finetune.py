@@ -24,12 +24,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from portachat.checkpoint import read_meta, stage_dir
+from portachat.checkpoint import read_meta
 from portachat.checkpoint.trainer_state import save_optimizers, save_rng
 from portachat.checkpoint.writer import gather_positions, gather_rngs, step_directory
 from portachat.data.chat_data import Conversation
 from portachat.data.chat_loader import Bucket, ChatLoader, rows_to_batch
-from portachat.device import Device, DistEnv, get_device, init_distributed
+from portachat.device import Device
 from portachat.device.policy import finetune_activation_checkpointing
 from portachat.device.shapes import pad_bucket, row_bucket
 from portachat.engine import SamplingParams
@@ -46,10 +46,10 @@ from portachat.tokenizer.chat import render_for_completion
 from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
 from portachat.tokenizer.template_masks import render_template_conversation, render_template_prompt
 from portachat.train.chat_eval import is_correct
-from portachat.train.chat_stage import ChatOptions, prepare_stage_dir, split_conversations
+from portachat.train.chat_stage import ChatOptions, split_conversations
 from portachat.train.engine_copy import engine_weights
 from portachat.train.lora import LoraOptions, add_lora, merge_lora, save_adapter
-from portachat.train.stage import Render, plan_iterations
+from portachat.train.stage import Render, begin_stage, plan_iterations
 from portachat.train.trainer import Stage, TrainConfig, Trainer, TrainingError, TrainResult
 
 FULL_LR = 2e-5
@@ -290,13 +290,8 @@ def run_finetune(opts: FinetuneOptions, dev: Device | None = None, print_fn=prin
         raise TrainingError(_("fine-tuning runs as `mid` or `sft`, not {stage}").format(stage=repr(opts.stage)))
     if opts.merge and opts.lora is None:
         raise TrainingError(_("--merge folds a LoRA adapter into the model: pass --lora-rank R with it"))
-    dev = dev or get_device()
-    env: DistEnv = init_distributed(dev)
-    say = print_fn if env.is_main else (lambda _m: None)
-    cfg = opts.train
-    cfg.stage = opts.stage
-    path = stage_dir(cfg.run, opts.stage, Path(cfg.runs_root) if cfg.runs_root else None)
-    resume_from = prepare_stage_dir(path, opts.resume, opts.overwrite, opts.stage, cfg.run, env)
+    start = begin_stage(opts.stage, opts.train, dev, print_fn, resume=opts.resume, overwrite=opts.overwrite)
+    dev, env, say, cfg, path, resume_from = start.dev, start.env, start.say, start.cfg, start.path, start.resume_from
     base = load_base(opts.init, dev)
     model = base.model
     if opts.lora is not None:
