@@ -10,7 +10,7 @@ import json
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -137,15 +137,16 @@ def run_base(opts: BaseOptions, dev: Device | None = None, print_fn=print) -> Tr
     with torch.device(dev.torch_device):
         model = GPT(model_cfg)
     model.init_weights(seed=cfg.seed)
-    resolve_device_batch_size(cfg, model, dev, env, say)
+    cfg = resolve_device_batch_size(cfg, model, dev, env, say)
     saved = read_meta(resume_from) if resume_from is not None else {}
     if opts.num_iterations is not None:
-        cfg.num_iterations = opts.num_iterations
+        num_iterations = opts.num_iterations
     elif saved:  # keep the horizon the run was planned with, whatever the batch now
-        cfg.num_iterations = int(saved["train_config"]["num_iterations"])
+        num_iterations = int(saved["train_config"]["num_iterations"])
     else:
         tokens_per_step = cfg.total_batch_size or cfg.device_batch_size * cfg.max_seq_len * env.world_size
-        cfg.num_iterations = max(1, training_tokens(model_cfg, opts.target_param_data_ratio) // tokens_per_step)
+        num_iterations = max(1, training_tokens(model_cfg, opts.target_param_data_ratio) // tokens_per_step)
+    cfg = replace(cfg, num_iterations=num_iterations)
     if saved.get("final") and cfg.num_iterations > int(saved["step"]):
         say(
             "[portachat] " + _("note: extending a finished run from step {step} to {iterations}: the "

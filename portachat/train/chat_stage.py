@@ -9,7 +9,7 @@ Either way a batch is padded only to its longest row (portachat.data.chat_loader
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -117,7 +117,7 @@ def run_chat_stage(opts: ChatOptions, dev: Device | None = None, print_fn=print)
     dev, env, say, cfg, path = start.dev, start.env, start.say, start.cfg, start.path
     resume_from, init_from = start.resume_from, start.init_from
     model, tokenizer = model_from_checkpoint(resume_from or init_from, dev)
-    cfg.max_seq_len = opts.max_seq_len or model.config.max_seq_len
+    cfg = replace(cfg, max_seq_len=opts.max_seq_len or model.config.max_seq_len)
     train_convs, val_convs, described = split_conversations(opts, cfg.seed)
     bucket = row_bucket(dev.type, dev.compile)
     pack = defaults.pack if opts.pack is None else opts.pack
@@ -128,13 +128,10 @@ def run_chat_stage(opts: ChatOptions, dev: Device | None = None, print_fn=print)
         render = lambda m, n: render_conversation(tokenizer, m, n)  # noqa: E731
         return bucket(data_lengths(train_convs, render, cfg.max_seq_len).longest, cfg.max_seq_len)
 
-    resolve_device_batch_size(cfg, model, dev, env, say, row_len=longest_row)
-    cfg.muon_momentum_warmup = 0
-    cfg.warmdown_ratio = defaults.warmdown_ratio if opts.warmdown_ratio is None else opts.warmdown_ratio
+    cfg = resolve_device_batch_size(cfg, model, dev, env, say, row_len=longest_row)
     scale = defaults.lr_scale if opts.lr_scale is None else opts.lr_scale
-    o = cfg.optim
-    o.matrix_lr, o.embedding_lr, o.unembedding_lr, o.scalar_lr = (
-        o.matrix_lr * scale, o.embedding_lr * scale, o.unembedding_lr * scale, o.scalar_lr * scale)
+    cfg = replace(cfg, muon_momentum_warmup=0, optim=cfg.optim.scaled(scale),
+                  warmdown_ratio=defaults.warmdown_ratio if opts.warmdown_ratio is None else opts.warmdown_ratio)
 
     rows = _("packed rows") if pack else _("padded rows")
     say(f"[portachat] {opts.stage}: " + _("{n} training conversations from {source} ({rows}), {held} held out").format(
@@ -145,10 +142,11 @@ def run_chat_stage(opts: ChatOptions, dev: Device | None = None, print_fn=print)
     streams = env.world_size * cfg.grad_accum_steps(env.world_size)
     lengths: dict[int, int] = {}  # rendered lengths, shared by the planner and every stream
     if opts.num_iterations is not None:
-        cfg.num_iterations = opts.num_iterations
+        cfg = replace(cfg, num_iterations=opts.num_iterations)
     else:
         render = lambda m, n: render_conversation(tokenizer, m, n)  # noqa: E731
-        cfg.num_iterations = plan_iterations(train_convs, render, cfg, pack, opts.num_epochs, streams, bucket, lengths)
+        cfg = replace(cfg, num_iterations=plan_iterations(train_convs, render, cfg, pack, opts.num_epochs, streams,
+                                                          bucket, lengths))
 
     B, T = cfg.device_batch_size, cfg.max_seq_len
     max_val_batches = max(1, cfg.eval_tokens // (B * T))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -301,9 +301,9 @@ def run_finetune(opts: FinetuneOptions, dev: Device | None = None, print_fn=prin
         rank=opts.lora.rank, alpha=f"{opts.lora.alpha:g}", targets=",".join(opts.lora.targets)) if opts.lora else _("full")
     say(f"[portachat] {opts.stage}: " + _("fine-tuning {path} ({mode}; {trainable} of {total} parameters train)").format(
         path=base.path, mode=mode, trainable=f"{trainable:,}", total=f"{sum(p.numel() for p in model.parameters()):,}"))
-    cfg.max_seq_len = opts.max_seq_len or min(model.config.max_seq_len, 2048)
     ac = opts.activation_checkpointing
-    cfg.activation_checkpointing = finetune_activation_checkpointing(dev.type) if ac is None else ac
+    cfg = replace(cfg, max_seq_len=opts.max_seq_len or min(model.config.max_seq_len, 2048),
+                  activation_checkpointing=finetune_activation_checkpointing(dev.type) if ac is None else ac)
     if ac is None and cfg.activation_checkpointing:
         say(f"[portachat] {opts.stage}: " + _(
             "activation checkpointing on (fine-tuning's default on a {device}: about a third of the memory for ~35% "
@@ -329,8 +329,8 @@ def run_finetune(opts: FinetuneOptions, dev: Device | None = None, print_fn=prin
     streams = env.world_size * cfg.grad_accum_steps(env.world_size)
     bucket = row_bucket(dev.type, dev.compile)
     lengths: dict[int, int] = {}  # rendered lengths, shared by the planner and every stream
-    cfg.num_iterations = opts.num_iterations or plan_iterations(train_convs, base.render, cfg, pack, opts.num_epochs, streams,
-                                                           bucket, lengths)
+    cfg = replace(cfg, num_iterations=opts.num_iterations or plan_iterations(
+        train_convs, base.render, cfg, pack, opts.num_epochs, streams, bucket, lengths))
     B, T, pad = cfg.device_batch_size, cfg.max_seq_len, pad_id(base.tokenizer)
     evaluators = [val_loss_evaluator(val_convs[: opts.val_conversations], base.render, pad, B, T, dev, bucket)]
     if opts.eval_examples > 0:
@@ -384,7 +384,6 @@ def finetune_options(args: Any, chat: ChatOptions) -> FinetuneOptions:
             lora.check()
         except ValueError as exc:
             raise TrainingError(str(exc)) from exc
-    chat.train.optim.weight_decay = args.weight_decay
     return FinetuneOptions(
         init=chat.init, stage=chat.stage, data=chat.data, max_conversations=chat.max_conversations, pack=chat.pack,
         lr=args.lr, weight_decay=args.weight_decay, num_epochs=chat.num_epochs, num_iterations=chat.num_iterations,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -270,23 +270,16 @@ def run_rl(opts: RLOptions, dev: Device | None = None, print_fn=print) -> TrainR
     dev, env, say, cfg, path = start.dev, start.env, start.say, start.cfg, start.path
     resume_from, init_from = start.resume_from, start.init_from
     model, tokenizer = model_from_checkpoint(resume_from or init_from, dev)
-    cfg.max_seq_len = model.config.max_seq_len
-    cfg.muon_momentum_warmup = 0
-    cfg.warmdown_ratio = opts.warmdown_ratio
-    o = cfg.optim
-    o.matrix_lr, o.embedding_lr, o.unembedding_lr, o.scalar_lr = (
-        o.matrix_lr * opts.lr_scale, o.embedding_lr * opts.lr_scale, o.unembedding_lr * opts.lr_scale,
-        o.scalar_lr * opts.lr_scale)
+    cfg = replace(cfg, max_seq_len=model.config.max_seq_len, muon_momentum_warmup=0,
+                  warmdown_ratio=opts.warmdown_ratio, optim=cfg.optim.scaled(opts.lr_scale))
     sampler = RolloutEngine(model, tokenizer, dev, max_num_seqs=max(cfg.device_batch_size, 1))
     weights = None if opts.data else synthetic_task_mix(opts, sampler, tokenizer, cfg.seed, init_from, resume_from,
                                                          say)
     tasks, heldout, described = rl_tasks(opts, cfg.seed, weights)
     prompts_per_batch = cfg.device_batch_size // opts.num_samples
     streams = env.world_size * cfg.grad_accum_steps(env.world_size)
-    if opts.num_iterations is not None:
-        cfg.num_iterations = opts.num_iterations
-    else:
-        cfg.num_iterations = max(1, math.ceil(opts.num_epochs * len(tasks) / (prompts_per_batch * streams)))
+    cfg = replace(cfg, num_iterations=opts.num_iterations if opts.num_iterations is not None
+                  else max(1, math.ceil(opts.num_epochs * len(tasks) / (prompts_per_batch * streams))))
     say(f"[portachat] {cfg.stage}: " + _("{n} prompts from {source}, {samples} samples each, {per_step} prompts per step; "
                                "starting from {path}").format(
         n=len(tasks), source=described, samples=opts.num_samples, per_step=prompts_per_batch * streams,

@@ -101,8 +101,10 @@ class Stage:
 StageData = Stage  # the name stages used before the Trainer split
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
+    """Frozen: a stage derives its own with dataclasses.replace, never changing the one it was given."""
+
     run: str = "default"
     stage: str = "base"
     runs_root: str | None = None  # default <PORTACHAT_HOME>/runs
@@ -688,17 +690,16 @@ def _config_dict(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def resolve_device_batch_size(cfg: TrainConfig, model: GPT, dev: Device, env: DistEnv, say: Callable[[str], None],
-                              row_len: Callable[[], int] | None = None) -> None:
+                              row_len: Callable[[], int] | None = None) -> TrainConfig:
     """Turn `--device-batch-size auto` into the largest batch that fits (real steps on this device), the
     same on every rank, and dividing --total-batch-size so accumulation is exact. `row_len`: the padded
     length the data's rows really reach (chat data), probed instead of --max-seq-len."""
     if cfg.device_batch_size != "auto":
-        return
+        return cfg
     if cfg.tokens_per_batch is not None:  # rows are drawn by the budget: the batch size is not used
-        cfg.device_batch_size = 1
         say("[portachat] " + _("--device-batch-size auto: not used, --tokens-per-batch {n} sets each micro-batch").format(
             n=cfg.tokens_per_batch))
-        return
+        return replace(cfg, device_batch_size=1)
     batch, _accum = auto_device_batch_size(model.config, cfg.max_seq_len, dev, cfg.total_batch_size, env.world_size,
                                       activation_checkpointing=cfg.activation_checkpointing, say=say,
                                       row_len=row_len() if row_len is not None else None)
@@ -706,6 +707,7 @@ def resolve_device_batch_size(cfg: TrainConfig, model: GPT, dev: Device, env: Di
         t = torch.tensor([batch], device=dev.torch_device if dist.get_backend() != "gloo" else "cpu")
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
         batch = int(t.item())
-    cfg.device_batch_size = batch
+    cfg = replace(cfg, device_batch_size=batch)
     say("[portachat] " + _("--device-batch-size auto: {batch} rows per device, {accum} accumulation step(s)").format(
         batch=batch, accum=cfg.grad_accum_steps(env.world_size)))
+    return cfg
