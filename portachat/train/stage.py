@@ -39,6 +39,9 @@ PREVIOUS_STAGE = {"mid": "base", "sft": "mid", "rl": "sft"}
 
 Render = Callable[[Any, int | None], tuple[list[int], list[int]]]  # (messages, max tokens) -> ids, mask
 
+# Where rank 0 decides on its own files (inside rank0_decides): it deletes and waits for nobody.
+RANK0_ALONE = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1)
+
 
 @dataclass(frozen=True)
 class StageStart:
@@ -81,9 +84,8 @@ def begin_stage(stage: str, train: TrainConfig, dev: Device | None = None, print
     if from_previous:
         resume_from, init_from = start_points(path, resume, overwrite, stage, init, cfg.run, runs_root)
     else:
-        alone = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1)  # rank 0 decides by itself
-        resume_from = checkpoint_from_rank0(lambda: prepare_stage_dir(path, resume, overwrite, stage, cfg.run, alone),
-                                            runs_root)
+        resume_from = checkpoint_from_rank0(
+            lambda: prepare_stage_dir(path, resume, overwrite, stage, cfg.run, RANK0_ALONE), runs_root)
         init_from = None
     dev.manual_seed(cfg.seed)
     return StageStart(dev=dev, env=env, cfg=cfg, path=path, runs_root=runs_root, resume_from=resume_from,
@@ -134,10 +136,8 @@ def prepare_stage_dir(path: Path, resume: str | None, overwrite: bool, stage: st
 def start_points(path: Path, resume: str | None, overwrite: bool, stage: str, init: str | None, run: str,
                  runs_root: Path | None) -> tuple[Path | None, Path | None]:
     """(resume_from, init_from), as rank 0 sees its files, present on every node (see checkpoint.replicate)."""
-    alone = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1)  # rank 0 decides by itself
-
     def pick() -> tuple[str, Path]:
-        found = prepare_stage_dir(path, resume, overwrite, stage, run, alone)
+        found = prepare_stage_dir(path, resume, overwrite, stage, run, RANK0_ALONE)
         return ("resume", found) if found is not None else ("init", resolve_init(stage, init, run, runs_root))
 
     kind, picked = rank0_decides(pick)
