@@ -34,8 +34,7 @@ def distill_options(args: argparse.Namespace, dev) -> object:
             raise TrainingError(str(exc)) from exc
     beta = args.beta if args.beta is not None else LOSSES[args.loss]
     loss = DistillLoss(beta=beta, temperature=args.temperature, alpha=args.alpha, top_k=args.top_k or None)
-    train = train_config(args, dev)
-    train.tokens_per_batch = args.tokens_per_batch
+    train = train_config(args, dev, tokens_per_batch=args.tokens_per_batch)
     return DistillOptions(
         teacher=args.teacher, teacher_model=args.teacher_model, student=args.student, student_depth=args.student_depth, data=args.data or [],
         max_conversations=args.max_conversations, loss=loss, on_policy=args.on_policy,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from dataclasses import replace
 
 from portachat.commands.common import EPILOG, device_from_args, flag, int_at_least, nonneg_int, positive_int
 from portachat.commands.launch import add_launch_flags, maybe_launch
@@ -74,12 +75,13 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     flag(g, "--keep-last", type=nonneg_int, default=d.keep_last, help=_("checkpoints kept per stage; 0 = all (default %(default)s)"))
 
 
-def train_config(args: argparse.Namespace, dev) -> object:
+def train_config(args: argparse.Namespace, dev, **overrides) -> object:
+    """The TrainConfig the shared training flags ask for; `overrides`: a stage's own fields (it is frozen)."""
     from portachat.train.optim import OptimConfig  # deferred: loads torch
     from portachat.train.trainer import TrainConfig  # deferred: loads torch
 
     defaults = training_defaults(dev)
-    return TrainConfig(
+    return replace(TrainConfig(
         run=args.run,
         runs_root=args.runs_root,
         device_batch_size=args.device_batch_size or defaults.device_batch_size,
@@ -106,7 +108,7 @@ def train_config(args: argparse.Namespace, dev) -> object:
             scalar_lr=args.scalar_lr,
             weight_decay=args.weight_decay,
         ),
-    )
+    ), **overrides)
 
 
 def cmd_train_base(args: argparse.Namespace) -> int:
@@ -175,9 +177,8 @@ def cmd_train_chat(args: argparse.Namespace) -> int:
         eval_max_tokens=args.eval_max_tokens,
         resume=args.resume,
         overwrite=args.overwrite,
-        train=train_config(args, dev),
+        train=train_config(args, dev, tokens_per_batch=args.tokens_per_batch),
     )
-    opts.train.tokens_per_batch = args.tokens_per_batch
     try:
         result = (run_finetune(finetune_options(args, opts), dev=dev) if wants_finetune(args)
                   else run_chat_stage(opts, dev=dev))
@@ -267,14 +268,13 @@ def cmd_train_rl(args: argparse.Namespace) -> int:
     from portachat.train.rl import RLOptions, run_rl  # deferred: loads torch
 
     dev = device_from_args(args)
-    cfg = train_config(args, dev)
-    if args.device_batch_size is None:
-        cfg.device_batch_size = args.num_samples * training_defaults(dev).rl_groups_per_row_batch
-    elif args.device_batch_size == "auto":
+    if args.device_batch_size == "auto":
         from portachat.train.trainer import TrainingError  # deferred: loads torch
 
         raise TrainingError(_("train rl: --device-batch-size auto is not supported (rows are groups of replies); "
                               "give a multiple of --num-samples ({n})").format(n=args.num_samples))
+    rows = args.device_batch_size or args.num_samples * training_defaults(dev).rl_groups_per_row_batch
+    cfg = train_config(args, dev, device_batch_size=rows)
     opts = RLOptions(
         init=args.init,
         data=args.data or [],

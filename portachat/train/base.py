@@ -8,31 +8,27 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer as HFTokenizer
 
-from portachat.checkpoint import CheckpointError, latest_checkpoint, stage_dir
-from portachat.checkpoint.replicate import checkpoint_from_rank0
 from portachat.data.document_source import DocumentSource
 from portachat.data.loader import PackedLoader, iter_val_batches
 from portachat.data.sources import open_source
-from portachat.device import Device, DistEnv, get_device, init_distributed
+from portachat.device import Device, DistEnv
 from portachat.eval.bpb import unigram_bpb
 from portachat.i18n import _
 from portachat.model import GPT, GPTConfig, training_tokens
 from portachat.model.model_dir import read_meta
-from portachat.model.source import resolve
 from portachat.storage.atomic import atomic_directory
-from portachat.storage.runs import list_steps
 from portachat.tokenizer import Tokenizer, train_tokenizer
 from portachat.tokenizer.bpe import TOKENIZER_FILE
 from portachat.train.parallel import share_from_rank0
+from portachat.train.stage import begin_stage
 from portachat.train.trainer import (
     Stage,
     TrainConfig,
@@ -116,34 +112,13 @@ def _targets(batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> Iterator[t
 
 def run_base(opts: BaseOptions, dev: Device | None = None, print_fn=print) -> TrainResult:
     """Pretrain (or resume pretraining) and return the final checkpoint."""
-    dev = dev or get_device()
-    env = init_distributed(dev)
-    say = print_fn if env.is_main else (lambda _m: None)
-    cfg = opts.train
-    cfg.stage = "base"
-    path = stage_dir(cfg.run, "base", Path(cfg.runs_root) if cfg.runs_root else None)
-
     if opts.depth < 1:
         raise TrainingError(_("--depth must be at least 1 (the number of transformer layers), got {depth}").format(
             depth=opts.depth))
-    if opts.resume and opts.overwrite:
-        raise TrainingError(_("--resume continues a run and --overwrite deletes it: pass one of them, not both"))
     if opts.tokenizer and opts.vocab_size:
         raise TrainingError(_("--vocab-size sizes a tokenizer portachat trains; it cannot apply to --tokenizer DIR"))
-
-    def start_point() -> Path | None:  # rank 0's files decide: other nodes may not share its filesystem
-        resume_from = _resume_target(opts, path)
-        if resume_from is None and list_steps(path):
-            if not opts.overwrite:
-                raise TrainingError(
-                    _("run '{run}' already has {stage} checkpoints in {path}. Continue it with --resume, "
-                      "pick another --run-name, or pass --overwrite to start over (deletes them).").format(
-                        run=cfg.run, stage="base", path=path)
-                )
-            shutil.rmtree(path)
-        return resume_from
-
-    resume_from = checkpoint_from_rank0(start_point, Path(cfg.runs_root) if cfg.runs_root else None)
+    start = begin_stage("base", opts.train, dev, print_fn, resume=opts.resume, overwrite=opts.overwrite)
+    dev, env, say, cfg, path, resume_from = start.dev, start.env, start.say, start.cfg, start.path, start.resume_from
 
     train_src = open_source(opts.data, split="train")
     val_src = open_source(opts.data, split="val")
@@ -159,19 +134,19 @@ def run_base(opts: BaseOptions, dev: Device | None = None, print_fn=print) -> Tr
         tokenizer = prepare_tokenizer(opts, train_src, path.parent, env, say)
 
     model_cfg = GPTConfig.from_depth(opts.depth, vocab_size=tokenizer.vocab_size, max_seq_len=cfg.max_seq_len)
-    dev.manual_seed(cfg.seed)
     with torch.device(dev.torch_device):
         model = GPT(model_cfg)
     model.init_weights(seed=cfg.seed)
-    resolve_device_batch_size(cfg, model, dev, env, say)
+    cfg = resolve_device_batch_size(cfg, model, dev, env, say)
     saved = read_meta(resume_from) if resume_from is not None else {}
     if opts.num_iterations is not None:
-        cfg.num_iterations = opts.num_iterations
+        num_iterations = opts.num_iterations
     elif saved:  # keep the horizon the run was planned with, whatever the batch now
-        cfg.num_iterations = int(saved["train_config"]["num_iterations"])
+        num_iterations = int(saved["train_config"]["num_iterations"])
     else:
         tokens_per_step = cfg.total_batch_size or cfg.device_batch_size * cfg.max_seq_len * env.world_size
-        cfg.num_iterations = max(1, training_tokens(model_cfg, opts.target_param_data_ratio) // tokens_per_step)
+        num_iterations = max(1, training_tokens(model_cfg, opts.target_param_data_ratio) // tokens_per_step)
+    cfg = replace(cfg, num_iterations=num_iterations)
     if saved.get("final") and cfg.num_iterations > int(saved["step"]):
         say(
             "[portachat] " + _("note: extending a finished run from step {step} to {iterations}: the "
@@ -201,14 +176,3 @@ def run_base(opts: BaseOptions, dev: Device | None = None, print_fn=print) -> Tr
             bpb=f"{baseline:.4f}"))
     extra = {"data": train_src.name, "unigram_bpb": baseline, "depth": opts.depth}
     return train(model, tokenizer, data, cfg, dev, env, path, resume_from=resume_from, extra_meta=extra, print_fn=print_fn)
-
-
-def _resume_target(opts: BaseOptions, path: Path) -> Path | None:
-    if not opts.resume:
-        return None
-    if opts.resume == "auto":
-        found = latest_checkpoint(path)
-        if found is None:
-            raise CheckpointError(_("--resume: no checkpoint to resume in {path} (no `latest` pointer yet)").format(path=path))
-        return found
-    return resolve(opts.resume).path

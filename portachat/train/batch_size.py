@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
+import torch.distributed as dist
 
-from portachat.device import Device
+from portachat.device import Device, DistEnv
 from portachat.device.errors import diagnose
 from portachat.device.memtrack import LiveTensorBytes
 from portachat.i18n import _
 from portachat.model import GPT, GPTConfig
 from portachat.train.accumulation import grad_accum_steps, largest_dividing_batch
 from portachat.train.activation_checkpointing import apply_activation_checkpointing
+from portachat.train.config import TrainConfig
 from portachat.train.optim import OptimConfig, build_optimizers
 
 
@@ -216,3 +218,27 @@ def auto_device_batch_size(
     accum = grad_accum_steps(total_batch_tokens, batch, seq_len, world_size)
     say(_("--device-batch-size auto: {batch} per device, {accum} accumulation step(s)").format(batch=batch, accum=accum))
     return batch, accum
+
+
+def resolve_device_batch_size(cfg: TrainConfig, model: GPT, dev: Device, env: DistEnv, say: Callable[[str], None],
+                              row_len: Callable[[], int] | None = None) -> TrainConfig:
+    """Turn `--device-batch-size auto` into the largest batch that fits (real steps on this device), the
+    same on every rank, and dividing --total-batch-size so accumulation is exact. `row_len`: the padded
+    length the data's rows really reach (chat data), probed instead of --max-seq-len."""
+    if cfg.device_batch_size != "auto":
+        return cfg
+    if cfg.tokens_per_batch is not None:  # rows are drawn by the budget: the batch size is not used
+        say("[portachat] " + _("--device-batch-size auto: not used, --tokens-per-batch {n} sets each micro-batch").format(
+            n=cfg.tokens_per_batch))
+        return replace(cfg, device_batch_size=1)
+    batch, _accum = auto_device_batch_size(model.config, cfg.max_seq_len, dev, cfg.total_batch_size, env.world_size,
+                                      activation_checkpointing=cfg.activation_checkpointing, say=say,
+                                      row_len=row_len() if row_len is not None else None)
+    if env.world_size > 1:  # every rank must run the same shapes: the smallest device decides
+        t = torch.tensor([batch], device=dev.torch_device if dist.get_backend() != "gloo" else "cpu")
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        batch = int(t.item())
+    cfg = replace(cfg, device_batch_size=batch)
+    say("[portachat] " + _("--device-batch-size auto: {batch} rows per device, {accum} accumulation step(s)").format(
+        batch=batch, accum=cfg.grad_accum_steps(env.world_size)))
+    return cfg

@@ -9,15 +9,11 @@ Either way a batch is padded only to its longest row (portachat.data.chat_loader
 
 from __future__ import annotations
 
-import math
-import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
-from portachat.checkpoint import CheckpointError, latest_checkpoint, stage_dir
-from portachat.checkpoint.replicate import checkpoint_from_rank0, rank0_decides
 from portachat.data.chat_data import (
     Conversation,
     load_conversations,
@@ -25,22 +21,25 @@ from portachat.data.chat_data import (
     synthetic_heldout,
 )
 from portachat.data.chat_loader import (
-    Bucket,
     ChatLoader,
-    batches_per_epoch,
     data_lengths,
     iter_chat_val_batches,
 )
 from portachat.data.synthetic.tasks import MIXED_TURNS
-from portachat.device import Device, DistEnv, get_device, init_distributed
-from portachat.device.shapes import pad_bucket, row_bucket
+from portachat.device import Device
+from portachat.device.shapes import row_bucket
 from portachat.i18n import _
 from portachat.model import GPT
-from portachat.model.model_dir import read_config, read_meta
-from portachat.model.source import resolve
-from portachat.storage.runs import list_steps
+from portachat.model.model_dir import read_config
 from portachat.tokenizer import Tokenizer, render_conversation
 from portachat.train.chat_eval import answer_accuracy_evaluator
+from portachat.train.stage import (  # noqa: F401 - PREVIOUS_STAGE, prepare_stage_dir, start_points: their old home
+    PREVIOUS_STAGE,
+    begin_stage,
+    plan_iterations,
+    prepare_stage_dir,
+    start_points,
+)
 from portachat.train.trainer import (
     Stage,
     TrainConfig,
@@ -49,8 +48,6 @@ from portachat.train.trainer import (
     resolve_device_batch_size,
     train,
 )
-
-PREVIOUS_STAGE = {"mid": "base", "sft": "mid", "rl": "sft"}
 
 
 @dataclass(frozen=True)
@@ -87,22 +84,6 @@ class ChatOptions:
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
-def resolve_init(stage: str, init: str | None, run: str, runs_root: Path | None) -> Path:
-    """The checkpoint a stage starts from: --init, or the run's previous stage's latest checkpoint."""
-    if init is not None:
-        return resolve(init).path
-    previous = PREVIOUS_STAGE[stage]
-    where = stage_dir(run, previous, runs_root)
-    found = latest_checkpoint(where)
-    if found is None:
-        raise CheckpointError(
-            _("`train {stage}` starts from the {previous} stage, but run '{run}' has no {previous} checkpoint in "
-              "{where}. Train it first (`portachat train {previous} --run-name {run}`) or pass --init PATH.").format(
-                stage=stage, previous=previous, run=run, where=where)
-        )
-    return found
-
-
 def model_from_checkpoint(path: Path, dev: Device) -> tuple[GPT, Tokenizer]:
     """A model shaped like the checkpoint's (weights loaded later by the Trainer) and its tokenizer."""
     model_cfg = read_config(path)
@@ -110,45 +91,6 @@ def model_from_checkpoint(path: Path, dev: Device) -> tuple[GPT, Tokenizer]:
         model = GPT(model_cfg)
     model.init_weights(seed=0)
     return model, Tokenizer.load(path)
-
-
-def prepare_stage_dir(path: Path, resume: str | None, overwrite: bool, stage: str, run: str, env: DistEnv) -> Path | None:
-    """The checkpoint to resume from, after refusing to mix a new run into an existing one."""
-    if resume and overwrite:
-        raise TrainingError(_("--resume continues a run and --overwrite deletes it: pass one of them, not both"))
-    if resume == "auto":
-        found = latest_checkpoint(path)
-        if found is None:
-            raise CheckpointError(_("--resume: no checkpoint to resume in {path} (no `latest` pointer yet)").format(path=path))
-        return found
-    if resume:
-        return resolve(resume).path
-    if list_steps(path):
-        if not overwrite:
-            raise TrainingError(
-                _("run '{run}' already has {stage} checkpoints in {path}. Continue it with --resume, "
-                  "pick another --run-name, or pass --overwrite to start over (deletes them).").format(
-                    run=run, stage=stage, path=path)
-            )
-        if env.is_main:
-            shutil.rmtree(path)
-        if env.is_distributed:
-            torch.distributed.barrier()
-    return None
-
-
-def start_points(path: Path, resume: str | None, overwrite: bool, stage: str, init: str | None, run: str,
-                 runs_root: Path | None) -> tuple[Path | None, Path | None]:
-    """(resume_from, init_from), as rank 0 sees its files, present on every node (see checkpoint.replicate)."""
-    alone = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1)  # rank 0 decides by itself
-
-    def pick() -> tuple[str, Path]:
-        found = prepare_stage_dir(path, resume, overwrite, stage, run, alone)
-        return ("resume", found) if found is not None else ("init", resolve_init(stage, init, run, runs_root))
-
-    kind, picked = rank0_decides(pick)
-    local = checkpoint_from_rank0(lambda: picked, runs_root)
-    return (local, None) if kind == "resume" else (None, local)
 
 
 def split_conversations(opts: ChatOptions, seed: int) -> tuple[list[Conversation], list[Conversation], str]:
@@ -164,31 +106,18 @@ def split_conversations(opts: ChatOptions, seed: int) -> tuple[list[Conversation
     return train_convs, val, f"synthetic tasks ({n} conversations)"
 
 
-def plan_iterations(convs: list[Conversation], tokenizer: Tokenizer, cfg: TrainConfig, pack: bool, epochs: float,
-                    streams: int, bucket: Bucket = pad_bucket, length_cache: dict[int, int] | None = None) -> int:
-    """Optimizer steps for `epochs` passes over the conversations (packing estimated from a sample)."""
-    per_epoch = batches_per_epoch(convs, lambda m, n: render_conversation(tokenizer, m, n), cfg.max_seq_len, pack,
-                                  int(cfg.device_batch_size), streams, cfg.tokens_per_batch, bucket, seed=cfg.seed,
-                                  length_cache=length_cache)
-    return max(1, math.ceil(epochs * per_epoch))
-
-
 def run_chat_stage(opts: ChatOptions, dev: Device | None = None, print_fn=print) -> TrainResult:
     """Train a chat stage (mid or sft) and return its final checkpoint."""
     if opts.stage not in STAGE_DEFAULTS:
         raise TrainingError(_("unknown chat stage {stage}; expected one of {expected}").format(
             stage=repr(opts.stage), expected=sorted(STAGE_DEFAULTS)))
     defaults = STAGE_DEFAULTS[opts.stage]
-    dev = dev or get_device()
-    env = init_distributed(dev)
-    say = print_fn if env.is_main else (lambda _m: None)
-    cfg = opts.train
-    cfg.stage = opts.stage
-    runs_root = Path(cfg.runs_root) if cfg.runs_root else None
-    path = stage_dir(cfg.run, opts.stage, runs_root)
-    resume_from, init_from = start_points(path, opts.resume, opts.overwrite, opts.stage, opts.init, cfg.run, runs_root)
+    start = begin_stage(opts.stage, opts.train, dev, print_fn, resume=opts.resume, overwrite=opts.overwrite,
+                        init=opts.init, from_previous=True)
+    dev, env, say, cfg, path = start.dev, start.env, start.say, start.cfg, start.path
+    resume_from, init_from = start.resume_from, start.init_from
     model, tokenizer = model_from_checkpoint(resume_from or init_from, dev)
-    cfg.max_seq_len = opts.max_seq_len or model.config.max_seq_len
+    cfg = replace(cfg, max_seq_len=opts.max_seq_len or model.config.max_seq_len)
     train_convs, val_convs, described = split_conversations(opts, cfg.seed)
     bucket = row_bucket(dev.type, dev.compile)
     pack = defaults.pack if opts.pack is None else opts.pack
@@ -199,13 +128,10 @@ def run_chat_stage(opts: ChatOptions, dev: Device | None = None, print_fn=print)
         render = lambda m, n: render_conversation(tokenizer, m, n)  # noqa: E731
         return bucket(data_lengths(train_convs, render, cfg.max_seq_len).longest, cfg.max_seq_len)
 
-    resolve_device_batch_size(cfg, model, dev, env, say, row_len=longest_row)
-    cfg.muon_momentum_warmup = 0
-    cfg.warmdown_ratio = defaults.warmdown_ratio if opts.warmdown_ratio is None else opts.warmdown_ratio
+    cfg = resolve_device_batch_size(cfg, model, dev, env, say, row_len=longest_row)
     scale = defaults.lr_scale if opts.lr_scale is None else opts.lr_scale
-    o = cfg.optim
-    o.matrix_lr, o.embedding_lr, o.unembedding_lr, o.scalar_lr = (
-        o.matrix_lr * scale, o.embedding_lr * scale, o.unembedding_lr * scale, o.scalar_lr * scale)
+    cfg = replace(cfg, muon_momentum_warmup=0, optim=cfg.optim.scaled(scale),
+                  warmdown_ratio=defaults.warmdown_ratio if opts.warmdown_ratio is None else opts.warmdown_ratio)
 
     rows = _("packed rows") if pack else _("padded rows")
     say(f"[portachat] {opts.stage}: " + _("{n} training conversations from {source} ({rows}), {held} held out").format(
@@ -216,10 +142,11 @@ def run_chat_stage(opts: ChatOptions, dev: Device | None = None, print_fn=print)
     streams = env.world_size * cfg.grad_accum_steps(env.world_size)
     lengths: dict[int, int] = {}  # rendered lengths, shared by the planner and every stream
     if opts.num_iterations is not None:
-        cfg.num_iterations = opts.num_iterations
+        cfg = replace(cfg, num_iterations=opts.num_iterations)
     else:
-        cfg.num_iterations = plan_iterations(train_convs, tokenizer, cfg, pack, opts.num_epochs, streams, bucket,
-                                             lengths)
+        render = lambda m, n: render_conversation(tokenizer, m, n)  # noqa: E731
+        cfg = replace(cfg, num_iterations=plan_iterations(train_convs, render, cfg, pack, opts.num_epochs, streams,
+                                                          bucket, lengths))
 
     B, T = cfg.device_batch_size, cfg.max_seq_len
     max_val_batches = max(1, cfg.eval_tokens // (B * T))
@@ -236,7 +163,6 @@ def run_chat_stage(opts: ChatOptions, dev: Device | None = None, print_fn=print)
                                                               bucket=bucket),
         evaluators=evaluators,
     )
-    origin = str(init_from) if init_from else read_meta(resume_from).get("init_from")
-    extra = {"data": described, "init_from": origin, "pack": pack, "lr_scale": scale}
+    extra = {"data": described, "init_from": start.origin(), "pack": pack, "lr_scale": scale}
     return train(model, tokenizer, stage, cfg, dev, env, path, resume_from=resume_from, init_from=init_from,
                  extra_meta=extra, print_fn=print_fn)

@@ -18,18 +18,17 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from portachat.checkpoint import read_meta, stage_dir
+from portachat.checkpoint import read_meta
 from portachat.data.batch import Batch
 from portachat.data.chat_data import Conversation
 from portachat.data.chat_loader import Bucket, rows_to_batch
-from portachat.device import Device, DistEnv, get_device, init_distributed
+from portachat.device import Device
 from portachat.device.policy import finetune_activation_checkpointing
 from portachat.device.shapes import pad_bucket, row_bucket
 from portachat.engine import SamplingParams
@@ -41,7 +40,7 @@ from portachat.model.loss import loss_chunk_size
 from portachat.model.source import resolve
 from portachat.tokenizer import Tokenizer
 from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
-from portachat.train.chat_stage import ChatOptions, prepare_stage_dir, split_conversations
+from portachat.train.chat_stage import ChatOptions, split_conversations
 from portachat.train.distill_loss import DistillLoss, distill_loss_sum
 from portachat.train.engine_copy import engine_weights
 from portachat.train.finetune import (
@@ -53,11 +52,11 @@ from portachat.train.finetune import (
     TemplateChatLoader,
     load_base,
     pad_id,
-    plan_steps,
     val_loss_evaluator,
     write_merged,
 )
 from portachat.train.lora import LoraOptions, add_lora
+from portachat.train.stage import begin_stage, plan_iterations
 from portachat.train.student import student_from_teacher
 from portachat.train.teacher import (
     InProcessTeacher,
@@ -269,15 +268,10 @@ def make_student(opts: DistillOptions, teacher: InProcessTeacher | RemoteTeacher
 def run_distill(opts: DistillOptions, dev: Device | None = None, print_fn=print) -> TrainResult:
     """Distill `opts.teacher` into the student and return the final checkpoint (the adapter, for LoRA)."""
     opts.check()
-    dev = dev or get_device()
-    env: DistEnv = init_distributed(dev)
-    say = print_fn if env.is_main else (lambda _m: None)
+    start = begin_stage(STAGE, opts.train, dev, print_fn, resume=opts.resume, overwrite=opts.overwrite)
+    dev, env, say, cfg, path, resume_from = start.dev, start.env, start.say, start.cfg, start.path, start.resume_from
     teacher, teacher_tokenizer = load_teacher(opts, dev)
     base = make_student(opts, teacher, teacher_tokenizer, dev)
-    cfg = opts.train
-    cfg.stage = STAGE
-    path = stage_dir(cfg.run, STAGE, Path(cfg.runs_root) if cfg.runs_root else None)
-    resume_from = prepare_stage_dir(path, opts.resume, opts.overwrite, STAGE, cfg.run, env)
     model = base.model
     if opts.lora is not None:
         add_lora(model, opts.lora)
@@ -293,9 +287,9 @@ def run_distill(opts: DistillOptions, dev: Device | None = None, print_fn=print)
                                      "{top}; on-policy share λ={share:g}").format(
         beta=loss.beta, tau=loss.temperature, alpha=loss.alpha, share=opts.on_policy,
         top=_("top-{k}").format(k=loss.top_k) if loss.top_k else _("full vocabulary")))
-    cfg.max_seq_len = opts.max_seq_len or min(model.config.max_seq_len, 2048)
     ac = opts.activation_checkpointing
-    cfg.activation_checkpointing = finetune_activation_checkpointing(dev.type) if ac is None else ac
+    cfg = replace(cfg, max_seq_len=opts.max_seq_len or min(model.config.max_seq_len, 2048),
+                  activation_checkpointing=finetune_activation_checkpointing(dev.type) if ac is None else ac)
     if cfg.device_batch_size == "auto":
         raise TrainingError(_("--device-batch-size auto is not available for distillation yet: give a number of rows"))
     lr = opts.lr if opts.lr is not None else (LORA_LR if opts.lora else FULL_LR)
@@ -313,8 +307,8 @@ def run_distill(opts: DistillOptions, dev: Device | None = None, print_fn=print)
     streams = env.world_size * cfg.grad_accum_steps(env.world_size)
     bucket = row_bucket(dev.type, dev.compile)
     lengths: dict[int, int] = {}
-    cfg.num_iterations = opts.num_iterations or plan_steps(train_convs, base.render, cfg, False, opts.num_epochs,
-                                                           streams, bucket, lengths)
+    cfg = replace(cfg, num_iterations=opts.num_iterations or plan_iterations(
+        train_convs, base.render, cfg, False, opts.num_epochs, streams, bucket, lengths))
     B, T, pad = cfg.device_batch_size, cfg.max_seq_len, pad_id(base.tokenizer)
     hook = DistillHook(model, teacher, loss)
     val = val_convs[: opts.val_conversations]

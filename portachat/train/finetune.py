@@ -14,24 +14,27 @@ what the model knows, and LoRA's low-rank A/B pairs are not the matrices Muon's 
 
 from __future__ import annotations
 
-import math
+import json
 import shutil
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from portachat.checkpoint import read_meta, stage_dir
+from portachat.checkpoint import read_meta
 from portachat.checkpoint.trainer_state import save_optimizers, save_rng
 from portachat.checkpoint.writer import gather_positions, gather_rngs, step_directory
 from portachat.data.chat_data import Conversation
-from portachat.data.chat_loader import Bucket, ChatLoader, batches_per_epoch, rows_to_batch
-from portachat.device import Device, DistEnv, get_device, init_distributed
+from portachat.data.chat_loader import Bucket, ChatLoader, rows_to_batch
+from portachat.device import Device
 from portachat.device.policy import finetune_activation_checkpointing
 from portachat.device.shapes import pad_bucket, row_bucket
+from portachat.engine import SamplingParams
+from portachat.engine.oneshot import engine_for
+from portachat.eval.generation import reply_text
 from portachat.i18n import _
 from portachat.model import GPT
 from portachat.model.load import load_for_inference
@@ -39,16 +42,19 @@ from portachat.model.model_dir import META, save_model_files
 from portachat.model.source import PEFT, PORTACHAT, is_portachat_dir, resolve
 from portachat.storage.atomic import commit_tmp, prepare_tmp
 from portachat.tokenizer import Tokenizer, render_conversation
+from portachat.tokenizer.chat import render_for_completion
+from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
 from portachat.tokenizer.template_masks import render_template_conversation, render_template_prompt
-from portachat.train.chat_stage import ChatOptions, prepare_stage_dir, split_conversations
+from portachat.train.chat_eval import is_correct
+from portachat.train.chat_stage import ChatOptions, split_conversations
+from portachat.train.engine_copy import engine_weights
 from portachat.train.lora import LoraOptions, add_lora, merge_lora, save_adapter
+from portachat.train.stage import Render, begin_stage, plan_iterations
 from portachat.train.trainer import Stage, TrainConfig, Trainer, TrainingError, TrainResult
 
 FULL_LR = 2e-5
 LORA_LR = 2e-4
 MERGED = "merged"  # <stage>/merged/: the last LoRA checkpoint folded into a plain model (--merge)
-
-Render = Callable[[Any, int | None], tuple[list[int], list[int]]]  # (messages, max tokens) -> ids, mask
 
 
 @dataclass
@@ -101,8 +107,6 @@ def load_base(spec: str | Path, dev: Device) -> BaseModel:
     gen = loaded.generation
     generation = {k: v for k, v in vars(gen).items() if v is not None and k != "max_new_tokens"}
     if source.format == PORTACHAT or (source.format == PEFT and is_portachat_dir(path)):  # a LoRA run of ours
-        from portachat.tokenizer.chat import render_for_completion
-
         tok = Tokenizer.load(path)
         return BaseModel(model, tok, lambda m, n: render_conversation(tok, m, n),
                          lambda m: render_for_completion(tok, m), generation, path)
@@ -157,13 +161,6 @@ def val_loss_evaluator(convs: Sequence[Conversation], render: Render, pad: int, 
 def answer_evaluator(convs: Sequence[Conversation], base: BaseModel, dev: Device, max_tokens: int
                      ) -> Callable[[GPT, int], dict[str, float]]:  # fmt: skip
     """Fraction of held-out questions answered right (greedy, through the inference engine)."""
-    from portachat.engine import SamplingParams
-    from portachat.engine.oneshot import engine_for
-    from portachat.eval.generation import reply_text
-    from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
-    from portachat.train.chat_eval import is_correct
-    from portachat.train.engine_copy import engine_weights
-
     items = [c for c in convs if c.get("answer") is not None]
     chat_tok = PortachatChatTokenizer(base.tokenizer) if isinstance(base.tokenizer, Tokenizer) else base.tokenizer
 
@@ -268,8 +265,6 @@ class FinetuneTrainer(Trainer):
 
 
 def _json(obj: Any) -> str:
-    import json
-
     return json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n"
 
 
@@ -289,26 +284,14 @@ def write_merged(stage_path: Path, model: GPT, base: BaseModel, meta: dict[str, 
 # ----------------------------------------------------------------------------- the stage
 
 
-def plan_steps(convs: Sequence[Conversation], render: Render, cfg: TrainConfig, pack: bool, epochs: float,
-               streams: int, bucket: Bucket = pad_bucket, length_cache: dict[int, int] | None = None) -> int:
-    per_epoch = batches_per_epoch(convs, render, cfg.max_seq_len, pack, int(cfg.device_batch_size), streams,
-                                  cfg.tokens_per_batch, bucket, seed=cfg.seed, length_cache=length_cache)
-    return max(1, math.ceil(epochs * per_epoch))
-
-
 def run_finetune(opts: FinetuneOptions, dev: Device | None = None, print_fn=print) -> TrainResult:
     """Fine-tune `opts.init` (full or LoRA) and return the final checkpoint (the adapter, for LoRA)."""
     if opts.stage not in ("mid", "sft"):
         raise TrainingError(_("fine-tuning runs as `mid` or `sft`, not {stage}").format(stage=repr(opts.stage)))
     if opts.merge and opts.lora is None:
         raise TrainingError(_("--merge folds a LoRA adapter into the model: pass --lora-rank R with it"))
-    dev = dev or get_device()
-    env: DistEnv = init_distributed(dev)
-    say = print_fn if env.is_main else (lambda _m: None)
-    cfg = opts.train
-    cfg.stage = opts.stage
-    path = stage_dir(cfg.run, opts.stage, Path(cfg.runs_root) if cfg.runs_root else None)
-    resume_from = prepare_stage_dir(path, opts.resume, opts.overwrite, opts.stage, cfg.run, env)
+    start = begin_stage(opts.stage, opts.train, dev, print_fn, resume=opts.resume, overwrite=opts.overwrite)
+    dev, env, say, cfg, path, resume_from = start.dev, start.env, start.say, start.cfg, start.path, start.resume_from
     base = load_base(opts.init, dev)
     model = base.model
     if opts.lora is not None:
@@ -318,9 +301,9 @@ def run_finetune(opts: FinetuneOptions, dev: Device | None = None, print_fn=prin
         rank=opts.lora.rank, alpha=f"{opts.lora.alpha:g}", targets=",".join(opts.lora.targets)) if opts.lora else _("full")
     say(f"[portachat] {opts.stage}: " + _("fine-tuning {path} ({mode}; {trainable} of {total} parameters train)").format(
         path=base.path, mode=mode, trainable=f"{trainable:,}", total=f"{sum(p.numel() for p in model.parameters()):,}"))
-    cfg.max_seq_len = opts.max_seq_len or min(model.config.max_seq_len, 2048)
     ac = opts.activation_checkpointing
-    cfg.activation_checkpointing = finetune_activation_checkpointing(dev.type) if ac is None else ac
+    cfg = replace(cfg, max_seq_len=opts.max_seq_len or min(model.config.max_seq_len, 2048),
+                  activation_checkpointing=finetune_activation_checkpointing(dev.type) if ac is None else ac)
     if ac is None and cfg.activation_checkpointing:
         say(f"[portachat] {opts.stage}: " + _(
             "activation checkpointing on (fine-tuning's default on a {device}: about a third of the memory for ~35% "
@@ -346,8 +329,8 @@ def run_finetune(opts: FinetuneOptions, dev: Device | None = None, print_fn=prin
     streams = env.world_size * cfg.grad_accum_steps(env.world_size)
     bucket = row_bucket(dev.type, dev.compile)
     lengths: dict[int, int] = {}  # rendered lengths, shared by the planner and every stream
-    cfg.num_iterations = opts.num_iterations or plan_steps(train_convs, base.render, cfg, pack, opts.num_epochs, streams,
-                                                           bucket, lengths)
+    cfg = replace(cfg, num_iterations=opts.num_iterations or plan_iterations(
+        train_convs, base.render, cfg, pack, opts.num_epochs, streams, bucket, lengths))
     B, T, pad = cfg.device_batch_size, cfg.max_seq_len, pad_id(base.tokenizer)
     evaluators = [val_loss_evaluator(val_convs[: opts.val_conversations], base.render, pad, B, T, dev, bucket)]
     if opts.eval_examples > 0:
@@ -401,7 +384,6 @@ def finetune_options(args: Any, chat: ChatOptions) -> FinetuneOptions:
             lora.check()
         except ValueError as exc:
             raise TrainingError(str(exc)) from exc
-    chat.train.optim.weight_decay = args.weight_decay
     return FinetuneOptions(
         init=chat.init, stage=chat.stage, data=chat.data, max_conversations=chat.max_conversations, pack=chat.pack,
         lr=args.lr, weight_decay=args.weight_decay, num_epochs=chat.num_epochs, num_iterations=chat.num_iterations,

@@ -16,22 +16,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from pathlib import Path
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
 
-from portachat.checkpoint import stage_dir
 from portachat.data.batch import Batch
 from portachat.data.prompt_data import PromptRow, load_prompts
-from portachat.device import Device, get_device, init_distributed
+from portachat.device import Device
 from portachat.device.inference import training_engine_dtype
 from portachat.i18n import _
 from portachat.model import GPT
 from portachat.model.source import PORTACHAT, resolve
 from portachat.tokenizer import Tokenizer
 from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
-from portachat.train.chat_stage import prepare_stage_dir
 from portachat.train.engine_copy import inference_copy
 from portachat.train.finetune import BaseModel, FinetuneTrainer, load_base, pad_id
 from portachat.train.group_rollout import GroupRollout
@@ -39,6 +37,7 @@ from portachat.train.grpo_loss import GRPOLoss, group_advantages
 from portachat.train.rewards import Rewards
 from portachat.train.rl import RLOptions, RolloutStats, rollout_batch
 from portachat.train.rollout import Reply, tool_mask
+from portachat.train.stage import begin_stage
 from portachat.train.trainer import Stage, TrainingError, TrainResult
 
 GRPO_LR = 1e-6  # TRL's GRPOConfig default: RL updates of a trained model are small
@@ -162,23 +161,19 @@ def heldout_reward_evaluator(rows: Sequence[PromptRow], scorer: GroupScorer, dev
 
 def run_grpo(opts: RLOptions, dev: Device | None = None, print_fn=print) -> TrainResult:
     """GRPO on `opts.init` (any model) over the prompts of `opts.data`, scored by `opts.rewards`."""
-    dev = dev or get_device()
-    env = init_distributed(dev)
-    say = print_fn if env.is_main else (lambda _m: None)
-    cfg = opts.train
-    cfg.stage = "rl"
     if not opts.init or not opts.data or not opts.rewards:
         raise TrainingError(_("GRPO on an existing model needs --init MODEL, --data PROMPTS.jsonl and at least one "
                               "--reward"))
     if opts.num_samples < 2:
         raise TrainingError(_("--num-samples must be at least 2: advantages compare replies within a group"))
-    if cfg.device_batch_size == "auto" or cfg.device_batch_size % opts.num_samples:
+    batch = opts.train.device_batch_size
+    if batch == "auto" or batch % opts.num_samples:
         raise TrainingError(_("--device-batch-size {batch} must be a multiple of --num-samples {samples} (each row "
                               "is one reply; a prompt's G replies share a micro-batch)").format(
-            batch=cfg.device_batch_size, samples=opts.num_samples))
+            batch=batch, samples=opts.num_samples))
     rewards = Rewards(opts.rewards, opts.reward_weights)
-    path = stage_dir(cfg.run, "rl", Path(cfg.runs_root) if cfg.runs_root else None)
-    resume_from = prepare_stage_dir(path, opts.resume, opts.overwrite, "rl", cfg.run, env)
+    start = begin_stage("rl", opts.train, dev, print_fn, resume=opts.resume, overwrite=opts.overwrite)
+    dev, env, say, cfg, path, resume_from = start.dev, start.env, start.say, start.cfg, start.path, start.resume_from
     base = load_base(opts.init, dev)
     model = base.model
     chat_tok = PortachatChatTokenizer(base.tokenizer) if isinstance(base.tokenizer, Tokenizer) else base.tokenizer
@@ -194,14 +189,13 @@ def run_grpo(opts: RLOptions, dev: Device | None = None, print_fn=print) -> Trai
     n_val = min(opts.eval_examples, len(fitting) // 10)
     train_rows, heldout = fitting[: len(fitting) - n_val], fitting[len(fitting) - n_val :]
     longest = max(len(prompt_ids(base, chat_tok, r)) for r in fitting) + opts.max_new_tokens
-    cfg.max_seq_len = longest
-    cfg.warmdown_ratio = opts.warmdown_ratio
+    cfg = replace(cfg, max_seq_len=longest, warmdown_ratio=opts.warmdown_ratio)
     sampler = GroupRollout(model, chat_tok, dev, max_num_seqs=cfg.device_batch_size, max_model_len=longest)
     scorer = GroupScorer(base, chat_tok, sampler, rewards)
     prompts_per_batch = cfg.device_batch_size // opts.num_samples
     streams = env.world_size * cfg.grad_accum_steps(env.world_size)
-    cfg.num_iterations = opts.num_iterations or max(
-        1, math.ceil(opts.num_epochs * len(train_rows) / (prompts_per_batch * streams)))
+    cfg = replace(cfg, num_iterations=opts.num_iterations or max(
+        1, math.ceil(opts.num_epochs * len(train_rows) / (prompts_per_batch * streams))))
     lr = opts.lr if opts.lr is not None else GRPO_LR
     say(f"[portachat] {cfg.stage}: " + _("GRPO on {path}: {n} prompts from {source} ({held_out} held out), {samples} "
                                          "replies each, {per_step} prompts per step; rewards {rewards}; AdamW lr "

@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from portachat.i18n import _
+
 
 class RunLogger:
     """Appends to `<stage>/log.jsonl` and `<stage>/tensorboard/`; a no-op on non-main ranks."""
@@ -21,7 +23,7 @@ class RunLogger:
             return
         stage_path.mkdir(parents=True, exist_ok=True)
         self._jsonl = open(stage_path / "log.jsonl", "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
-        try:
+        try:  # optional and slow to import (it pulls in tensorboard): only when logging is on
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(log_dir=str(stage_path / "tensorboard"))
@@ -96,4 +98,22 @@ def format_progress(step: int, total: int, r: dict[str, Any], eta_s: float) -> s
         f"step {step:0{width}d}/{total} ({100 * step / total:5.1f}%) | loss {r['loss']:.4f} | lr x{r['lr_mult']:.2f} | "
         f"{r['tok_per_s']:,.0f} tok/s{padding} | MFU {mfu} | mem {mem}{device} | {1000 * r['dt_s']:.0f} ms/step{wait} | "
         f"ETA {_duration(eta_s)}"
+    )
+
+
+def format_run_banner(stage: str, params: int, steps: int, tokens_per_step: int, device_batch_size: int,
+                      tokens_per_batch: int | None, seq_len: int, world: int, accum: int, device: str, dtype: str,
+                      peak_flops: float, peak_source: str) -> str:
+    """The line a stage starts with: the model, the horizon, how a step's batch is made, the device."""
+    return (
+        f"[portachat] {stage}: "
+        + (_("{params} params | {steps} steps x {tokens} tokens (batch {batch} x seq {seq_len} x {world} "
+             "device(s) x {accum} accum) | {device} {dtype} | peak {tflops} TFLOPS ({source})") if not tokens_per_batch
+           else _("{params} params | {steps} steps x up to {tokens} tokens ({budget} tokens per micro-batch, rows of "
+                  "up to {seq_len} x {world} device(s) x {accum} accum) | {device} {dtype} | peak {tflops} TFLOPS "
+                  "({source})")).format(
+            params=f"{params:,}", steps=steps, tokens=f"{tokens_per_step:,}", batch=device_batch_size,
+            budget=f"{tokens_per_batch or 0:,}", seq_len=seq_len, world=world, accum=accum, device=device, dtype=dtype,
+            tflops=f"{peak_flops / 1e12:.2f}", source=peak_source)
+        + " | " + _("MFU counts causal attention (half of full: what the kernel computes)")
     )

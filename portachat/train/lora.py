@@ -36,7 +36,7 @@ ADAPTER_NAME = "default"
 
 
 def _peft() -> Any:
-    try:
+    try:  # optional dependency (the `models` extra): only LoRA's save and load need it
         import peft
     except ImportError as exc:
         raise ImportError("LoRA needs the `peft` package: pip install 'portachat[models]' (or pip install peft)") from exc

@@ -7,7 +7,7 @@ and 1-D parameters (norm gains) stay on AdamW, where Muon's geometry does not ap
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -87,7 +87,7 @@ class Muon(torch.optim.Optimizer):
         return None
 
 
-@dataclass
+@dataclass(frozen=True)
 class OptimConfig:
     matrix_lr: float = 0.02  # Muon
     embedding_lr: float = 0.2  # AdamW
@@ -95,6 +95,11 @@ class OptimConfig:
     scalar_lr: float = 0.02  # AdamW, norm gains
     weight_decay: float = 0.0
     adam_betas: tuple[float, float] = (0.8, 0.95)
+
+    def scaled(self, factor: float) -> OptimConfig:
+        """Every learning rate times `factor` (a stage that starts from trained weights trains gentler)."""
+        return replace(self, matrix_lr=self.matrix_lr * factor, embedding_lr=self.embedding_lr * factor,
+                       unembedding_lr=self.unembedding_lr * factor, scalar_lr=self.scalar_lr * factor)
 
 
 def build_optimizers(

@@ -13,12 +13,14 @@ N processes resumes on M.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import warnings
 from collections.abc import Callable, Iterator
 
 import torch
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import init_device_mesh
+from torch.nn.parallel import DistributedDataParallel
 
 from portachat.checkpoint.sharded import full_model, is_sharded, load_weights
 from portachat.device import Device
@@ -27,8 +29,8 @@ from portachat.i18n import _
 from portachat.model import GPT, GPTConfig
 from portachat.model.estimate import TrainingSetup, estimate_training
 
-__all__ = ["choose_parallel", "decide_parallel", "full_model", "grad_sync_paused", "is_sharded", "load_weights", "shard_model",
-           "share_from_rank0"]
+__all__ = ["choose_parallel", "decide_parallel", "full_model", "grad_sync_paused", "is_sharded", "load_weights", "no_buffer_sync",
+           "shard_model", "share_from_rank0"]
 
 FSDP_CHOICES = ("auto", "on", "off")
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -101,3 +103,8 @@ def grad_sync_paused(wrapped: torch.nn.Module | None) -> Iterator[None]:
         yield
 
 
+def no_buffer_sync() -> dict[str, bool]:
+    """DDP's switch for not re-broadcasting buffers every forward: `forward_sync_buffers` from torch 2.13
+    (which deprecates `broadcast_buffers`), `broadcast_buffers` before."""
+    params = inspect.signature(DistributedDataParallel.__init__).parameters
+    return {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from portachat.checkpoint import stage_dir
 from portachat.data.batch import Batch
 from portachat.data.chat_data import (
     Conversation,
@@ -31,15 +30,16 @@ from portachat.data.chat_data import (
     synthetic_heldout,
 )
 from portachat.data.synthetic.tasks import TASKS, task_examples
-from portachat.device import Device, get_device, init_distributed
+from portachat.device import Device
 from portachat.i18n import _
 from portachat.model import GPT
 from portachat.model.model_dir import read_meta
 from portachat.tokenizer import Tokenizer, render_for_completion
 from portachat.train.chat_eval import answer_accuracy_evaluator, is_correct
-from portachat.train.chat_stage import model_from_checkpoint, start_points
+from portachat.train.chat_stage import model_from_checkpoint
 from portachat.train.grpo_loss import group_advantages
 from portachat.train.rollout import Reply, RolloutEngine
+from portachat.train.stage import begin_stage
 from portachat.train.trainer import Stage, TrainConfig, TrainingError, TrainResult, load_init_weights, train
 
 
@@ -258,38 +258,28 @@ def _fmt_mix(values: dict[str, float]) -> str:
 
 def run_rl(opts: RLOptions, dev: Device | None = None, print_fn=print) -> TrainResult:
     """RL from the run's SFT checkpoint (or --init); returns the final checkpoint."""
-    dev = dev or get_device()
-    env = init_distributed(dev)
-    say = print_fn if env.is_main else (lambda _m: None)
     cfg = opts.train
-    cfg.stage = "rl"
     if opts.num_samples < 2:
         raise TrainingError(_("--num-samples must be at least 2: advantages compare replies within a group"))
     if cfg.device_batch_size % opts.num_samples:
         raise TrainingError(_("--device-batch-size {batch} must be a multiple of --num-samples {samples} (each row "
                               "is one reply; a prompt's G replies share a micro-batch)").format(
             batch=cfg.device_batch_size, samples=opts.num_samples))
-    runs_root = Path(cfg.runs_root) if cfg.runs_root else None
-    path = stage_dir(cfg.run, "rl", runs_root)
-    resume_from, init_from = start_points(path, opts.resume, opts.overwrite, "rl", opts.init, cfg.run, runs_root)
+    start = begin_stage("rl", cfg, dev, print_fn, resume=opts.resume, overwrite=opts.overwrite, init=opts.init,
+                        from_previous=True)
+    dev, env, say, cfg, path = start.dev, start.env, start.say, start.cfg, start.path
+    resume_from, init_from = start.resume_from, start.init_from
     model, tokenizer = model_from_checkpoint(resume_from or init_from, dev)
-    cfg.max_seq_len = model.config.max_seq_len
-    cfg.muon_momentum_warmup = 0
-    cfg.warmdown_ratio = opts.warmdown_ratio
-    o = cfg.optim
-    o.matrix_lr, o.embedding_lr, o.unembedding_lr, o.scalar_lr = (
-        o.matrix_lr * opts.lr_scale, o.embedding_lr * opts.lr_scale, o.unembedding_lr * opts.lr_scale,
-        o.scalar_lr * opts.lr_scale)
+    cfg = replace(cfg, max_seq_len=model.config.max_seq_len, muon_momentum_warmup=0,
+                  warmdown_ratio=opts.warmdown_ratio, optim=cfg.optim.scaled(opts.lr_scale))
     sampler = RolloutEngine(model, tokenizer, dev, max_num_seqs=max(cfg.device_batch_size, 1))
     weights = None if opts.data else synthetic_task_mix(opts, sampler, tokenizer, cfg.seed, init_from, resume_from,
                                                          say)
     tasks, heldout, described = rl_tasks(opts, cfg.seed, weights)
     prompts_per_batch = cfg.device_batch_size // opts.num_samples
     streams = env.world_size * cfg.grad_accum_steps(env.world_size)
-    if opts.num_iterations is not None:
-        cfg.num_iterations = opts.num_iterations
-    else:
-        cfg.num_iterations = max(1, math.ceil(opts.num_epochs * len(tasks) / (prompts_per_batch * streams)))
+    cfg = replace(cfg, num_iterations=opts.num_iterations if opts.num_iterations is not None
+                  else max(1, math.ceil(opts.num_epochs * len(tasks) / (prompts_per_batch * streams))))
     say(f"[portachat] {cfg.stage}: " + _("{n} prompts from {source}, {samples} samples each, {per_step} prompts per step; "
                                "starting from {path}").format(
         n=len(tasks), source=described, samples=opts.num_samples, per_step=prompts_per_batch * streams,
@@ -308,8 +298,7 @@ def run_rl(opts: RLOptions, dev: Device | None = None, print_fn=print) -> TrainR
         evaluators=evaluators,
         step_metrics=stats.read,
     )
-    origin = str(init_from) if init_from else read_meta(resume_from).get("init_from")
-    extra = {"data": described, "init_from": origin, "num_samples": opts.num_samples, "lr_scale": opts.lr_scale,
+    extra = {"data": described, "init_from": start.origin(), "num_samples": opts.num_samples, "lr_scale": opts.lr_scale,
              "normalize_std": opts.normalize_std, "task_weights": weights}
     return train(model, tokenizer, stage, cfg, dev, env, path, resume_from=resume_from, init_from=init_from,
                  extra_meta=extra, print_fn=print_fn)

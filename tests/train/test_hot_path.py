@@ -19,6 +19,7 @@ from portachat.device import Device, dist_env, get_device
 from portachat.device.flops import attention_flops_per_token
 from portachat.train.hot_path import causal_flops_per_token
 from portachat.train.logger import format_progress
+from portachat.train.step import clip_and_step
 from portachat.train.trainer import Trainer, train
 
 
@@ -74,9 +75,7 @@ def test_clipping_uses_the_norm_read_with_the_loss(small_tokenizer, tmp_path):
     stats = trainer.forward_backward(trainer.next_micro_batches())
     before = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
     assert stats.grad_norm == pytest.approx(float(before), rel=1e-5)
-    from portachat.train.trainer import _clip_and_step
-
-    applied, norm = _clip_and_step(model, trainer.optimizers, None, 1e-3, stats, trainer.grad_norm)
+    applied, norm = clip_and_step(model, trainer.optimizers, None, 1e-3, stats, trainer.grad_norm)
     assert applied and norm == stats.grad_norm
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -242,7 +243,7 @@ def test_throughput_and_mfu_count_real_tokens_and_the_padding_share_is_shown(sma
     model, data, tc = _setup(small_tokenizer, steps=2, eval_every=0)
     data.make_stream = lambda s, n: HalfPaddedStream()
     data.val_batches, data.sample_prompts = None, []
-    tc.device_batch_size = 2
+    tc = replace(tc, device_batch_size=2)
     lines: list[str] = []
     dev = get_device("cpu")
     train(model, small_tokenizer, data, tc, dev, dist_env(), tmp_path / "p", print_fn=lines.append)

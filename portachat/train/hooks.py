@@ -1,0 +1,52 @@
+"""What a stage gives the Trainer: its data streams, its loss, its evaluators (the `Stage` hooks)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from portachat.data.batch import Batch
+from portachat.model import GPT
+
+
+class BatchStream(Protocol):
+    def next_batch(self) -> Batch | tuple[torch.Tensor, torch.Tensor]: ...
+    def state_dict(self) -> dict: ...
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+# (model, batch on the device) -> summed loss over the batch's supervised tokens
+LossHook = Callable[[torch.nn.Module, Batch], torch.Tensor]
+# (model, step) -> metrics; runs on every rank (collectives allowed), logged by rank 0
+Evaluator = Callable[[GPT, int], dict[str, float]]
+
+
+def token_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """Sum of next-token cross-entropies over supervised targets, each times its weight if given
+    (RL: the advantage, so the sum is -sum(adv * logprob)); packed rows keep their conversations apart.
+    The model computes logits at supervised positions only, in chunks (portachat.model.loss)."""
+    extra = {k: v for k, v in (("weights", batch.weights), ("positions", batch.positions),
+                               ("supervised", batch.supervised)) if v is not None}
+    return model(batch.inputs, batch.targets, loss_reduction="sum", **extra)
+
+
+@dataclass
+class Stage:
+    """What a stage gives the Trainer."""
+
+    make_stream: Callable[[int, int], BatchStream]  # (stream index, number of streams) -> stream
+    # (rank, world) -> validation batches for bits-per-byte over supervised targets; None = no val/bpb
+    val_batches: Callable[[int, int], Iterator[tuple[torch.Tensor, torch.Tensor]]] | None = None
+    sample_prompts: list[str] = field(default_factory=list)
+    loss: LossHook = token_loss
+    evaluators: list[Evaluator] = field(default_factory=list)
+    # called on every rank after each step's forward/backward; its metrics join the step's log record
+    step_metrics: Callable[[], dict[str, float]] | None = None
+    # batches made ahead on a background thread (streams of (inputs, targets) that do not read the model)
+    prefetch: int = 0
+
+
+StageData = Stage  # the name stages used before the Trainer split
