@@ -27,6 +27,7 @@ from portachat.serve.api.metrics import ServerMetrics
 from portachat.serve.api.openapi import openapi_schema
 from portachat.serve.api.origin import RequestGuard
 from portachat.serve.api.protocol import json_body
+from portachat.serve.api.responses import add_routes as add_response_routes
 from portachat.serve.api.state import ServedModel, ServerSettings, ServerState
 from portachat.serve.api.submission import ClientGone
 from portachat.serve.registry import ModelRegistry, ModelSpec, RegistryEntry
@@ -126,7 +127,7 @@ def create_app(settings: ServerSettings, loader: Loader | None = None,
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
         message = {404: f"No route {request.method} {request.url.path}: see GET /v1/models, POST /v1/chat/completions, "
-                        "POST /v1/completions, POST /v1/messages, POST /v1/embeddings, /v1/files, /v1/vector_stores, "
+                        "POST /v1/completions, POST /v1/messages, POST /v1/responses, POST /v1/embeddings, /v1/files, /v1/vector_stores, "
                         "GET /health, GET /metrics, GET /openapi.json, GET /.",
                    405: f"Method {request.method} is not allowed on {request.url.path}."}.get(exc.status_code, str(exc.detail))
         return error_response(exc.status_code, message)
@@ -181,6 +182,7 @@ def create_app(settings: ServerSettings, loader: Loader | None = None,
     app.add_api_route("/v1/messages", messages, methods=["POST"])  # Anthropic's Messages API
     app.add_api_route("/v1/embeddings", embeddings, methods=["POST"])
     add_document_routes(app)  # /v1/files, /v1/vector_stores (document QA)
+    add_response_routes(app)  # /v1/responses (OpenAI's Responses API, stored responses)
 
     # Last added runs first: the Host/Origin/Content-Type guard, CORS (answers preflights), the size
     # limit (before anything reads the body), then the keys (which also say who called).

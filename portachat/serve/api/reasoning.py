@@ -1,0 +1,95 @@
+"""Reasoning output: the part of a reply a thinking model writes before its answer, split off so that
+each API shows it as such (`reasoning_content` / `reasoning` in chat completions, `thinking` blocks in
+Anthropic messages, `reasoning` items in Responses).
+
+Like tool calls, the format is per model family, read from the chat template:
+- "think" (Qwen3, DeepSeek-R1 and their distillations, SmolLM3): `<think>…</think>` before the answer.
+  Some templates open the block themselves (DeepSeek-R1's generation prompt ends with `<think>\\n`),
+  so the reply starts inside it; `starts_inside` tells from the rendered prompt.
+The split happens before tool-call parsing: calls and the answer's text come from what follows the
+block."""
+
+from __future__ import annotations
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+def reasoning_format(chat_template: str | None) -> str | None:
+    """'think' when the chat template knows `<think>` blocks, else None (no reasoning to split)."""
+    if chat_template and THINK_CLOSE in chat_template:
+        return "think"
+    return None
+
+
+def starts_inside(prompt_text: str) -> bool:
+    """Whether the prompt leaves a `<think>` block open, so the reply begins with reasoning."""
+    tail = prompt_text.rstrip()
+    return tail.endswith(THINK_OPEN)
+
+
+def split_reasoning(text: str, fmt: str | None, inside: bool = False) -> tuple[str | None, str]:
+    """(reasoning or None, answer) of a finished reply."""
+    parser = StreamingReasoningParser(fmt, inside)
+    reasoning, answer = parser.feed(text)
+    more_reasoning, more_answer = parser.finish()
+    return (reasoning + more_reasoning if parser.saw_reasoning else None), answer + more_answer
+
+
+def _held_tail(text: str, tag: str) -> int:
+    """How many characters at the end of `text` could be the start of `tag` (held back in a stream)."""
+    return next((k for k in range(len(tag) - 1, 0, -1) if text.endswith(tag[:k])), 0)
+
+
+class StreamingReasoningParser:
+    """Splits streamed text into (reasoning delta, answer delta) pairs.
+
+    A reply that begins (after whitespace) with `<think>` or that starts inside an open block is
+    reasoning until `</think>`; everything after it is the answer. A reply with no block is all
+    answer, passed on as it comes (only a possible `<think>` at its very start is held a moment)."""
+
+    def __init__(self, fmt: str | None, inside: bool = False) -> None:
+        self.fmt = fmt
+        self.state = "reasoning" if (fmt and inside) else ("start" if fmt else "answer")
+        self.saw_reasoning = self.trim = self.state == "reasoning"
+        self.buffer = ""
+
+    def feed(self, delta: str) -> tuple[str, str]:
+        self.buffer += delta
+        reasoning, answer = "", ""
+        while self.buffer:
+            if self.state == "start":
+                stripped = self.buffer.lstrip()
+                if stripped.startswith(THINK_OPEN):
+                    self.buffer = stripped[len(THINK_OPEN):]
+                    self.state, self.saw_reasoning, self.trim = "reasoning", True, True
+                    continue
+                if THINK_OPEN.startswith(stripped):  # maybe the tag, not complete yet
+                    break
+                self.state = "answer"
+                continue
+            if self.trim:  # the newlines templates put after a tag belong to neither part
+                self.buffer = self.buffer.lstrip("\n")
+                if not self.buffer:
+                    break
+                self.trim = False
+            if self.state == "reasoning":
+                end = self.buffer.find(THINK_CLOSE)
+                if end < 0:
+                    keep = _held_tail(self.buffer, THINK_CLOSE)
+                    reasoning += self.buffer[: len(self.buffer) - keep]
+                    self.buffer = self.buffer[len(self.buffer) - keep:]
+                    break
+                reasoning += self.buffer[:end]
+                self.buffer = self.buffer[end + len(THINK_CLOSE):]
+                self.state, self.trim = "answer", True
+                continue
+            answer += self.buffer
+            self.buffer = ""
+        return reasoning, answer
+
+    def finish(self) -> tuple[str, str]:
+        """What is still held when the reply ends (an unclosed block stays reasoning)."""
+        rest, self.buffer = self.buffer, ""
+        if self.state == "reasoning":
+            return rest, ""
+        return "", rest
