@@ -106,16 +106,22 @@ def test_an_agents_sdk_agent_calls_its_function_tool_and_answers(server):
         asked.append(city)
         return f"sunny in {city}"
 
+    class Forecast(BaseModel):
+        sky: Literal["sunny", "rainy"]
+
     client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=120)
     # tool_choice "required" makes the tiny model call the tool (the server enforces the call); the SDK
-    # then resets the choice, so the second turn answers in text.
-    agent = Agent(name="forecaster", instructions="Answer with the weather.", tools=[weather],
+    # then resets the choice, and the second turn, given the tool's output, answers with the agent's
+    # output type (text.format, enforced too: a random model's free text would run to max_tokens).
+    agent = Agent(name="forecaster", instructions="Answer with the weather.", tools=[weather], output_type=Forecast,
                   model=OpenAIResponsesModel(model="tiny", openai_client=client),
-                  model_settings=ModelSettings(tool_choice="required", max_tokens=40, temperature=0))
+                  model_settings=ModelSettings(tool_choice="required", parallel_tool_calls=False, max_tokens=200,
+                                               temperature=0))
     result = Runner.run_sync(agent, "Weather in Paris?", max_turns=4)
     assert asked and asked[0] in ("paris", "rome")
     kinds = [type(item) for item in result.new_items]
     assert ToolCallItem in kinds and ToolCallOutputItem in kinds
     output = next(item for item in result.new_items if isinstance(item, ToolCallOutputItem))
     assert output.output == f"sunny in {asked[0]}"
-    assert isinstance(result.final_output, str)
+    assert isinstance(result.final_output, Forecast)
+    assert len(result.raw_responses) == 2  # the call, then the answer that read its output

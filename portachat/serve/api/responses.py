@@ -130,11 +130,10 @@ async def _respond(request: Request, state: ModelLease, req: ResponsesRequest, c
     tools = tool_request(chat.tools, chat.tool_choice, chat.parallel_tool_calls)
     template = getattr(state.model.tokenizer, "chat_template", None)
     call_fmt = call_format(template) if tools and tools.parse_calls else None
-    constraint = output_constraint(chat)
     enforced_calls = tool_call_spec(tools, call_fmt)
-    if constraint is not None and enforced_calls is not None:
-        raise APIError(400, "tool_choice and text.format both constrain the reply: send one of them.",
-                       param="tool_choice")
+    # A turn that must call a tool has no text answer for text.format to shape: the calls win (an
+    # agent with an output type sends both until its tools have run).
+    constraint = output_constraint(chat) if enforced_calls is None else None
     prompt_ids = await run_in_threadpool(chat_prompt, state, chat, tools)
     params = sampling_params(state, chat, len(prompt_ids), "input")
     params.structured = constraint or enforced_calls
