@@ -11,7 +11,34 @@ block."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
+from portachat.i18n import _
+from portachat.serve.api.errors import APIError
+
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+# Variables the server itself gives every chat template; a request may not replace them.
+_TEMPLATE_OWN = frozenset({"messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token",
+                           "pad_token", "unk_token"})
+
+
+def template_variables(chat_template_kwargs: dict[str, Any] | None, reasoning_effort: str | None = None,
+                       enable_thinking: bool | None = None) -> dict[str, Any]:
+    """A request's extra chat-template variables: its chat_template_kwargs, plus `reasoning_effort`
+    and `enable_thinking` when the API has its own field for them (400 on a name the server sets)."""
+    variables = dict(chat_template_kwargs or {})
+    taken = sorted(_TEMPLATE_OWN & set(variables))
+    if taken:
+        raise APIError(400, _("chat_template_kwargs may not set {names}: the server gives the template those "
+                              "itself.").format(names=", ".join(taken)), param="chat_template_kwargs")
+    if reasoning_effort is not None:
+        variables.setdefault("reasoning_effort", reasoning_effort)
+    if enable_thinking is not None:
+        variables.setdefault("enable_thinking", enable_thinking)
+    return variables
 
 
 def reasoning_format(chat_template: str | None) -> str | None:
@@ -25,6 +52,29 @@ def starts_inside(prompt_text: str) -> bool:
     """Whether the prompt leaves a `<think>` block open, so the reply begins with reasoning."""
     tail = prompt_text.rstrip()
     return tail.endswith(THINK_OPEN)
+
+
+@dataclass(frozen=True)
+class Thinking:
+    """How a request's reply is split: the model's reasoning format and whether its prompt left the
+    block open. `Thinking(None)` splits nothing."""
+
+    fmt: str | None = None
+    inside: bool = False
+
+    def split(self, text: str) -> tuple[str | None, str]:
+        return split_reasoning(text, self.fmt, self.inside)
+
+    def parser(self) -> StreamingReasoningParser:
+        return StreamingReasoningParser(self.fmt, self.inside)
+
+
+def thinking_of(tokenizer: Any, prompt_ids: list[int]) -> Thinking:
+    """The Thinking of a reply to `prompt_ids` rendered by `tokenizer`'s chat template."""
+    fmt = reasoning_format(getattr(tokenizer, "chat_template", None))
+    if fmt is None:
+        return Thinking()
+    return Thinking(fmt, starts_inside(tokenizer.decode(prompt_ids[-8:])))
 
 
 def split_reasoning(text: str, fmt: str | None, inside: bool = False) -> tuple[str | None, str]:
@@ -75,11 +125,14 @@ class StreamingReasoningParser:
             if self.state == "reasoning":
                 end = self.buffer.find(THINK_CLOSE)
                 if end < 0:
-                    keep = _held_tail(self.buffer, THINK_CLOSE)
-                    reasoning += self.buffer[: len(self.buffer) - keep]
-                    self.buffer = self.buffer[len(self.buffer) - keep:]
+                    # Hold a tail that may start "</think>", and the newlines before it (they go
+                    # with the tag, not the reasoning, if the tag follows).
+                    cut = len(self.buffer) - _held_tail(self.buffer, THINK_CLOSE)
+                    cut = len(self.buffer[:cut].rstrip("\n"))
+                    reasoning += self.buffer[:cut]
+                    self.buffer = self.buffer[cut:]
                     break
-                reasoning += self.buffer[:end]
+                reasoning += self.buffer[:end].rstrip("\n")
                 self.buffer = self.buffer[end + len(THINK_CLOSE):]
                 self.state, self.trim = "answer", True
                 continue

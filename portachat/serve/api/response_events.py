@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from portachat.engine.async_engine import RequestStream
-from portachat.serve.api.reasoning import StreamingReasoningParser
+from portachat.serve.api.reasoning import Thinking
 from portachat.serve.api.response_items import call_item, message_item, new_id, reasoning_item
 from portachat.serve.api.tool_calls import StreamingToolParser, ToolCall
 
@@ -99,20 +99,19 @@ class _Events:
 
 
 async def response_events(handle: RequestStream, in_progress: dict[str, Any], call_fmt: str | None,
-                          think_fmt: str | None, inside: bool, parallel: bool,
-                          complete: Complete) -> AsyncIterator[bytes]:
+                          thinking: Thinking, parallel: bool, complete: Complete) -> AsyncIterator[bytes]:
     events = _Events()
     yield events.event("response.created", response=in_progress)
     yield events.event("response.in_progress", response=in_progress)
-    thinking = StreamingReasoningParser(think_fmt, inside)
+    thoughts = thinking.parser()
     calls = StreamingToolParser(call_fmt)
     output_tokens, sent_calls = 0, 0
     async for output in handle:
         output_tokens += len(output.token_ids)
-        reasoning, answer = thinking.feed(output.text)
+        reasoning, answer = thoughts.feed(output.text)
         ending = output.finished and output.finish_reason != "error"
         if ending:
-            more_reasoning, more_answer = thinking.finish()
+            more_reasoning, more_answer = thoughts.finish()
             reasoning, answer = reasoning + more_reasoning, answer + more_answer
         text, found = calls.feed(answer)
         if ending:

@@ -26,7 +26,7 @@ from portachat.serve.api.errors import APIError
 from portachat.serve.api.owner import request_owner
 from portachat.serve.api.prompt import chat_prompt
 from portachat.serve.api.protocol import ChatCompletionRequest, parse_body
-from portachat.serve.api.reasoning import reasoning_format, split_reasoning, starts_inside
+from portachat.serve.api.reasoning import Thinking, thinking_of
 from portachat.serve.api.request_params import compile_constraint, output_constraint, sampling_params
 from portachat.serve.api.response_events import response_events
 from portachat.serve.api.response_items import (
@@ -68,6 +68,7 @@ class ResponsesRequest(BaseModel):
     metadata: dict[str, str] | None = None
     user: str | None = None
     keep_alive: str | float | None = None  # Ollama's: how long the model stays loaded afterwards
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM extension, e.g. {"enable_thinking": false}
 
 
 def response_store(request: Request) -> ResponseStore:
@@ -96,7 +97,8 @@ def _as_chat(req: ResponsesRequest, messages: list[dict[str, Any]]) -> ChatCompl
               "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k, "seed": req.seed,
               "tools": function_tools(req.tools), "tool_choice": chat_tool_choice(req.tool_choice),
               "parallel_tool_calls": req.parallel_tool_calls, "response_format": text_format(req.text),
-              "keep_alive": req.keep_alive}
+              "keep_alive": req.keep_alive, "chat_template_kwargs": req.chat_template_kwargs,
+              "reasoning_effort": (req.reasoning or {}).get("effort")}
     try:
         return ChatCompletionRequest.model_validate({k: v for k, v in fields.items() if v is not None})
     except ValidationError as exc:
@@ -138,8 +140,7 @@ async def _respond(request: Request, state: ModelLease, req: ResponsesRequest, c
     params = sampling_params(state, chat, len(prompt_ids), "input")
     params.structured = constraint or enforced_calls
     await compile_constraint(state, params.structured)
-    think_fmt = reasoning_format(template) if params.structured is None else None
-    inside = think_fmt is not None and starts_inside(state.model.tokenizer.decode(prompt_ids[-8:]))
+    thinking = thinking_of(state.model.tokenizer, prompt_ids)
     response_id = new_id("resp")
     created = time.time()
     parallel = tools.parallel if tools else True
@@ -173,7 +174,7 @@ async def _respond(request: Request, state: ModelLease, req: ResponsesRequest, c
 
     handle = await submit(state, prompt_ids, params, response_id, "max_output_tokens")
     if req.stream:
-        return GuardedStream(response_events(handle, base, call_fmt, think_fmt, inside, parallel, complete),
+        return GuardedStream(response_events(handle, base, call_fmt, thinking, parallel, complete),
                              on_close=handle.abort)
     try:
         result = await collect(request, handle)
@@ -181,7 +182,7 @@ async def _respond(request: Request, state: ModelLease, req: ResponsesRequest, c
         handle.abort()
     if result.finish_reason == "error":
         raise APIError(500, result.error or "the engine failed on this request", code="engine_error")
-    reasoning, answer = split_reasoning(result.text, think_fmt, inside)
+    reasoning, answer = thinking.split(result.text)
     text, calls = parse_tool_calls(answer, call_fmt) if call_fmt else (answer, [])
     calls = calls if parallel else calls[:1]
     final = await run_in_threadpool(complete, output_items(reasoning, text, calls), result.finish_reason,

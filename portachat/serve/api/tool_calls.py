@@ -147,6 +147,8 @@ def template_messages(messages: list[Any]) -> list[dict[str, Any]]:
     for m in messages:
         role = "system" if m.role == "developer" else m.role
         item: dict[str, Any] = {"role": role, "content": m.text()}
+        if m.reasoning_content is not None or m.reasoning is not None:  # templates read reasoning_content
+            item["reasoning_content"] = m.reasoning_content if m.reasoning_content is not None else m.reasoning
         if m.tool_calls:
             calls = []
             for call in m.tool_calls:
