@@ -16,6 +16,7 @@ from starlette.concurrency import run_in_threadpool
 
 from portachat.engine.async_engine import RequestStream
 from portachat.engine.sampling_params import TEMPERATURE_MAX
+from portachat.serve.api.calculator_steps import ReplySplitter, split_reply, with_steps
 from portachat.serve.api.errors import APIError
 from portachat.serve.api.prompt import check_message_count
 from portachat.serve.api.protocol import ChatCompletionRequest, parse_body
@@ -200,7 +201,9 @@ async def _answer(request: Request, state: ModelLease, req: MessagesRequest) -> 
         handle.abort()
     if result.finish_reason == "error":
         raise APIError(500, result.error or "the engine failed on this request")
-    reasoning, answer = thinking.split(result.text)  # calls come from the answer, never the reasoning
+    # Calculator steps and reasoning come out first: calls are parsed from the answer alone.
+    reasoning, answer, steps = split_reply(state.model.tokenizer, thinking, result.text, result.token_ids)
+    reasoning = with_steps(reasoning, steps)
     text, calls = parse_tool_calls(answer, call_fmt) if call_fmt else (answer, [])
     calls = calls if not tools or tools.parallel else calls[:1]
     content = [{"type": "thinking", "thinking": reasoning, "signature": ""}] if reasoning is not None else []
@@ -224,14 +227,14 @@ async def _stream(state: ModelLease, handle: RequestStream, message_id: str, pro
         "id": message_id, "type": "message", "role": "assistant", "model": state.model_name, "content": [],
         "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": prompt_len, "output_tokens": 0}}})
     yield _event("ping", {})
-    parser, thoughts = StreamingToolParser(call_fmt), thinking.parser()
+    parser, splitter = StreamingToolParser(call_fmt), ReplySplitter(state.model.tokenizer, thinking)
     index, text_open, thinking_open, output_tokens, calls_sent = 0, False, False, 0, 0
     async for output in handle:
         output_tokens += len(output.token_ids)
-        reasoning, answer = thoughts.feed(output.text)
-        if output.finished and output.finish_reason != "error":
-            more_reasoning, more_answer = thoughts.finish()
-            reasoning, answer = reasoning + more_reasoning, answer + more_answer
+        piece = splitter.feed(output.text, output.token_ids, output.finished and output.finish_reason != "error")
+        reasoning = piece.reasoning + "".join(("\n" if thinking_open or i or piece.reasoning else "") + s.readable()
+                                              for i, s in enumerate(piece.steps))
+        answer = piece.answer
         if reasoning:  # the thinking block comes first and closes before the answer's first block
             if not thinking_open:
                 yield _event("content_block_start", {"index": index, "content_block": {

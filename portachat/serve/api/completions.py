@@ -11,6 +11,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from portachat.serve.api.calculator_steps import split_reply, with_steps
 from portachat.serve.api.documents import ground_chat, with_citations
 from portachat.serve.api.errors import APIError
 from portachat.serve.api.prompt import chat_prompt, completion_prompt
@@ -75,7 +76,9 @@ async def _chat_completions(request: Request, state: ModelLease, req: ChatComple
 
 def _chat_choice(state: ModelLease, index: int, result: Collected, logprobs: bool, call_fmt: str | None,
                  tools: ToolRequest | None, thinking: Thinking) -> dict[str, Any]:
-    reasoning, answer = thinking.split(result.text)  # calls are parsed from the answer, never the reasoning
+    # Calculator steps and reasoning come out first: calls are parsed from the answer alone.
+    reasoning, answer, steps = split_reply(state.model.tokenizer, thinking, result.text, result.token_ids)
+    reasoning = with_steps(reasoning, steps)
     message: dict[str, Any] = {"role": "assistant", "content": answer}
     finish_reason = result.finish_reason
     if call_fmt is not None:

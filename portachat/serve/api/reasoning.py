@@ -69,11 +69,14 @@ class Thinking:
         return StreamingReasoningParser(self.fmt, self.inside)
 
 
+NO_THINKING = Thinking()  # a model that does not think: nothing is split off
+
+
 def thinking_of(tokenizer: Any, prompt_ids: list[int]) -> Thinking:
     """The Thinking of a reply to `prompt_ids` rendered by `tokenizer`'s chat template."""
     fmt = reasoning_format(getattr(tokenizer, "chat_template", None))
     if fmt is None:
-        return Thinking()
+        return NO_THINKING
     return Thinking(fmt, starts_inside(tokenizer.decode(prompt_ids[-8:])))
 
 

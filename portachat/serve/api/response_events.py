@@ -13,8 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from portachat.engine.async_engine import RequestStream
-from portachat.serve.api.reasoning import Thinking
-from portachat.serve.api.response_items import call_item, message_item, new_id, reasoning_item
+from portachat.serve.api.calculator_steps import CalculatorStep, ReplySplitter
+from portachat.serve.api.response_items import (
+    calculator_item,
+    call_item,
+    message_item,
+    new_id,
+    reasoning_item,
+)
 from portachat.serve.api.tool_calls import StreamingToolParser, ToolCall
 
 # (output items, finish reason, output tokens, error) -> the final response object
@@ -83,6 +89,16 @@ class _Events:
                            part=item["content"][0]),
                 self.event("response.output_item.done", output_index=o.index, item=item)]
 
+    def calculation(self, step: CalculatorStep) -> list[bytes]:
+        """A built-in calculator step: a code_interpreter_call item, added and done at once."""
+        out = self.close()
+        index = len(self.items)
+        item = calculator_item(step)
+        self.items.append(item)
+        return out + [self.event("response.output_item.added", output_index=index,
+                                 item={**item, "status": "in_progress", "outputs": []}),
+                      self.event("response.output_item.done", output_index=index, item=item)]
+
     def call(self, call: ToolCall) -> list[bytes]:
         out = self.close()
         index = len(self.items)
@@ -99,28 +115,30 @@ class _Events:
 
 
 async def response_events(handle: RequestStream, in_progress: dict[str, Any], call_fmt: str | None,
-                          thinking: Thinking, parallel: bool, complete: Complete) -> AsyncIterator[bytes]:
+                          splitter: ReplySplitter, parallel: bool, complete: Complete) -> AsyncIterator[bytes]:
     events = _Events()
     yield events.event("response.created", response=in_progress)
     yield events.event("response.in_progress", response=in_progress)
-    thoughts = thinking.parser()
     calls = StreamingToolParser(call_fmt)
     output_tokens, sent_calls = 0, 0
     async for output in handle:
         output_tokens += len(output.token_ids)
-        reasoning, answer = thoughts.feed(output.text)
         ending = output.finished and output.finish_reason != "error"
-        if ending:
-            more_reasoning, more_answer = thoughts.finish()
-            reasoning, answer = reasoning + more_reasoning, answer + more_answer
+        piece = splitter.feed(output.text, output.token_ids, ending)
+        reasoning, answer = piece.reasoning, piece.answer
+        if reasoning:
+            for event in events.delta("reasoning", reasoning):
+                yield event
+        for step in piece.steps:
+            for event in events.calculation(step):
+                yield event
         text, found = calls.feed(answer)
         if ending:
             rest, more = calls.finish()
             text, found = text + rest, found + more
-        for kind, piece in (("reasoning", reasoning), ("message", text)):
-            if piece:
-                for event in events.delta(kind, piece):
-                    yield event
+        if text:
+            for event in events.delta("message", text):
+                yield event
         for call in found:
             if sent_calls and not parallel:
                 break

@@ -12,6 +12,7 @@ import json
 import uuid
 from typing import Any
 
+from portachat.serve.api.calculator_steps import CalculatorStep
 from portachat.serve.api.errors import APIError
 from portachat.serve.api.tool_calls import ToolCall
 
@@ -156,8 +157,17 @@ def call_item(call: ToolCall, item_id: str | None = None) -> dict[str, Any]:
             "arguments": call.arguments, "status": "completed"}
 
 
-def output_items(reasoning: str | None, text: str, calls: list[ToolCall]) -> list[dict[str, Any]]:
+def calculator_item(step: CalculatorStep) -> dict[str, Any]:
+    """A built-in calculator step as OpenAI's server-side python tool item: the code and its output."""
+    outputs = [{"type": "logs", "logs": step.result}] if step.result is not None else []
+    return {"type": "code_interpreter_call", "id": new_id("ci"), "code": step.expression, "container_id": "calculator",
+            "outputs": outputs, "status": "completed"}
+
+
+def output_items(reasoning: str | None, text: str, calls: list[ToolCall],
+                 steps: list[CalculatorStep] = ()) -> list[dict[str, Any]]:
     items = [reasoning_item(reasoning)] if reasoning is not None else []
+    items += [calculator_item(step) for step in steps]
     if text or not calls:
         items.append(message_item(text))
     return items + [call_item(c) for c in calls]

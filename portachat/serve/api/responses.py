@@ -22,11 +22,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from portachat.i18n import _
+from portachat.serve.api.calculator_steps import ReplySplitter, split_reply
 from portachat.serve.api.errors import APIError
 from portachat.serve.api.owner import request_owner
 from portachat.serve.api.prompt import chat_prompt
 from portachat.serve.api.protocol import ChatCompletionRequest, parse_body
-from portachat.serve.api.reasoning import Thinking, thinking_of
+from portachat.serve.api.reasoning import thinking_of
 from portachat.serve.api.request_params import compile_constraint, output_constraint, sampling_params
 from portachat.serve.api.response_events import response_events
 from portachat.serve.api.response_items import (
@@ -174,7 +175,8 @@ async def _respond(request: Request, state: ModelLease, req: ResponsesRequest, c
 
     handle = await submit(state, prompt_ids, params, response_id, "max_output_tokens")
     if req.stream:
-        return GuardedStream(response_events(handle, base, call_fmt, thinking, parallel, complete),
+        return GuardedStream(response_events(handle, base, call_fmt, ReplySplitter(tokenizer, thinking), parallel,
+                                             complete),
                              on_close=handle.abort)
     try:
         result = await collect(request, handle)
@@ -182,10 +184,10 @@ async def _respond(request: Request, state: ModelLease, req: ResponsesRequest, c
         handle.abort()
     if result.finish_reason == "error":
         raise APIError(500, result.error or "the engine failed on this request", code="engine_error")
-    reasoning, answer = thinking.split(result.text)
+    reasoning, answer, steps = split_reply(state.model.tokenizer, thinking, result.text, result.token_ids)
     text, calls = parse_tool_calls(answer, call_fmt) if call_fmt else (answer, [])
     calls = calls if parallel else calls[:1]
-    final = await run_in_threadpool(complete, output_items(reasoning, text, calls), result.finish_reason,
+    final = await run_in_threadpool(complete, output_items(reasoning, text, calls, steps), result.finish_reason,
                                     len(result.token_ids), None)
     return JSONResponse(final)
 
