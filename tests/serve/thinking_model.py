@@ -47,11 +47,15 @@ def _rows(tok: TemplateChatTokenizer) -> list[tuple[list[int], list[int]]]:
 
 def train_thinking_model(tok: TemplateChatTokenizer, steps: int = 150, seed: int = 0) -> GPT:
     """Depth 2, width 64, fit until greedy decoding reproduces the replies (asserted by the tests)."""
+    return train_replies(tok.vocab_size, _rows(tok), steps, seed)
+
+
+def train_replies(vocab_size: int, rows: list[tuple[list[int], list[int]]], steps: int, seed: int = 0) -> GPT:
+    """A depth-2, width-64 GPT fit to write each row's reply ids after its prompt ids."""
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(vocab_size=tok.vocab_size, n_layer=2, n_embd=64, n_head=4, n_kv_head=2, head_dim=16,
+    model = GPT(GPTConfig(vocab_size=vocab_size, n_layer=2, n_embd=64, n_head=4, n_kv_head=2, head_dim=16,
                           intermediate_size=128, max_seq_len=256))
     model.init_weights(seed)
-    rows = _rows(tok)
     width = max(len(p) + len(r) for p, r in rows)
     idx = torch.zeros(len(rows), width, dtype=torch.long)
     targets = torch.full((len(rows), width), -1, dtype=torch.long)
