@@ -5,6 +5,8 @@ reasoning at all."""
 
 from __future__ import annotations
 
+import json
+
 import anthropic
 import openai
 import pytest
@@ -42,6 +44,15 @@ def test_chat_completions_anthropic_and_responses_split_reasoning_from_the_answe
         reasoning += (delta.model_extra or {}).get("reasoning_content") or "" if delta else ""
         content += delta.content or "" if delta else ""
     assert (reasoning, content) == (REASONING, ANSWER)
+
+    # A JSON schema holds the answer, not the reasoning: the model still thinks first.
+    schema = {"type": "object", "properties": {"word": {"enum": ["hello", "there"]}}, "required": ["word"],
+              "additionalProperties": False}
+    shaped = client.chat.completions.create(model="tiny", messages=QUESTION, temperature=0, max_tokens=40,
+                                            response_format={"type": "json_schema", "json_schema": {
+                                                "name": "word", "schema": schema}}).choices[0].message
+    assert shaped.model_extra["reasoning_content"] == REASONING
+    assert json.loads(shaped.content)["word"] in ("hello", "there")
 
     plain = client.chat.completions.create(model="tiny", messages=QUESTION, temperature=0, max_tokens=40,
                                            extra_body=OFF).choices[0].message

@@ -20,7 +20,7 @@ from portachat.serve.api.calculator_steps import ReplySplitter, split_reply, wit
 from portachat.serve.api.errors import APIError
 from portachat.serve.api.prompt import check_message_count
 from portachat.serve.api.protocol import ChatCompletionRequest, parse_body
-from portachat.serve.api.reasoning import Thinking, template_variables, thinking_of
+from portachat.serve.api.reasoning import Thinking, after_reasoning, template_variables, thinking_of
 from portachat.serve.api.request_params import compile_constraint, sampling_params
 from portachat.serve.api.sse import GuardedStream
 from portachat.serve.api.state import ModelLease
@@ -186,9 +186,10 @@ async def _answer(request: Request, state: ModelLease, req: MessagesRequest) -> 
     })
     params = sampling_params(state, as_openai, len(prompt_ids), "messages")
     call_fmt = call_format(getattr(state.model.tokenizer, "chat_template", None)) if tools and tools.parse_calls else None
-    params.structured = tool_call_spec(tools, call_fmt)  # tool_choice any / tool: the calls are enforced
-    await compile_constraint(state, params.structured)
     thinking = thinking_of(state.model.tokenizer, prompt_ids)
+    # tool_choice any / tool: the calls are enforced, after any reasoning
+    params.structured = after_reasoning(tool_call_spec(tools, call_fmt), thinking)
+    await compile_constraint(state, params.structured)
     message_id = f"msg_{uuid.uuid4().hex[:24]}"
     handle = await submit(state, prompt_ids, params, message_id, "max_tokens")
     if req.stream:

@@ -16,7 +16,7 @@ from portachat.serve.api.documents import ground_chat, with_citations
 from portachat.serve.api.errors import APIError
 from portachat.serve.api.prompt import chat_prompt, completion_prompt
 from portachat.serve.api.protocol import ChatCompletionRequest, CompletionRequest, check_supported, parse_body
-from portachat.serve.api.reasoning import Thinking, thinking_of
+from portachat.serve.api.reasoning import Thinking, after_reasoning, thinking_of
 from portachat.serve.api.reply_shapes import chat_logprobs, completion_logprobs, usage
 from portachat.serve.api.request_params import compile_constraint, output_constraint, sampling_params
 from portachat.serve.api.sse import GuardedStream
@@ -50,9 +50,9 @@ async def _chat_completions(request: Request, state: ModelLease, req: ChatComple
     prompt_ids = await run_in_threadpool(chat_prompt, state, req, tools)
     max_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     params = sampling_params(state, req, len(prompt_ids), "messages")
-    params.structured = constraint or enforced_calls
-    await compile_constraint(state, params.structured)
     thinking = thinking_of(state.model.tokenizer, prompt_ids)
+    params.structured = after_reasoning(constraint or enforced_calls, thinking)  # the answer's, not the reasoning's
+    await compile_constraint(state, params.structured)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     handles = await submit_n(state, prompt_ids, params, request_id, max_param, req.n)

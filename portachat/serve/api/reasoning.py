@@ -11,9 +11,12 @@ block."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
+from portachat.engine.structured import StructuredSpec
+from portachat.engine.structured.compile import json_options
 from portachat.i18n import _
 from portachat.serve.api.errors import APIError
 
@@ -78,6 +81,32 @@ def thinking_of(tokenizer: Any, prompt_ids: list[int]) -> Thinking:
     if fmt is None:
         return NO_THINKING
     return Thinking(fmt, starts_inside(tokenizer.decode(prompt_ids[-8:])))
+
+
+def after_reasoning(spec: StructuredSpec | None, thinking: Thinking) -> StructuredSpec | None:
+    """A constraint (JSON schema, choice, regex, an enforced tool call) held to the answer only: a
+    thinking model may first write its `<think>` block freely. A grammar a client wrote itself is
+    left as it is (its start rule is its own), and so is every constraint for a model that does not think."""
+    if spec is None or thinking.fmt != "think":
+        return spec
+    if spec.kind in ("json", "json_object"):
+        schema = spec.value if spec.kind == "json" else {"type": "object"}
+        schema = {} if schema is True else dict(schema)
+        body = "answer: %json" + json.dumps({**schema, "x-guidance": json_options(spec.whitespace_pattern)})
+    elif spec.kind == "choice":
+        body = "answer: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in spec.value)
+    elif spec.kind == "regex":
+        body = "answer: /" + spec.value.replace("/", "\\/") + "/"
+    elif spec.kind == "grammar" and spec.param == "tool_choice":  # ours (tool_calls.tool_call_spec)
+        body = spec.value.replace("start:", "answer:", 1)
+    else:
+        return spec
+    # The block's text ends at the first "</think>" (llguidance's suffix), then at most two newlines
+    # (unbounded, a model trained to write "\n\n" then prose could write newlines to max_tokens).
+    rules = ["start: think answer", "think: reasoning /\\n{0,2}/"] if thinking.inside else \
+        ["start: think? answer", 'think: "<think>" reasoning /\\n{0,2}/']
+    lark = "\n".join([*rules, 'reasoning[suffix="</think>"]: /(.|\\n)*/', body])
+    return StructuredSpec("grammar", lark, param=spec.param)
 
 
 def split_reasoning(text: str, fmt: str | None, inside: bool = False) -> tuple[str | None, str]:

@@ -27,7 +27,7 @@ from portachat.serve.api.errors import APIError
 from portachat.serve.api.owner import request_owner
 from portachat.serve.api.prompt import chat_prompt
 from portachat.serve.api.protocol import ChatCompletionRequest, parse_body
-from portachat.serve.api.reasoning import thinking_of
+from portachat.serve.api.reasoning import after_reasoning, thinking_of
 from portachat.serve.api.request_params import compile_constraint, output_constraint, sampling_params
 from portachat.serve.api.response_events import response_events
 from portachat.serve.api.response_items import (
@@ -139,9 +139,9 @@ async def _respond(request: Request, state: ModelLease, req: ResponsesRequest, c
     constraint = output_constraint(chat) if enforced_calls is None else None
     prompt_ids = await run_in_threadpool(chat_prompt, state, chat, tools)
     params = sampling_params(state, chat, len(prompt_ids), "input")
-    params.structured = constraint or enforced_calls
-    await compile_constraint(state, params.structured)
     thinking = thinking_of(state.model.tokenizer, prompt_ids)
+    params.structured = after_reasoning(constraint or enforced_calls, thinking)  # the answer's, not the reasoning's
+    await compile_constraint(state, params.structured)
     response_id = new_id("resp")
     created = time.time()
     parallel = tools.parallel if tools else True
