@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from portachat.serve.api.anthropic import MessagesRequest
 from portachat.serve.api.embeddings import EmbeddingRequest
 from portachat.serve.api.protocol import ChatCompletionRequest, CompletionRequest
+from portachat.serve.api.responses import ResponsesRequest
 
 # ------------------------------------------------------------------------------------------ responses
 
@@ -183,6 +184,35 @@ class AnthropicMessage(BaseModel):
     usage: AnthropicUsage
 
 
+class ResponseUsage(BaseModel):
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+    input_tokens_details: dict[str, int]
+    output_tokens_details: dict[str, int]
+
+
+class ResponseObject(BaseModel):
+    """The reply of POST /v1/responses (and GET /v1/responses/{id})."""
+
+    id: str
+    object: Literal["response"]
+    created_at: float
+    status: Literal["completed", "incomplete", "failed", "in_progress"]
+    model: str
+    output: list[dict[str, Any]]  # reasoning, code_interpreter_call (the calculator), message, function_call items
+    previous_response_id: str | None
+    store: bool
+    usage: ResponseUsage | None
+
+
+class ResponseEvent(BaseModel):
+    """One SSE event of a streamed response (`event: <type>`), e.g. response.output_text.delta."""
+
+    type: str
+    sequence_number: int
+
+
 class ErrorDetail(BaseModel):
     message: str
     type: str
@@ -202,6 +232,7 @@ BODIES: dict[str, tuple[type[BaseModel], type[BaseModel], type[BaseModel] | None
     "/v1/completions": (CompletionRequest, Completion, Completion),
     "/v1/embeddings": (EmbeddingRequest, EmbeddingList, None),
     "/v1/messages": (MessagesRequest, AnthropicMessage, None),
+    "/v1/responses": (ResponsesRequest, ResponseObject, ResponseEvent),
 }
 
 
