@@ -78,7 +78,7 @@ def test_calculator_steps_leave_the_answer_clean():
            *tok.encode("答案：81。")]
     text = tok.decode(ids)  # what the engine's text is: the step runs into the answer
     assert text == "23+5881答案：81。"
-    assert split_reply(tok, NO_THINKING, text, ids) == (None, "答案：81。", [CalculatorStep("23+58", "81")])
+    assert split_reply(tok, NO_THINKING, [(text, ids)]) == (None, "答案：81。", [CalculatorStep("23+58", "81")])
     # One token per output, as a stream sends them: the same split.
     splitter, answer, steps = ReplySplitter(tok, NO_THINKING), "", []
     for i, token in enumerate(ids):
@@ -87,7 +87,8 @@ def test_calculator_steps_leave_the_answer_clean():
     assert (answer, steps) == ("答案：81。", [CalculatorStep("23+58", "81")])
     # An expression the calculator refuses gets no result; the model carries on.
     refused = [t.python_start, *tok.encode("2+"), t.python_end, *tok.encode("3")]
-    assert split_reply(tok, NO_THINKING, tok.decode(refused), refused) == (None, "3", [CalculatorStep("2+", None)])
+    assert split_reply(tok, NO_THINKING, [(tok.decode(refused), refused)]) == (None, "3",
+                                                                                [CalculatorStep("2+", None)])
     assert with_steps(None, [CalculatorStep("23+58", "81")]) == "23+58 = 81"
     assert with_steps("thinking", [CalculatorStep("1+1", "2"), CalculatorStep("2+", None)]) == "thinking\n1+1 = 2\n2+"
 

@@ -203,7 +203,7 @@ async def _answer(request: Request, state: ModelLease, req: MessagesRequest) -> 
     if result.finish_reason == "error":
         raise APIError(500, result.error or "the engine failed on this request")
     # Calculator steps and reasoning come out first: calls are parsed from the answer alone.
-    reasoning, answer, steps = split_reply(state.model.tokenizer, thinking, result.text, result.token_ids)
+    reasoning, answer, steps = split_reply(state.model.tokenizer, thinking, result.pieces)
     reasoning = with_steps(reasoning, steps)
     text, calls = parse_tool_calls(answer, call_fmt) if call_fmt else (answer, [])
     calls = calls if not tools or tools.parallel else calls[:1]

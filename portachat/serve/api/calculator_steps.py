@@ -107,12 +107,16 @@ class ReplySplitter:
         return self.thoughts.saw_reasoning
 
 
-def split_reply(tokenizer: Any, thinking: Thinking, text: str, token_ids: list[int]
+def split_reply(tokenizer: Any, thinking: Thinking, pieces: list[tuple[str, list[int]]]
                 ) -> tuple[str | None, str, list[CalculatorStep]]:
-    """(reasoning or None, answer, calculator steps) of a finished reply."""
+    """(reasoning or None, answer, calculator steps) of a finished reply, from its outputs' (text, token
+    ids) in order: the same split its stream makes, output by output."""
     splitter = ReplySplitter(tokenizer, thinking)
-    piece = splitter.feed(text, token_ids, last=True)
-    return (piece.reasoning if splitter.saw_reasoning else None), piece.answer, piece.steps
+    reasoning, answer, steps = "", "", []
+    for i, (text, token_ids) in enumerate(pieces or [("", [])]):
+        piece = splitter.feed(text, token_ids, last=i == max(len(pieces), 1) - 1)
+        reasoning, answer, steps = reasoning + piece.reasoning, answer + piece.answer, steps + piece.steps
+    return (reasoning if splitter.saw_reasoning else None), answer, steps
 
 
 def with_steps(reasoning: str | None, steps: list[CalculatorStep]) -> str | None:

@@ -77,7 +77,7 @@ async def _chat_completions(request: Request, state: ModelLease, req: ChatComple
 def _chat_choice(state: ModelLease, index: int, result: Collected, logprobs: bool, call_fmt: str | None,
                  tools: ToolRequest | None, thinking: Thinking) -> dict[str, Any]:
     # Calculator steps and reasoning come out first: calls are parsed from the answer alone.
-    reasoning, answer, steps = split_reply(state.model.tokenizer, thinking, result.text, result.token_ids)
+    reasoning, answer, steps = split_reply(state.model.tokenizer, thinking, result.pieces)
     reasoning = with_steps(reasoning, steps)
     message: dict[str, Any] = {"role": "assistant", "content": answer}
     finish_reason = result.finish_reason
