@@ -12,6 +12,7 @@ import json
 import uuid
 from typing import Any
 
+from portachat.i18n import _
 from portachat.serve.api.calculator_steps import CalculatorStep
 from portachat.serve.api.errors import APIError
 from portachat.serve.api.tool_calls import ToolCall
@@ -27,36 +28,39 @@ def normalised_input(value: str | list[Any], instructions: str | None = None) ->
     """The request's `input` as a list of items, each with an id (what input_items lists)."""
     items = [{"type": "message", "role": "user", "content": value}] if isinstance(value, str) else value
     if not isinstance(items, list) or not items:
-        raise APIError(400, "'input' must be a non-empty string or a non-empty list of items.", param="input")
+        raise APIError(400, _("'input' must be a non-empty string or a non-empty list of items."), param="input")
     out = []
     for i, item in enumerate(items):
         if not isinstance(item, dict):
-            raise APIError(400, f"input[{i}] must be an object (a message, function_call or function_call_output "
-                                "item).", param=f"input[{i}]")
+            raise APIError(400, _("input[{i}] must be an object (a message, function_call or function_call_output "
+                                  "item).").format(i=i), param=f"input[{i}]")
         kind = item.get("type") or ("message" if "role" in item else None)
         item = {**item, "type": kind}
         if kind == "message":
             if item.get("role") not in ("user", "assistant", "system", "developer"):
-                raise APIError(400, f"input[{i}].role must be user, assistant, system or developer (got "
-                                    f"{item.get('role')!r}).", param=f"input[{i}].role")
+                raise APIError(400, _("input[{i}].role must be user, assistant, system or developer (got {role}).").format(
+                    i=i, role=repr(item.get("role"))), param=f"input[{i}].role")
             item["content"] = _content_parts(item.get("content"), item["role"], f"input[{i}].content")
             item.setdefault("id", new_id("msg"))
             item.setdefault("status", "completed")
         elif kind == "function_call":
             for key in ("call_id", "name", "arguments"):
                 if not isinstance(item.get(key), str):
-                    raise APIError(400, f"input[{i}].{key} must be a string.", param=f"input[{i}].{key}")
+                    raise APIError(400, _("{where} must be a string.").format(where=f"input[{i}].{key}"),
+                                   param=f"input[{i}].{key}")
             item.setdefault("id", new_id("fc"))
         elif kind == "function_call_output":
             if not isinstance(item.get("call_id"), str):
-                raise APIError(400, f"input[{i}].call_id must be a string.", param=f"input[{i}].call_id")
+                raise APIError(400, _("{where} must be a string.").format(where=f"input[{i}].call_id"),
+                               param=f"input[{i}].call_id")
             item["output"] = _output_text(item.get("output"), f"input[{i}].output")
             item.setdefault("id", new_id("fco"))
         elif kind == "reasoning":
             item.setdefault("id", new_id("rs"))
         else:
-            raise APIError(400, f"input[{i}]: item type {kind!r} is not supported (message, function_call, "
-                                "function_call_output, reasoning).", param=f"input[{i}].type")
+            raise APIError(400, _("input[{i}]: item type {kind} is not supported (message, function_call, "
+                                  "function_call_output, reasoning).").format(i=i, kind=repr(kind)),
+                           param=f"input[{i}].type")
         out.append(item)
     return out
 
@@ -66,12 +70,12 @@ def _content_parts(content: Any, role: str, where: str) -> list[dict[str, Any]]:
     if isinstance(content, str):
         return [{"type": kind, "text": content}]
     if not isinstance(content, list):
-        raise APIError(400, f"{where} must be a string or a list of text parts.", param=where)
+        raise APIError(400, _("{where} must be a string or a list of text parts.").format(where=where), param=where)
     for j, part in enumerate(content):
         if not isinstance(part, dict) or part.get("type") not in _TEXT_PARTS or not isinstance(part.get("text"), str):
             got = part.get("type") if isinstance(part, dict) else type(part).__name__
-            raise APIError(400, f"{where}[{j}]: only text parts are supported (input_text, output_text; got "
-                                f"{got!r}).", param=f"{where}[{j}]")
+            raise APIError(400, _("{where}: only text parts are supported (input_text, output_text; got {kind}).").format(
+                where=f"{where}[{j}]", kind=repr(got)), param=f"{where}[{j}]")
     return content
 
 
@@ -80,7 +84,7 @@ def _output_text(output: Any, where: str) -> str:
         return output
     if isinstance(output, list):
         return "".join(str(p.get("text", "")) for p in output if isinstance(p, dict))
-    raise APIError(400, f"{where} must be a string.", param=where)
+    raise APIError(400, _("{where} must be a string.").format(where=where), param=where)
 
 
 def _text(parts: list[dict[str, Any]]) -> str:
@@ -117,8 +121,8 @@ def function_tools(tools: list[Any] | None) -> list[dict[str, Any]] | None:
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict) or tool.get("type") != "function":
             kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
-            raise APIError(400, f"tools[{i}]: tool type {kind!r} is not supported by this server (function tools "
-                                "only).", param=f"tools[{i}].type")
+            raise APIError(400, _("tools[{i}]: tool type {kind} is not supported by this server (function tools "
+                                  "only).").format(i=i, kind=repr(kind)), param=f"tools[{i}].type")
         fn = {k: tool[k] for k in ("name", "description", "parameters") if tool.get(k) is not None}
         out.append({"type": "function", "function": fn})
     return out

@@ -104,7 +104,8 @@ def _as_chat(req: ResponsesRequest, messages: list[dict[str, Any]]) -> ChatCompl
         return ChatCompletionRequest.model_validate({k: v for k, v in fields.items() if v is not None})
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
-        raise APIError(400, f"Invalid request: {first['msg']} at {'.'.join(map(str, first['loc']))}.",
+        raise APIError(400, _("Invalid request: {problem} at {where}.").format(
+            problem=first["msg"], where=".".join(map(str, first["loc"]))),
                        param="input") from None
 
 
@@ -207,19 +208,21 @@ async def list_input_items(request: Request, response_id: str) -> Response:
     query = request.query_params
     order = query.get("order", "desc")
     if order not in ("asc", "desc"):
-        raise APIError(400, f"order must be 'asc' or 'desc' (got {order!r}).", param="order")
+        raise APIError(400, _("order must be 'asc' or 'desc' (got {order}).").format(order=repr(order)), param="order")
     try:
         limit = int(query.get("limit", "20"))
     except ValueError:
         limit = 0
     if not 1 <= limit <= MAX_INPUT_ITEMS_PAGE:
-        raise APIError(400, f"limit must be an integer from 1 to {MAX_INPUT_ITEMS_PAGE}.", param="limit")
+        raise APIError(400, _("limit must be an integer from 1 to {most}.").format(most=MAX_INPUT_ITEMS_PAGE),
+                       param="limit")
     items = stored.input_items if order == "asc" else stored.input_items[::-1]
     after = query.get("after")
     if after:
         ids = [item.get("id") for item in items]
         if after not in ids:
-            raise APIError(400, f"after names {after!r}, which is not an input item of this response.", param="after")
+            raise APIError(400, _("after names {id}, which is not an input item of this response.").format(
+                id=repr(after)), param="after")
         items = items[ids.index(after) + 1:]
     page = items[:limit]
     return JSONResponse({"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
