@@ -32,6 +32,9 @@ def test_items_become_the_chat_messages_templates_read():
         {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     assert text_format({"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}}) == {
         "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}, "strict": None}}
+    thought = normalised_input([{"type": "reasoning", "content": [{"type": "reasoning_text", "text": "hmm"}]},
+                                {"role": "assistant", "content": "81"}])
+    assert chat_messages(thought, None) == [{"role": "assistant", "content": "81", "reasoning_content": "hmm"}]
     for bad in ([], [{"type": "image"}], [{"role": "tool", "content": "x"}], [{"type": "function_call"}]):
         with pytest.raises(APIError):
             normalised_input(bad)

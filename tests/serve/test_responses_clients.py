@@ -6,6 +6,7 @@ whatever it writes parse (the tool call when tool_choice is "required", the JSON
 
 from __future__ import annotations
 
+import json
 from typing import Literal
 
 import openai
@@ -84,6 +85,17 @@ def test_openai_client_creates_streams_parses_chains_and_deletes_responses(serve
     assert isinstance(parsed.output_parsed, Pet) and parsed.output_parsed.kind in ("cat", "dog")
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(parsed.id)  # store: false
+
+    weather = {"type": "function", "name": "weather", "parameters": {
+        "type": "object", "properties": {"city": {"enum": ["paris", "rome"]}}, "required": ["city"],
+        "additionalProperties": False}}
+    with client.responses.stream(model="tiny", input="Weather in Paris?", tools=[weather], tool_choice="required",
+                                 parallel_tool_calls=False, max_output_tokens=100, temperature=0) as stream:
+        kinds = [event.type for event in stream]
+        called = stream.get_final_response()
+    assert "response.function_call_arguments.delta" in kinds and kinds[-1] == "response.completed"
+    (call,) = [item for item in called.output if item.type == "function_call"]
+    assert call.name == "weather" and json.loads(call.arguments)["city"] in ("paris", "rome")
 
     client.responses.delete(first.id)
     with pytest.raises(openai.NotFoundError):

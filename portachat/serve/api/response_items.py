@@ -95,21 +95,27 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None) -> list
     """Items -> OpenAI chat messages (dicts ChatCompletionRequest reads): an assistant's function calls
     join its message, each output becomes a `tool` message."""
     out: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
+    reasoning = None  # a reasoning item goes with the assistant turn after it (templates decide to show it)
     for item in items:
         kind = item["type"]
-        if kind == "message":
+        if kind == "reasoning":
+            reasoning = "".join(p.get("text", "") for p in item.get("content") or [] if isinstance(p, dict))
+        elif kind == "message":
             out.append({"role": item["role"], "content": _text(item["content"])})
         elif kind == "function_call":
             call = {"id": item["call_id"], "type": "function",
                     "function": {"name": item["name"], "arguments": item["arguments"]}}
             last = out[-1] if out else None
-            if last is not None and last["role"] == "assistant" and not any(
-                    m["role"] == "tool" for m in out[-1:]):
+            if last is not None and last["role"] == "assistant":
                 last.setdefault("tool_calls", []).append(call)
             else:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
             out.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
+        if kind != "reasoning" and reasoning is not None:
+            if out and out[-1]["role"] == "assistant":
+                out[-1]["reasoning_content"] = reasoning
+            reasoning = None
     return out
 
 
