@@ -11,6 +11,8 @@ import pytest
 from api_testing import chat_tokenizer, served_tiny, start_server
 from thinking_model import train_replies
 
+from tests.serve.test_web import browser  # noqa: F401 - the headless Chromium fixture
+
 pytestmark = pytest.mark.slow
 
 QUESTION = "23加58等于多少？"
@@ -58,3 +60,21 @@ def test_the_calculator_step_is_shown_apart_from_the_answer_in_every_api(server)
             pass
         final = stream.get_final_response()
     assert [i.type for i in final.output] == ["code_interpreter_call", "message"] and final.output_text == ANSWER
+
+
+def test_the_chat_page_shows_the_step_in_its_own_box(server, browser):  # noqa: F811 - the fixture imported above
+    page = browser.new_page()
+    try:
+        page.goto(server.url + "/")
+        page.wait_for_function("document.querySelector('[data-testid=model]').textContent === 'tiny'")
+        page.click("[data-testid=toggle-settings]")
+        page.fill("[data-testid=temperature]", "0")
+        page.fill("[data-testid=max-tokens]", "40")  # the tiny model's context is 256 tokens
+        page.fill("[data-testid=input]", QUESTION)
+        page.keyboard.press("Enter")
+        done = "[data-testid=message][data-role=assistant][data-status=done]"
+        page.wait_for_selector(done, timeout=60_000)
+        assert page.inner_text(f"{done} [data-testid=content]").strip() == ANSWER
+        assert page.text_content(f"{done} [data-testid=reasoning] pre") == "23+58 = 81"
+    finally:
+        page.close()
