@@ -8,7 +8,6 @@ Output items: `reasoning` (when the model's template thinks), `message` with `ou
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
 
@@ -24,7 +23,7 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def normalised_input(value: str | list[Any], instructions: str | None = None) -> list[dict[str, Any]]:
+def normalised_input(value: str | list[Any]) -> list[dict[str, Any]]:
     """The request's `input` as a list of items, each with an id (what input_items lists)."""
     items = [{"type": "message", "role": "user", "content": value}] if isinstance(value, str) else value
     if not isinstance(items, list) or not items:
@@ -175,18 +174,9 @@ def calculator_item(step: CalculatorStep) -> dict[str, Any]:
 
 
 def output_items(reasoning: str | None, text: str, calls: list[ToolCall],
-                 steps: list[CalculatorStep] = ()) -> list[dict[str, Any]]:
+                 steps: tuple[CalculatorStep, ...] | list[CalculatorStep] = ()) -> list[dict[str, Any]]:
     items = [reasoning_item(reasoning)] if reasoning is not None else []
     items += [calculator_item(step) for step in steps]
     if text or not calls:
         items.append(message_item(text))
     return items + [call_item(c) for c in calls]
-
-
-def checked_arguments(call: ToolCall) -> ToolCall:
-    """A call whose arguments are JSON text (what the Agents SDK and OpenAI's clients parse)."""
-    try:
-        json.loads(call.arguments)
-    except json.JSONDecodeError:
-        return ToolCall(call.name, "{}", call.id)
-    return call
