@@ -98,7 +98,9 @@ class PortachatChatTokenizer:
             ]
         return self._bytes[token_id]
 
-    def render_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+    def render_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, *,
+                      template_kwargs: dict[str, Any] | None = None) -> list[int]:
+        # Our chat format reads no template variables (it does not think): template_kwargs change nothing.
         if tools:
             raise ChatFormatError(
                 _("this model's chat format has only the built-in calculator tool, no function tools; serve a model "
@@ -262,8 +264,10 @@ class TemplateChatTokenizer:
             self._bytes = self._all_token_bytes()
         return self._bytes[token_id]
 
-    def render_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
-        return self.encode_rendered(*self.render_text(messages, add_generation_prompt=True, tools=tools))
+    def render_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, *,
+                      template_kwargs: dict[str, Any] | None = None) -> list[int]:
+        return self.encode_rendered(*self.render_text(messages, add_generation_prompt=True, tools=tools,
+                                                      template_kwargs=template_kwargs))
 
     def with_chat_template(self, template: str) -> TemplateChatTokenizer:
         """The same tokenizer rendering with another chat template (`serve --chat-template FILE`)."""
@@ -304,9 +308,11 @@ class TemplateChatTokenizer:
     # ---- rendering -------------------------------------------------------------------------
 
     def render_text(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                    tools: list[dict[str, Any]] | None = None) -> tuple[str, str]:
+                    tools: list[dict[str, Any]] | None = None,
+                    template_kwargs: dict[str, Any] | None = None) -> tuple[str, str]:
         """The template's output for `messages`, with every control string inside message contents
-        replaced by a placeholder; returns (text, nonce) for `encode_rendered`."""
+        replaced by a placeholder; returns (text, nonce) for `encode_rendered`. `template_kwargs` are
+        extra template variables (HF's apply_chat_template **kwargs: enable_thinking, reasoning_effort)."""
         if not isinstance(messages, list) or not messages:
             raise ChatFormatError(_("a conversation must be a non-empty list of {'role', 'content'} messages"))
         nonce = secrets.token_hex(8)
@@ -324,7 +330,8 @@ class TemplateChatTokenizer:
         specials = {k: v for k, v in self._special_strings.items() if v is not None}
         try:
             text = self._template.render(
-                messages=escaped, tools=self._escape(tools, nonce) if tools else None, documents=None,
+                **self._escape(dict(template_kwargs or {}), nonce), messages=escaped,
+                tools=self._escape(tools, nonce) if tools else None, documents=None,
                 add_generation_prompt=add_generation_prompt, **specials,
             )
         except ChatFormatError:

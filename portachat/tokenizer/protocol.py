@@ -53,7 +53,9 @@ class ChatTokenizer(Protocol):
         back the bytes of a character split across tokens."""
         ...
 
-    def render_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+    def render_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, *,
+                      template_kwargs: dict[str, Any] | None = None) -> list[int]:
         """A conversation as ids that end where the assistant's next reply begins; `tools` (OpenAI
-        function definitions) go to chat templates that take them."""
+        function definitions) go to chat templates that take them, `template_kwargs` (such as
+        `enable_thinking`, `reasoning_effort`) are extra variables a Jinja template may read."""
         ...

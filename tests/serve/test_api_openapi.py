@@ -50,7 +50,7 @@ CHAT = {
 def test_the_schema_lists_every_api_route_with_its_request_body(schema):
     assert schema["openapi"].startswith("3.")
     for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/messages", "/v1/batches",
-                 "/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
+                 "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/v1/responses"):
         assert schema["paths"][path]["post"]["requestBody"]["required"] is True
     assert "/v1/models" in schema["paths"]
     chat = schema["components"]["schemas"]["ChatCompletionRequest"]

@@ -16,9 +16,11 @@ from starlette.concurrency import run_in_threadpool
 
 from portachat.engine.async_engine import RequestStream
 from portachat.engine.sampling_params import TEMPERATURE_MAX
+from portachat.serve.api.calculator_steps import ReplySplitter, split_reply, with_steps
 from portachat.serve.api.errors import APIError
 from portachat.serve.api.prompt import check_message_count
 from portachat.serve.api.protocol import ChatCompletionRequest, parse_body
+from portachat.serve.api.reasoning import Thinking, after_reasoning, template_variables, thinking_of
 from portachat.serve.api.request_params import compile_constraint, sampling_params
 from portachat.serve.api.sse import GuardedStream
 from portachat.serve.api.state import ModelLease
@@ -57,6 +59,7 @@ class MessagesRequest(BaseModel):
     top_k: int | None = Field(None, json_schema_extra={"minimum": 0})
     tools: list[AnthropicTool] | None = None
     tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None  # {"type": "enabled" | "disabled"}: the template's enable_thinking
     keep_alive: str | float | None = None  # Ollama's: how long the model stays loaded afterwards
 
 
@@ -94,12 +97,14 @@ def template_messages(req: MessagesRequest) -> list[dict[str, Any]]:
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
         if not isinstance(blocks, list):
             raise APIError(400, f"messages[{i}].content must be a string or a list of content blocks.")
-        text, calls = [], []
+        text, calls, thoughts = [], [], []
         for j, block in enumerate(blocks):
             kind = block.get("type") if isinstance(block, dict) else None
             where = f"messages[{i}].content[{j}]"
             if kind == "text":
                 text.append(str(block.get("text", "")))
+            elif kind in ("thinking", "redacted_thinking") and role == "assistant":
+                thoughts.append(str(block.get("thinking", "")))  # earlier reasoning: templates decide to keep it
             elif kind == "tool_use" and role == "assistant":
                 names[str(block.get("id"))] = str(block.get("name"))
                 calls.append({"id": block.get("id"), "type": "function",
@@ -115,6 +120,8 @@ def template_messages(req: MessagesRequest) -> list[dict[str, Any]]:
                                     "(text, tool_use from the assistant, tool_result from the user).")
         if text or calls or not blocks:
             item: dict[str, Any] = {"role": role, "content": "".join(text)}
+            if thoughts:
+                item["reasoning_content"] = "".join(thoughts)
             if calls:
                 item["tool_calls"] = calls
             out.append(item)
@@ -166,9 +173,11 @@ async def _messages(request: Request) -> Response:
 async def _answer(request: Request, state: ModelLease, req: MessagesRequest) -> Response:
     tools = _tools(req)
     chat_messages = template_messages(req)
+    kind = (req.thinking or {}).get("type")
+    variables = template_variables(None, enable_thinking={"enabled": True, "disabled": False}.get(kind))
     try:
-        prompt_ids = await run_in_threadpool(state.model.tokenizer.render_prompt, chat_messages,
-                                             tools.tools if tools else None)
+        prompt_ids = await run_in_threadpool(lambda: state.model.tokenizer.render_prompt(
+            chat_messages, tools.tools if tools else None, **({"template_kwargs": variables} if variables else {})))
     except Exception as exc:  # noqa: BLE001 - the template's or our format's refusal
         raise APIError(400, f"The conversation cannot be rendered with this model's chat template: {exc}") from None
     as_openai = ChatCompletionRequest.model_validate({
@@ -177,12 +186,15 @@ async def _answer(request: Request, state: ModelLease, req: MessagesRequest) -> 
     })
     params = sampling_params(state, as_openai, len(prompt_ids), "messages")
     call_fmt = call_format(getattr(state.model.tokenizer, "chat_template", None)) if tools and tools.parse_calls else None
-    params.structured = tool_call_spec(tools, call_fmt)  # tool_choice any / tool: the calls are enforced
+    thinking = thinking_of(state.model.tokenizer, prompt_ids)
+    # tool_choice any / tool: the calls are enforced, after any reasoning
+    params.structured = after_reasoning(tool_call_spec(tools, call_fmt), thinking)
     await compile_constraint(state, params.structured)
     message_id = f"msg_{uuid.uuid4().hex[:24]}"
     handle = await submit(state, prompt_ids, params, message_id, "max_tokens")
     if req.stream:
-        stream = _stream(state, handle, message_id, len(prompt_ids), call_fmt, tools.parallel if tools else True)
+        stream = _stream(state, handle, message_id, len(prompt_ids), call_fmt, tools.parallel if tools else True,
+                         thinking)
         return GuardedStream(stream, on_close=handle.abort)
     try:
         result = await collect(request, handle)
@@ -190,9 +202,13 @@ async def _answer(request: Request, state: ModelLease, req: MessagesRequest) -> 
         handle.abort()
     if result.finish_reason == "error":
         raise APIError(500, result.error or "the engine failed on this request")
-    text, calls = parse_tool_calls(result.text, call_fmt) if call_fmt else (result.text, [])
+    # Calculator steps and reasoning come out first: calls are parsed from the answer alone.
+    reasoning, answer, steps = split_reply(state.model.tokenizer, thinking, result.pieces)
+    reasoning = with_steps(reasoning, steps)
+    text, calls = parse_tool_calls(answer, call_fmt) if call_fmt else (answer, [])
     calls = calls if not tools or tools.parallel else calls[:1]
-    content = ([{"type": "text", "text": text}] if text else []) + [_tool_block(c) for c in calls]
+    content = [{"type": "thinking", "thinking": reasoning, "signature": ""}] if reasoning is not None else []
+    content += ([{"type": "text", "text": text}] if text else []) + [_tool_block(c) for c in calls]
     return JSONResponse({
         "id": message_id, "type": "message", "role": "assistant", "model": state.model_name,
         "content": content, "stop_reason": _stop_reason(result.finish_reason, result.stop_string, calls),
@@ -207,19 +223,33 @@ def _event(name: str, payload: dict[str, Any]) -> bytes:
 
 
 async def _stream(state: ModelLease, handle: RequestStream, message_id: str, prompt_len: int,
-                  call_fmt: str | None, parallel: bool) -> AsyncIterator[bytes]:
+                  call_fmt: str | None, parallel: bool, thinking: Thinking) -> AsyncIterator[bytes]:
     yield _event("message_start", {"message": {
         "id": message_id, "type": "message", "role": "assistant", "model": state.model_name, "content": [],
         "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": prompt_len, "output_tokens": 0}}})
     yield _event("ping", {})
-    parser = StreamingToolParser(call_fmt)
-    index, text_open, output_tokens, calls_sent = 0, False, 0, 0
+    parser, splitter = StreamingToolParser(call_fmt), ReplySplitter(state.model.tokenizer, thinking)
+    index, text_open, thinking_open, output_tokens, calls_sent = 0, False, False, 0, 0
     async for output in handle:
         output_tokens += len(output.token_ids)
-        text, found = parser.feed(output.text)
+        piece = splitter.feed(output.text, output.token_ids, output.finished and output.finish_reason != "error")
+        reasoning = piece.reasoning + "".join(("\n" if thinking_open or i or piece.reasoning else "") + s.readable()
+                                              for i, s in enumerate(piece.steps))
+        answer = piece.answer
+        if reasoning:  # the thinking block comes first and closes before the answer's first block
+            if not thinking_open:
+                yield _event("content_block_start", {"index": index, "content_block": {
+                    "type": "thinking", "thinking": "", "signature": ""}})
+                thinking_open = True
+            yield _event("content_block_delta", {"index": index, "delta": {"type": "thinking_delta",
+                                                                            "thinking": reasoning}})
+        text, found = parser.feed(answer)
         if output.finished and output.finish_reason != "error":
             rest, more = parser.finish()
             text, found = text + rest, found + more
+        if thinking_open and (text or found or output.finished):
+            yield _event("content_block_stop", {"index": index})
+            index, thinking_open = index + 1, False
         if text:
             if not text_open:
                 yield _event("content_block_start", {"index": index, "content_block": {"type": "text", "text": ""}})

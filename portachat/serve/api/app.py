@@ -29,6 +29,7 @@ from portachat.serve.api.metrics import ServerMetrics
 from portachat.serve.api.openapi import openapi_schema
 from portachat.serve.api.origin import RequestGuard
 from portachat.serve.api.protocol import json_body
+from portachat.serve.api.responses import add_routes as add_response_routes
 from portachat.serve.api.state import ServedModel, ServerSettings, ServerState
 from portachat.serve.api.submission import ClientGone
 from portachat.serve.registry import ModelRegistry, ModelSpec, RegistryEntry
@@ -128,7 +129,7 @@ def create_app(settings: ServerSettings, loader: Loader | None = None,
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
         message = {404: f"No route {request.method} {request.url.path}: see GET /v1/models, POST /v1/chat/completions, "
-                        "POST /v1/completions, POST /v1/messages, POST /v1/embeddings, /v1/files, /v1/vector_stores, "
+                        "POST /v1/completions, POST /v1/messages, POST /v1/responses, POST /v1/embeddings, /v1/files, /v1/vector_stores, "
                         "GET /health, GET /metrics, GET /openapi.json, GET /.",
                    405: f"Method {request.method} is not allowed on {request.url.path}."}.get(exc.status_code, str(exc.detail))
         return error_response(exc.status_code, message)
@@ -185,6 +186,7 @@ def create_app(settings: ServerSettings, loader: Loader | None = None,
     add_document_routes(app)  # /v1/files, /v1/vector_stores (document QA)
     add_batch_routes(app)  # /v1/batches (background jobs over /v1/files)
     add_adapter_routes(app)  # /v1/load_lora_adapter, /v1/unload_lora_adapter
+    add_response_routes(app)  # /v1/responses (OpenAI's Responses API, stored responses)
 
     # Last added runs first: the Host/Origin/Content-Type guard, CORS (answers preflights), the size
     # limit (before anything reads the body), then the keys (which also say who called).

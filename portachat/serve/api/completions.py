@@ -11,10 +11,12 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from portachat.serve.api.calculator_steps import split_reply, with_steps
 from portachat.serve.api.documents import ground_chat, with_citations
 from portachat.serve.api.errors import APIError
 from portachat.serve.api.prompt import chat_prompt, completion_prompt
 from portachat.serve.api.protocol import ChatCompletionRequest, CompletionRequest, check_supported, parse_body
+from portachat.serve.api.reasoning import Thinking, after_reasoning, thinking_of
 from portachat.serve.api.reply_shapes import chat_logprobs, completion_logprobs, usage
 from portachat.serve.api.request_params import compile_constraint, output_constraint, sampling_params
 from portachat.serve.api.sse import GuardedStream
@@ -48,7 +50,8 @@ async def _chat_completions(request: Request, state: ModelLease, req: ChatComple
     prompt_ids = await run_in_threadpool(chat_prompt, state, req, tools)
     max_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     params = sampling_params(state, req, len(prompt_ids), "messages")
-    params.structured = constraint or enforced_calls
+    thinking = thinking_of(state.model.tokenizer, prompt_ids)
+    params.structured = after_reasoning(constraint or enforced_calls, thinking)  # the answer's, not the reasoning's
     await compile_constraint(state, params.structured)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
@@ -58,11 +61,12 @@ async def _chat_completions(request: Request, state: ModelLease, req: ChatComple
         return GuardedStream(with_citations(
             chat_stream(state, handles, request_id, created, len(prompt_ids), req.logprobs,
                          bool(options and options.include_usage), bool(options and options.continuous_usage_stats),
-                         call_fmt, tools.parallel if tools else True), citations),
+                         call_fmt, tools.parallel if tools else True, thinking), citations),
             on_close=abort_all(handles),
         )
     results = await finished_results(request, handles)
-    choices = [_chat_choice(state, i, result, req.logprobs, call_fmt, tools) for i, result in enumerate(results)]
+    choices = [_chat_choice(state, i, result, req.logprobs, call_fmt, tools, thinking)
+               for i, result in enumerate(results)]
     return JSONResponse({
         "id": request_id, "object": "chat.completion", "created": created, "model": state.model_name,
         "choices": choices, "usage": usage(len(prompt_ids), sum(len(r.token_ids) for r in results)),
@@ -71,16 +75,21 @@ async def _chat_completions(request: Request, state: ModelLease, req: ChatComple
 
 
 def _chat_choice(state: ModelLease, index: int, result: Collected, logprobs: bool, call_fmt: str | None,
-                 tools: ToolRequest | None) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": result.text}
+                 tools: ToolRequest | None, thinking: Thinking) -> dict[str, Any]:
+    # Calculator steps and reasoning come out first: calls are parsed from the answer alone.
+    reasoning, answer, steps = split_reply(state.model.tokenizer, thinking, result.pieces)
+    reasoning = with_steps(reasoning, steps)
+    message: dict[str, Any] = {"role": "assistant", "content": answer}
     finish_reason = result.finish_reason
     if call_fmt is not None:
-        content, calls = parse_tool_calls(result.text, call_fmt)
+        content, calls = parse_tool_calls(answer, call_fmt)
         if calls:
             calls = calls if tools.parallel else calls[:1]
             message = {"role": "assistant", "content": content or None,
                        "tool_calls": [c.openai() for c in calls]}
             finish_reason = "tool_calls"
+    if reasoning is not None:  # vLLM's older and newer names, both
+        message.update(reasoning_content=reasoning, reasoning=reasoning)
     return {
         "index": index,
         "message": message,

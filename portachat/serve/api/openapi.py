@@ -19,6 +19,7 @@ from portachat.serve.api.anthropic import MessagesRequest
 from portachat.serve.api.batches import BatchCreate
 from portachat.serve.api.embeddings import EmbeddingRequest
 from portachat.serve.api.protocol import ChatCompletionRequest, CompletionRequest
+from portachat.serve.api.responses import ResponsesRequest
 
 # ------------------------------------------------------------------------------------------ responses
 
@@ -229,6 +230,35 @@ class Batch(BaseModel):
     metadata: dict[str, str] | None
 
 
+class ResponseUsage(BaseModel):
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+    input_tokens_details: dict[str, int]
+    output_tokens_details: dict[str, int]
+
+
+class ResponseObject(BaseModel):
+    """The reply of POST /v1/responses (and GET /v1/responses/{id})."""
+
+    id: str
+    object: Literal["response"]
+    created_at: float
+    status: Literal["completed", "incomplete", "failed", "in_progress"]
+    model: str
+    output: list[dict[str, Any]]  # reasoning, code_interpreter_call (the calculator), message, function_call items
+    previous_response_id: str | None
+    store: bool
+    usage: ResponseUsage | None
+
+
+class ResponseEvent(BaseModel):
+    """One SSE event of a streamed response (`event: <type>`), e.g. response.output_text.delta."""
+
+    type: str
+    sequence_number: int
+
+
 class ErrorDetail(BaseModel):
     message: str
     type: str
@@ -249,6 +279,7 @@ BODIES: dict[str, tuple[type[BaseModel], type[BaseModel], type[BaseModel] | None
     "/v1/embeddings": (EmbeddingRequest, EmbeddingList, None),
     "/v1/messages": (MessagesRequest, AnthropicMessage, None),
     "/v1/batches": (BatchCreate, Batch, None),
+    "/v1/responses": (ResponsesRequest, ResponseObject, ResponseEvent),
 }
 # path -> request model, for the routes that answer plain text (vLLM's adapter routes)
 TEXT_REPLIES: dict[str, type[BaseModel]] = {"/v1/load_lora_adapter": LoadAdapter,

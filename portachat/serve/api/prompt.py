@@ -7,6 +7,7 @@ from typing import Any
 from portachat.i18n import _
 from portachat.serve.api.errors import APIError
 from portachat.serve.api.protocol import ChatCompletionRequest, CompletionRequest
+from portachat.serve.api.reasoning import template_variables
 from portachat.serve.api.state import ModelLease
 from portachat.serve.api.tool_calls import ToolRequest, template_messages
 
@@ -18,8 +19,10 @@ def chat_prompt(state: ModelLease, req: ChatCompletionRequest, tools: ToolReques
                             '[{"role": "user", "content": "Hello"}].', param="messages")
     check_message_count(len(req.messages), settings.max_messages)
     messages = template_messages(req.messages)
+    variables = template_variables(req.chat_template_kwargs, req.reasoning_effort)
     try:
-        return state.model.tokenizer.render_prompt(messages, tools=tools.tools if tools else None)
+        return state.model.tokenizer.render_prompt(messages, tools=tools.tools if tools else None,
+                                                   **({"template_kwargs": variables} if variables else {}))
     except Exception as exc:  # noqa: BLE001 - a template's raise_exception or our format's checks
         raise APIError(400, f"The conversation cannot be rendered with this model's chat template: {exc}",
                        param="messages") from None

@@ -42,6 +42,8 @@ class ChatMessage(BaseModel):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None  # a tool message: the call it answers
+    reasoning_content: str | None = None  # an assistant's earlier reasoning (vLLM's name; `reasoning` newer)
+    reasoning: str | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -98,6 +100,10 @@ class ChatCompletionRequest(_SamplingFields):
     tools: list[Any] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
+    # Thinking models: extra chat-template variables (vLLM's chat_template_kwargs, e.g.
+    # {"enable_thinking": false}) and OpenAI's reasoning_effort, passed to templates that read it.
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: str | None = None
 
 
 class CompletionRequest(_SamplingFields):

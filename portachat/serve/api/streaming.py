@@ -9,7 +9,9 @@ from typing import Any
 
 from portachat.engine.async_engine import RequestStream
 from portachat.engine.types import RequestOutput
+from portachat.serve.api.calculator_steps import ReplySplitter
 from portachat.serve.api.errors import error_body
+from portachat.serve.api.reasoning import NO_THINKING, Thinking
 from portachat.serve.api.reply_shapes import chat_logprobs, completion_logprobs, logprobs_of, tops_of, usage
 from portachat.serve.api.sse import SSE_DONE, sse_event
 from portachat.serve.api.state import ModelLease
@@ -67,7 +69,8 @@ async def stream_choices(choices: list[AsyncIterator[tuple[bytes, bool]]],
 
 async def chat_stream(state: ModelLease, handles: list[RequestStream], request_id: str, created: int,
                        prompt_len: int, logprobs: bool, include_usage: bool, continuous_usage: bool,
-                       call_fmt: str | None = None, parallel_calls: bool = True) -> AsyncIterator[bytes]:
+                       call_fmt: str | None = None, parallel_calls: bool = True,
+                       thinking: Thinking = NO_THINKING) -> AsyncIterator[bytes]:
     base = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": state.model_name}
     completion_tokens = 0  # over every choice; the prompt counts once
 
@@ -82,6 +85,8 @@ async def chat_stream(state: ModelLease, handles: list[RequestStream], request_i
         """One choice's events, each with whether it is an error (which ends the whole stream)."""
         nonlocal completion_tokens
         calls = StreamingToolParser(call_fmt) if call_fmt is not None else None
+        splitter = ReplySplitter(state.model.tokenizer, thinking)
+        reasoning_sent = False
         sent_calls = 0
 
         def call_chunks(found: list) -> list[bytes]:
@@ -102,7 +107,16 @@ async def chat_stream(state: ModelLease, handles: list[RequestStream], request_i
         yield chunk(index, {"role": "assistant", "content": ""}), False
         async for output in handle:
             completion_tokens += len(output.token_ids)
-            text, found = calls.feed(output.text) if calls is not None else (output.text, [])
+            # Reasoning and calculator steps first: calls and content come from the answer after them.
+            piece = splitter.feed(output.text, output.token_ids, output.finished and output.finish_reason != "error")
+            reasoning = piece.reasoning + "".join(
+                ("\n" if reasoning_sent or i or piece.reasoning else "") + step.readable()
+                for i, step in enumerate(piece.steps))
+            answer = piece.answer
+            if reasoning:
+                reasoning_sent = True
+                yield chunk(index, {"reasoning_content": reasoning, "reasoning": reasoning}), False
+            text, found = calls.feed(answer) if calls is not None else (answer, [])
             if output.finished and calls is not None and output.finish_reason != "error":
                 rest, more = calls.finish()
                 text, found = text + rest, found + more

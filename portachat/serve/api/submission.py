@@ -81,8 +81,11 @@ class Collected:
     finish_reason: str | None = None
     error: str | None = None
     stop_string: str | None = None
+    # Each output's (text, token ids), so a whole reply is split exactly as its stream would be.
+    pieces: list[tuple[str, list[int]]] = field(default_factory=list)
 
     def add(self, output: RequestOutput) -> None:
+        self.pieces.append((output.text, list(output.token_ids)))
         self.text += output.text
         self.token_ids += output.token_ids
         self.logprobs += logprobs_of(output)

@@ -147,6 +147,10 @@ def template_messages(messages: list[Any]) -> list[dict[str, Any]]:
     for m in messages:
         role = "system" if m.role == "developer" else m.role
         item: dict[str, Any] = {"role": role, "content": m.text()}
+        reasoning = next((r for r in (getattr(m, "reasoning_content", None), getattr(m, "reasoning", None))
+                          if r is not None), None)
+        if reasoning is not None:  # an assistant's earlier reasoning: templates read reasoning_content
+            item["reasoning_content"] = reasoning
         if m.tool_calls:
             calls = []
             for call in m.tool_calls:

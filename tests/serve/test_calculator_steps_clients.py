@@ -1,0 +1,80 @@
+"""The built-in calculator's work shown as tool use, apart from the answer, in every API: a tiny model
+of ours (our chat format, our tokenizer), trained in the test to answer "23加58等于多少？" the way the
+speedrun's models do, with `<|python_start|>23+58<|python_end|>`, then (after the result the engine
+itself computes and forces) `答案：81。`. Before, the reply's text was `23+5881答案：81。`."""
+
+from __future__ import annotations
+
+import anthropic
+import openai
+import pytest
+from api_testing import chat_tokenizer, served_tiny, start_server
+from thinking_model import train_replies
+
+from tests.serve.test_web import browser  # noqa: F401 - the headless Chromium fixture
+
+pytestmark = pytest.mark.slow
+
+QUESTION = "23加58等于多少？"
+ANSWER = "答案：81。"
+
+
+@pytest.fixture(scope="module")
+def server(small_tokenizer):
+    tok = chat_tokenizer(small_tokenizer)
+    tools, end = tok.tool_tokens, small_tokenizer.end_ids[0]
+    reply = [tools.python_start, *tok.encode("23+58"), tools.python_end, tools.output_start, *tok.encode("81"),
+             tools.output_end, *tok.encode(ANSWER), end]
+    rows = [(tok.render_prompt([{"role": "user", "content": QUESTION}]), reply)] * 4
+    running = start_server(served_tiny(tok, model=train_replies(tok.vocab_size, rows, steps=60)))
+    yield running
+    running.stop()
+
+
+def test_the_calculator_step_is_shown_apart_from_the_answer_in_every_api(server):
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=120)
+    messages = [{"role": "user", "content": QUESTION}]
+    message = client.chat.completions.create(model="tiny", messages=messages, temperature=0,
+                                             max_tokens=40).choices[0].message
+    assert message.content == ANSWER and message.model_extra["reasoning_content"] == "23+58 = 81"
+    steps, content = "", ""
+    for chunk in client.chat.completions.create(model="tiny", messages=messages, temperature=0, max_tokens=40,
+                                                stream=True):
+        delta = chunk.choices[0].delta if chunk.choices else None
+        if delta is not None:
+            steps += (delta.model_extra or {}).get("reasoning_content") or ""
+            content += delta.content or ""
+    assert (steps, content) == ("23+58 = 81", ANSWER)
+
+    claude = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0, timeout=120)
+    reply = claude.messages.create(model="tiny", messages=messages, max_tokens=40, extra_body={"temperature": 0})
+    assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in reply.content] == [
+        ("thinking", "23+58 = 81"), ("text", ANSWER)]
+
+    response = client.responses.create(model="tiny", input=QUESTION, temperature=0, max_output_tokens=40)
+    call, answer = response.output
+    assert call.type == "code_interpreter_call" and call.code == "23+58" and call.outputs[0].logs == "81"
+    assert answer.type == "message" and response.output_text == ANSWER
+    with client.responses.stream(model="tiny", input=QUESTION, temperature=0, max_output_tokens=40) as stream:
+        for _ in stream:
+            pass
+        final = stream.get_final_response()
+    assert [i.type for i in final.output] == ["code_interpreter_call", "message"] and final.output_text == ANSWER
+
+
+def test_the_chat_page_shows_the_step_in_its_own_box(server, browser):  # noqa: F811 - the fixture imported above
+    page = browser.new_page()
+    try:
+        page.goto(server.url + "/")
+        page.wait_for_function("document.querySelector('[data-testid=model]').textContent === 'tiny'")
+        page.click("[data-testid=toggle-settings]")
+        page.fill("[data-testid=temperature]", "0")
+        page.fill("[data-testid=max-tokens]", "40")  # the tiny model's context is 256 tokens
+        page.fill("[data-testid=input]", QUESTION)
+        page.keyboard.press("Enter")
+        done = "[data-testid=message][data-role=assistant][data-status=done]"
+        page.wait_for_selector(done, timeout=60_000)
+        assert page.inner_text(f"{done} [data-testid=content]").strip() == ANSWER
+        assert page.text_content(f"{done} [data-testid=reasoning] pre") == "23+58 = 81"
+    finally:
+        page.close()
