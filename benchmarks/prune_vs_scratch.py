@@ -1,13 +1,14 @@
-"""The compress claim, measured: a pruned model healed for a budget of steps against a model of the
-same size trained from scratch for the same steps on the same tokens.
+"""The compress claim, measured: a pruned model healed by distillation for a budget of steps against a
+model of the same size trained from scratch for the same steps on the same tokens.
 
 The peer is the from-scratch model: the same pruned config (layers, widths, heads, vocabulary),
 freshly initialised as `train base` initialises (GPT.init_weights), trained with the same batches in
 the same order, at its own learning rate (from-scratch rates are ~10x fine-tuning's). Both train with
-plain AdamW on next-token cross-entropy over windows of a text file; the pruned side starts from the
-teacher's weights kept by Minitron importance (portachat.compress). The healing here is cross-entropy,
-as `compress`'s heal step is today; distillation from the teacher is the recipe's intended heal.
-Reported: held-out perplexity of teacher, pruned (before healing), healed and scratch; the ratio
+plain AdamW over windows of a text file; the pruned side starts from the teacher's weights kept by
+Minitron importance (portachat.compress) and learns the teacher's next-token distributions on those
+windows (forward KL, the loss `compress` heals with by default: train/distill.py's DistillHook), the
+scratch side learns the next tokens by cross-entropy. `--heal ce` heals by cross-entropy instead (as
+`compress --heal sft`). The healed side's time includes the teacher's forward pass. Reported: held-out perplexity of teacher, pruned (before healing), healed and scratch; the ratio
 scratch / healed perplexity (above 1.00x: prune + heal wins at this budget). The sides alternate
 step by step, so background load hits both alike; training time per side is reported too.
 
@@ -29,9 +30,13 @@ import torch
 from portachat.compress.calibration import calibration_batches, calibration_tokens
 from portachat.compress.importance import measure_importance
 from portachat.compress.prune import PruneTargets, prune_model, pruned_config
+from portachat.data.batch import Batch
 from portachat.device import get_device
 from portachat.model import GPT, GPTConfig
+from portachat.train.distill import DistillHook
+from portachat.train.distill_loss import DistillLoss
 from portachat.train.finetune import load_base
+from portachat.train.teacher import InProcessTeacher
 
 REPO = Path(__file__).resolve().parent.parent
 TEXT = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
@@ -81,6 +86,8 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--heal", choices=["distill", "ce"], default="distill",
+                   help="distill from the teacher (compress's default) or cross-entropy on the text")
     p.add_argument("--lr-heal", type=float, default=1e-4)
     p.add_argument("--lr-scratch", type=float, default=1e-3)
     p.add_argument("--calibration-samples", type=int, default=32)
@@ -124,6 +131,13 @@ def main() -> int:
     sides = {"healed": (healed, torch.optim.AdamW(healed.parameters(), lr=args.lr_heal)),
              "scratch": (scratch, torch.optim.AdamW(scratch.parameters(), lr=args.lr_scratch))}
     seconds = {name: 0.0 for name in sides}
+    distill = DistillHook(healed, InProcessTeacher(teacher, "teacher"), DistillLoss()) if args.heal == "distill" else None
+
+    def step_loss(name: str, model: GPT, idx: torch.Tensor) -> torch.Tensor:
+        if name == "healed" and distill is not None:  # mean forward KL per predicted token
+            return distill(model, Batch(inputs=idx[:, :-1], targets=idx[:, 1:])) / idx[:, 1:].numel()
+        return model(idx[:, :-1], idx[:, 1:])
+
     for step in range(args.steps):
         idx = train[(step * args.batch_size) % len(train):][: args.batch_size].to(dev.torch_device)
         for name in (sides if step % 2 == 0 else reversed(list(sides))):  # alternate the order
@@ -131,7 +145,7 @@ def main() -> int:
             model.train()
             start = time.perf_counter()
             with dev.autocast():
-                loss = model(idx[:, :-1], idx[:, 1:])
+                loss = step_loss(name, model, idx)
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -142,14 +156,15 @@ def main() -> int:
     ratio = results["scratch"] / results["healed"]
     tokens = args.steps * args.batch_size * args.seq_len
     print(f"device {dev.type}; {teacher.config.n_layer} -> {cfg.n_layer} layers, "
-          f"{sum(p.numel() for p in healed.parameters()):,} parameters; budget {args.steps} steps = {tokens:,} tokens")
+          f"{sum(p.numel() for p in healed.parameters()):,} parameters; budget {args.steps} steps = {tokens:,} tokens; "
+          f"heal: {args.heal}")
     for name in ("teacher", "pruned", "healed", "scratch"):
         extra = f"  ({seconds[name]:.1f} s training)" if name in seconds else ""
         print(f"  {name:8s} perplexity {results[name]:10.3f}{extra}")
     print(f"ratio (scratch / prune+heal perplexity): {ratio:.2f}x")
     if args.json:
         print(json.dumps({"perplexity": results, "ratio": ratio, "seconds": seconds, "steps": args.steps,
-                          "tokens": tokens, "layers": [teacher.config.n_layer, cfg.n_layer]}))
+                          "tokens": tokens, "heal": args.heal, "layers": [teacher.config.n_layer, cfg.n_layer]}))
     return 0
 
 

@@ -46,7 +46,7 @@ def cmd_compress(args: argparse.Namespace) -> int:
     from portachat.compress.recipe import CompressOptions, run_compress  # deferred: loads torch
 
     opts = CompressOptions(prune=_prune_options(args, args.output), output=args.output, heal_data=args.heal_data,
-                           heal_steps=args.heal_steps, device_batch_size=args.device_batch_size,
+                           heal=args.heal, heal_steps=args.heal_steps, device_batch_size=args.device_batch_size,
                            eval_samples=args.eval_samples, gsm8k=args.gsm8k, gsm8k_examples=args.gsm8k_examples,
                            decode_tokens=args.decode_tokens)
     run_compress(opts, dev=device_from_args(args))
@@ -84,6 +84,9 @@ def register(sub) -> None:
     c = sub.add_parser("compress", help=_("prune, heal, evaluate before and after, write a report with a plot"))
     _add_prune_flags(c, _("directory to create for the pruned model, the healing run and the report"))
     flag(c, "--heal-data", help=_("conversations (.jsonl) to heal on (default: --data when it is a chat dataset)"))
+    flag(c, "--heal", default="distill", choices=["distill", "sft"],
+         help=_("how to heal the pruned model: distill from the unpruned model (forward KL on its next-token "
+                "distributions, as Minitron does; default) or sft (next-token cross-entropy on the data)"))
     flag(c, "--heal-steps", type=nonneg_int, default=200, help=_("healing steps (default 200; 0 skips healing)"))
     flag(c, "--device-batch-size", type=positive_int, default=8, help=_("healing rows per step (default 8)"))
     flag(c, "--eval-samples", type=positive_int, default=16,

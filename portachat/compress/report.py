@@ -65,11 +65,13 @@ def render_report(columns: dict[str, dict[str, Any]], notes: list[str], plot: Pa
     return "\n".join(lines) + "\n"
 
 
-def write_report(directory: Path, columns: dict[str, dict[str, Any]], notes: list[str]) -> Path:
-    """report.md, report.json and compress.png in `directory`; returns report.md's path."""
+def write_report(directory: Path, columns: dict[str, dict[str, Any]], notes: list[str],
+                 heal: str | None = None) -> Path:
+    """report.md, report.json and compress.png in `directory`; returns report.md's path. `heal`: the
+    heal step that ran (compress/heal.py's name for it), None when none did."""
     plot = plot_before_after(columns, directory / "compress.png")
-    (directory / "report.json").write_text(json.dumps({"columns": columns, "notes": notes}, indent=2) + "\n",
-                                           encoding="utf-8")
+    body = {"columns": columns, "heal": heal, "notes": notes}
+    (directory / "report.json").write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")
     path = directory / "report.md"
     path.write_text(render_report(columns, notes, plot), encoding="utf-8")
     return path

