@@ -4,7 +4,9 @@ One LLMEngine (paged KV cache, continuous batching) runs over the training weigh
 an accelerator over their copy in the inference dtype (a bf16 shadow, train.engine_copy), which
 `sync` refreshes in place after every optimizer step: no reload, the same addresses. Under FSDP2 each rank
 keeps a whole copy for its engine and gathers the shards into it in place (a collective: every rank
-samples, and so syncs, at the same points of the step). The G replies
+samples, and so syncs, at the same points of the step). With a LoRA adapter in training (--lora-rank)
+the engine runs the frozen base weights (shared, so on a CPU they take the engine's packed layout
+once) and the adapter as one of its batched LoRA adapters, whose values `sync` copies in place. The G replies
 of a prompt share its KV blocks: each group's first reply is admitted alone, and the other G - 1
 once its prompt is computed, so they find the prompt's full blocks in the prefix cache (cleared at
 every sync: keys and values from older weights must not be reused). Between batches the engine
@@ -30,15 +32,20 @@ from portachat.i18n import _
 from portachat.model import GPT
 from portachat.tokenizer.protocol import ChatTokenizer
 from portachat.train.engine_copy import inference_copy, refresh_copy
+from portachat.train.lora import adapter_weights, without_adapters
+
+POLICY = "policy"  # the engine's name for the LoRA adapter being trained
 
 
 class GroupRollout:
-    """An engine over `model`'s current weights, built on first use, for batches of prompt groups."""
+    """An engine over `model`'s current weights, built on first use, for batches of prompt groups.
+    `lora`: the model carries a LoRA adapter being trained (only the adapter changes)."""
 
     def __init__(self, model: GPT, tokenizer: ChatTokenizer, dev: Device, max_num_seqs: int,
-                 max_model_len: int) -> None:
+                 max_model_len: int, lora: bool = False) -> None:
         self.model, self.tokenizer, self.dev = model, tokenizer, dev
         self.max_num_seqs, self.max_model_len = max_num_seqs, max_model_len
+        self.adapter = POLICY if lora else None
         self._engine: LLMEngine | None = None
         self.kv: KVSleep | None = None
         self.weights: GPT = model  # what the engine runs: the model itself, or its inference copy
@@ -47,19 +54,30 @@ class GroupRollout:
     def engine(self) -> LLMEngine:
         if self._engine is None:
             dtype = training_engine_dtype(self.dev)
-            if is_sharded(self.model):  # FSDP2: the engine needs whole weights (gathered: a collective)
+            if self.adapter is not None:  # the frozen base, shared (or in the inference dtype), and the adapter
+                if is_sharded(self.model):
+                    raise EngineError(_("GRPO with --lora-rank keeps a whole model on every device: pass --fsdp off"),
+                                      kind="invalid")
+                base = without_adapters(self.model)
+                self.weights = base if dtype is None else inference_copy(base, dtype)
+            elif is_sharded(self.model):  # FSDP2: the engine needs whole weights (gathered: a collective)
                 self.weights = inference_copy(whole_copy(self.model), dtype or torch.float32)
             else:
                 self.weights = self.model if dtype is None else inference_copy(self.model, dtype)
             self._engine = engine_for(self.weights, self.tokenizer, self.dev, max_num_seqs=self.max_num_seqs,
                                       max_model_len=self.max_model_len, prefix_caching=True)
             self.kv = KVSleep(self._engine)
+            if self.adapter is not None:
+                self._engine.add_adapter(self.adapter, adapter_weights(self.model))
         return self._engine
 
     def sync(self) -> None:
         """Make the engine sample from the model's current weights: the shadow copied in place (the CPU
         runs the weights themselves), packed copies rebuilt, cached prefixes dropped."""
         engine = self.engine()
+        if self.adapter is not None:  # the base never changes: only the adapter's values are copied in
+            engine.refresh_adapter(self.adapter, adapter_weights(self.model))
+            return
         if is_sharded(self.model):  # every rank gathers the whole weights together, then copies in place
             state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
             with torch.no_grad():
@@ -91,7 +109,7 @@ class GroupRollout:
                 raise EngineError(_("a prompt of {n} tokens leaves no room for a reply in {limit} tokens").format(
                     n=len(prompts[g]), limit=self.max_model_len), kind="too_long")
             params = SamplingParams(max_tokens=min(max_tokens, room), temperature=temperature,
-                                    seed=seed + g * group_size + k, logprobs=False)
+                                    seed=seed + g * group_size + k, logprobs=False, adapter=self.adapter)
             which[engine.add_request(list(prompts[g]), params)] = (g, k)
 
         with eval_mode(self.model):
