@@ -17,13 +17,14 @@ from portachat.quant.int8 import Int8Linear
 
 
 def _stacked_already(parts: list[torch.Tensor]) -> torch.Tensor | None:
-    """The stack `parts` are consecutive row blocks of (an earlier stack_rows), or None."""
+    """The tensor `parts` already are consecutive row blocks of (left by an earlier stack_rows), or None."""
     first = parts[0]
     if any(p.dtype != first.dtype or p.shape[1:] != first.shape[1:] or not p.is_contiguous() for p in parts):
         return None
     storage, rows = first.untyped_storage(), 0
     for p in parts:
-        if p.untyped_storage().data_ptr() != storage.data_ptr() or p.storage_offset() != first.storage_offset() + rows * first[0].numel():
+        at = first.storage_offset() + rows * first[0].numel()
+        if p.untyped_storage().data_ptr() != storage.data_ptr() or p.storage_offset() != at:
             return None
         rows += p.size(0)
     if first.storage_offset() + rows * first[0].numel() > storage.nbytes() // first.element_size():

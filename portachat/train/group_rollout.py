@@ -86,8 +86,8 @@ class GroupRollout:
         return self.model if dtype is None else inference_copy(self.model, dtype)
 
     def sync(self) -> None:
-        """Make the engine sample from the model's current weights: the shadow copied in place (the CPU
-        runs the weights themselves), packed copies rebuilt, cached prefixes dropped."""
+        """Make the engine sample from the model's current weights: the copy refreshed in place (or the
+        adapter's values, with LoRA), fused products rebuilt over the same memory, cached prefixes dropped."""
         engine = self.engine()
         if self.adapter is not None:  # the base never changes: only the adapter's values are copied in
             engine.refresh_adapter(self.adapter, adapter_weights(self.model))

@@ -177,6 +177,8 @@ def run_grpo(opts: RLOptions, dev: Device | None = None, print_fn=print) -> Trai
                               "--reward"))
     if opts.merge and opts.lora is None:
         raise TrainingError(_("--merge folds a LoRA adapter into the model: pass --lora-rank R with it"))
+    if opts.lora is not None and cfg.fsdp == "on" and env.world_size > 1:
+        raise TrainingError(_("GRPO with --lora-rank keeps a whole model on every device: pass --fsdp off"))
     if opts.num_samples < 2:
         raise TrainingError(_("--num-samples must be at least 2: advantages compare replies within a group"))
     if cfg.device_batch_size == "auto" or cfg.device_batch_size % opts.num_samples:

@@ -106,7 +106,7 @@ def without_adapters(model: nn.Module) -> nn.Module:
 
 
 @torch.no_grad()
-def adapter_weights(model: nn.Module, path: str | Path = "") -> LoraWeights:
+def adapter_weights(model: nn.Module, path: str | Path = "(in training)") -> LoraWeights:
     """The adapter as it is now, as serving reads one: per module, fp32 A and B with peft's scaling
     folded into B (what the engine's batched LoRA takes)."""
     modules = {}

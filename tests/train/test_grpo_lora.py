@@ -8,9 +8,10 @@ from __future__ import annotations
 import copy
 import json
 
+import pytest
 import torch
 
-from portachat.cli import main
+from portachat.cli import build_parser, main
 from portachat.data.batch import Batch
 from portachat.device import get_device
 from portachat.engine.oneshot import TokenIdsOnly
@@ -18,8 +19,11 @@ from portachat.engine.scoring import teacher_forced_logprobs
 from portachat.model.load import load_for_inference
 from portachat.model.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from portachat.train.group_rollout import POLICY, GroupRollout
+from portachat.train.grpo import run_grpo
 from portachat.train.grpo_loss import GRPOLoss, token_logprobs
-from portachat.train.lora import LoraOptions, adapters_disabled, add_lora
+from portachat.train.lora import LoraOptions, adapters_disabled, add_lora, lora_from_flags
+from portachat.train.rl import RLOptions
+from portachat.train.trainer import TrainingError
 from tests.train.test_group_rollout import model_logprobs, trainable_gpt
 from tests.train.test_grpo import tiny_task
 
@@ -97,3 +101,15 @@ def test_train_rl_with_lora_rank_saves_an_adapter_and_merges(tmp_path, monkeypat
     assert meta["finetune"] == "lora" and meta["lora"]["rank"] == 4 and meta["grpo"]["beta"] == 0.04
     merged = load_for_inference(stage / "merged", device="cpu", dtype=torch.float32).model
     assert merged.config.vocab_size == 320
+
+
+def test_lora_flags_reach_the_options_and_merge_needs_an_adapter():
+    args = build_parser().parse_args(["train", "rl", "--init", "m", "--data", "p.jsonl", "--reward", "gsm8k",
+                                      "--lora-rank", "8", "--lora-targets", "q_proj,v_proj", "--merge"])
+    assert lora_from_flags(args.lora_rank, args.lora_alpha, args.lora_targets, args.lora_dropout) == LoraOptions(
+        rank=8, alpha=16.0, targets=["q_proj", "v_proj"], dropout=0.0)
+    assert lora_from_flags(None, None, "q_proj", 0.0) is None
+    with pytest.raises(TrainingError, match="--lora-targets"):
+        lora_from_flags(4, None, "q_proj,lm_head", 0.0)
+    with pytest.raises(TrainingError, match="--merge folds a LoRA adapter"):
+        run_grpo(RLOptions(init="m", data=["p.jsonl"], rewards=["gsm8k"], merge=True), dev=CPU)
