@@ -221,6 +221,9 @@ def run_grpo(opts: RLOptions, dev: Device | None = None, print_fn=print) -> Trai
         path=base.path, n=len(train_rows), source=", ".join(opts.data), held_out=len(heldout),
         samples=opts.num_samples, per_step=prompts_per_batch * streams,
         rewards=", ".join(f"{n}x{w:g}" for n, w in zip(rewards.names, rewards.weights, strict=True)), lr=f"{lr:g}"))
+    if opts.lora is not None:
+        say(f"[portachat] {cfg.stage}: " + _("LoRA r={rank} alpha={alpha} on {targets}").format(
+            rank=opts.lora.rank, alpha=f"{opts.lora.alpha:g}", targets=",".join(opts.lora.targets)))
     reference = None
     if opts.beta != 0.0 and opts.lora is not None:  # the base: the same weights with the adapter switched off
         reference = model

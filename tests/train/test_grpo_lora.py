@@ -1,12 +1,15 @@
 """GRPO with --lora-rank: only the adapter trains; the engine samples with the current adapter (its
 values copied in place after each step, the base weights never reloaded); the KL's reference is the
 same weights with the adapter switched off; `train rl --lora-rank 4` saves an adapter (and --merge a
-plain model)."""
+plain model), on one process and on 2 torchrun workers (DDP)."""
 
 from __future__ import annotations
 
 import copy
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -24,6 +27,7 @@ from portachat.train.grpo_loss import GRPOLoss, token_logprobs
 from portachat.train.lora import LoraOptions, adapters_disabled, add_lora, lora_from_flags
 from portachat.train.rl import RLOptions
 from portachat.train.trainer import TrainingError
+from tests.e2e.helpers import cli_env
 from tests.train.test_group_rollout import model_logprobs, trainable_gpt
 from tests.train.test_grpo import tiny_task
 
@@ -113,3 +117,26 @@ def test_lora_flags_reach_the_options_and_merge_needs_an_adapter():
         lora_from_flags(4, None, "q_proj,lm_head", 0.0)
     with pytest.raises(TrainingError, match="--merge folds a LoRA adapter"):
         run_grpo(RLOptions(init="m", data=["p.jsonl"], rewards=["gsm8k"], merge=True), dev=CPU)
+
+
+@pytest.mark.slow
+def test_torchrun_two_gloo_workers_train_one_adapter(tmp_path):
+    """DDP: both ranks sample with their synced adapter, the KL reference is each rank's base, and rank 0
+    saves the adapter and the merged model."""
+    base, data, reward = tiny_task(tmp_path)
+    home = tmp_path / "home"
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          "-m", "portachat", "train", "rl", "--init", str(base), "--data", str(data), "--reward",
+                          reward, "--device", "cpu", "--dtype", "fp32", "--compile", "0", "--lora-rank", "4",
+                          "--beta", "0.04", "--merge", "--num-samples", "2", "--device-batch-size", "4",
+                          "--max-new-tokens", "6", "--num-iterations", "2", "--lr", "5e-2", "--eval-every", "0",
+                          "--eval-examples", "0", "--log-every", "1", "--run-name", "ddp"],
+                         env=cli_env(home, threads=1), capture_output=True, text=True, timeout=600, cwd=os.getcwd())
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    stage = home / "runs" / "ddp" / "rl"
+    meta = json.loads((stage / "step_000002" / "portachat.json").read_text())
+    assert meta["parallel"] == "ddp" and meta["world_size"] == 2 and meta["finetune"] == "lora"
+    assert (stage / "step_000002" / ADAPTER_WEIGHTS).is_file()
+    before = load_for_inference(base, device="cpu", dtype=torch.float32).model.state_dict()
+    after = load_for_inference(stage / "merged", device="cpu", dtype=torch.float32).model.state_dict()
+    assert any(not torch.allclose(after[k], before[k]) for k in after)  # the trained adapter, folded in
