@@ -7,11 +7,11 @@ weights under training cannot), which `sync` refreshes in place after every opti
 reload, the same addresses (re-fusing reuses the fused tensors). Under FSDP2 each rank
 keeps a whole copy for its engine and gathers the shards into it in place (a collective: every rank
 samples, and so syncs, at the same points of the step). With a LoRA adapter in training (--lora-rank)
-the engine runs the frozen base weights (shared, so on a CPU they take the engine's packed layout
-once) and the adapter as one of its batched LoRA adapters, whose values `sync` copies in place. The G replies
-of a prompt share its KV blocks: each group's first reply is admitted alone, and the other G - 1
-once its prompt is computed, so they find the prompt's full blocks in the prefix cache (cleared at
-every sync: keys and values from older weights must not be reused). Between batches the engine
+the engine runs the frozen base weights (shared, so on a CPU they take the engine's fused forward
+once) and the adapter as one of its batched LoRA adapters, whose values `sync` copies in place.
+The G replies of a prompt share its KV blocks: each group's first reply is admitted alone, and the
+other G - 1 once its prompt is computed, so they find the prompt's full blocks in the prefix cache
+(cleared at every sync: keys and values from older weights must not be reused). Between batches the engine
 sleeps: its KV cache's memory is given back while the trainer runs the forward and backward
 (engine.kv_sleep).
 """

@@ -7,11 +7,11 @@ KV, continuous batching, a prompt's blocks shared by its G replies), scores them
 (built-ins or the user's TRL-style functions, weighted: train.rewards), and turns each group's
 rewards into advantages (reward minus the group's mean, optionally over its std). The loss is the
 clipped ratio with an optional k3 KL to the starting model, summed over the sampled tokens and
-divided by their count over the whole step (train.grpo_loss). With --lora-rank only a LoRA adapter
-trains: the engine samples with it (its values copied in after each step), the KL's reference is the
-same weights with the adapter switched off, and --merge folds it in at the end as `train sft` does. After each optimizer step the engine
+divided by their count over the whole step (train.grpo_loss). After each optimizer step the engine
 samples from the new weights without a reload, and while the trainer runs the forward and backward
-its KV cache is given back.
+its KV cache is given back. With --lora-rank only a LoRA adapter trains: the engine samples with it
+(its values copied in after each step), the KL's reference is the same weights with the adapter
+switched off, and --merge folds it in at the end as `train sft` does.
 """
 
 from __future__ import annotations
