@@ -3,11 +3,15 @@
 against `transformers.generate` on the same weights, as TRL's GRPOTrainer generates without vLLM
 (each prompt repeated G times, left-padded, sampled in one `generate` call).
 
-Both sides run the model as RL trains it (fp32 master weights that require gradients: the engine
-runs them as they are, nothing packed), sample at temperature 1 and generate exactly
-`--new-tokens` tokens per reply (no stop token), in alternating timed rounds inside this one
-process so background load hits both alike. Printed: rollout tokens/s of each side (new tokens
-only) and the ratio (ours / transformers; the goal on a CPU is >= 3x).
+Both sides start from the model as RL trains it (fp32 master weights that require gradients). Our
+engine samples from the frozen copy the device layer asks for (device.inference.rollout_engine_dtype:
+on a CPU an fp32 copy, which takes the engine's fused forward, refreshed in place before each batch,
+that refresh timed too); where it copies, a third side runs the engine over the training weights
+themselves (the module path) to show what the copy buys. Every side samples at temperature 1 and
+generates exactly `--new-tokens` tokens per reply (no stop token), in alternating timed rounds inside
+this one process so background load hits all alike. Printed: rollout tokens/s of each side (new
+tokens only), the ratio (ours / transformers; the goal on a CPU is >= 3x) and copy_gain (ours / ours
+over the training weights).
 
     python benchmarks/rl_rollouts.py                       # SmolLM2-135M, 4 prompts x G=8, 64 new tokens
     python benchmarks/rl_rollouts.py --models ours --depth 4 --group 16 --json
@@ -75,21 +79,31 @@ def bench(name: str, args: argparse.Namespace, dev: Device) -> dict:
     prompts = [torch.randint(0, vocab, (args.prompt_len + 3 * i,), generator=g).tolist() for i in range(args.prompts)]
     rollout = GroupRollout(model, TokenIdsOnly(vocab), dev, max_num_seqs=args.prompts * args.group,
                            max_model_len=max(len(p) for p in prompts) + args.new_tokens)
-    run_ours(rollout, prompts, args.group, 2, dev)  # warm up
-    run_hf(hf, prompts, args.group, 2, dev)
-    times: dict[str, list[float]] = {"ours": [], "hf": []}
+    in_place = GroupRollout(model, TokenIdsOnly(vocab), dev, max_num_seqs=args.prompts * args.group,
+                            max_model_len=max(len(p) for p in prompts) + args.new_tokens, copy=False)
+    sides = {"ours": (run_ours, rollout), "hf": (run_hf, hf)}
+    if rollout.engine().model is not model:  # the device copies: also time the engine over the training weights
+        sides["in_place"] = (run_ours, in_place)
+    for fn, runner in sides.values():  # warm up
+        fn(runner, prompts, args.group, 2, dev)
+    times: dict[str, list[float]] = {k: [] for k in sides}
     for r in range(args.rounds):
-        for side in (("ours", "hf") if r % 2 == 0 else ("hf", "ours")):
-            fn = run_ours if side == "ours" else run_hf
-            times[side].append(fn(rollout if side == "ours" else hf, prompts, args.group, args.new_tokens, dev))
+        order = list(sides) if r % 2 == 0 else list(reversed(sides))
+        for side in order:
+            fn, runner = sides[side]
+            times[side].append(fn(runner, prompts, args.group, args.new_tokens, dev))
     tokens = args.prompts * args.group * args.new_tokens
     tok_s = {k: tokens / statistics.median(v) for k, v in times.items()}
     rec = dict(model=name, prompts=args.prompts, group=args.group, new_tokens=args.new_tokens,
                ours_tok_s=tok_s["ours"], hf_tok_s=tok_s["hf"], ratio=tok_s["ours"] / tok_s["hf"],
-               prefix_hits=rollout.engine().blocks.prefix_hits)
+               prefix_hits=rollout.engine().blocks.prefix_hits, fused=rollout.engine().runner.packed is not None)
+    gain = ""
+    if "in_place" in tok_s:
+        rec.update(in_place_tok_s=tok_s["in_place"], copy_gain=tok_s["ours"] / tok_s["in_place"])
+        gain = f"   (over the training weights {tok_s['in_place']:8.1f} tok/s: copy gain {rec['copy_gain']:.2f}x)"
     print(f"{name:>8}  {args.prompts} prompts x G={args.group}, {args.new_tokens} new tokens: ours "
-          f"{tok_s['ours']:8.1f} tok/s   transformers.generate {tok_s['hf']:8.1f} tok/s   ratio {rec['ratio']:.2f}x",
-          flush=True)
+          f"{tok_s['ours']:8.1f} tok/s   transformers.generate {tok_s['hf']:8.1f} tok/s   ratio {rec['ratio']:.2f}x"
+          + gain, flush=True)
     return rec
 
 

@@ -205,12 +205,17 @@ def _stage_default(parser: argparse.ArgumentParser, dest: str, value, why: str) 
 
 def add_finetune_flags(t: argparse.ArgumentParser) -> None:
     from portachat.train.finetune import FULL_LR, LORA_LR  # deferred: loads torch
-    from portachat.train.lora import ALL_LINEAR  # deferred: loads torch
 
     g = t.add_argument_group(_("fine-tuning an existing model (--init HF_DIR|FILE.gguf)"),
                              _("With --init naming a Hugging Face directory or a GGUF (Llama/SmolLM2, Qwen2, Qwen3), the "
                                "model keeps its tokenizer and chat template and trains with AdamW at fine-tuning rates."))
     flag(g, "--lr", type=float, default=None, help=_("AdamW learning rate (default {full} full, {lora} LoRA)").format(full=f"{FULL_LR:g}", lora=f"{LORA_LR:g}"))
+    add_lora_flags(g)
+
+
+def add_lora_flags(g) -> None:
+    from portachat.train.lora import ALL_LINEAR  # deferred: loads torch
+
     flag(g, "--lora-rank", type=positive_int, default=None, help=_("train a LoRA adapter (peft) of this rank instead of all weights"))
     flag(g, "--lora-alpha", type=float, default=None, help=_("LoRA scale numerator (default: 2 x rank)"))
     flag(g, "--lora-targets", default=",".join(ALL_LINEAR), help=_("comma-separated modules (default %(default)s)"))
@@ -265,6 +270,7 @@ def cmd_train_rl(args: argparse.Namespace) -> int:
     if launched is not None:
         return launched
     from portachat.device import destroy_distributed, dist_env  # deferred: loads torch
+    from portachat.train.lora import lora_from_flags  # deferred: loads torch
     from portachat.train.rl import RLOptions, run_rl  # deferred: loads torch
 
     dev = device_from_args(args)
@@ -294,6 +300,8 @@ def cmd_train_rl(args: argparse.Namespace) -> int:
         epsilon=args.epsilon,
         epsilon_high=args.epsilon_high,
         lr=args.lr,
+        lora=lora_from_flags(args.lora_rank, args.lora_alpha, args.lora_targets, args.lora_dropout),
+        merge=args.merge,
         resume=args.resume,
         overwrite=args.overwrite,
         train=cfg,
@@ -352,7 +360,8 @@ def add_rl_parser(tsub) -> None:
     flag(g, "--beta", type=float, default=d.beta, help=_("weight of the KL to the starting model (default %(default)s: none kept)"))
     flag(g, "--epsilon", type=float, default=d.epsilon, help=_("clip range of the probability ratio (default %(default)s)"))
     flag(g, "--epsilon-high", type=float, default=None, help=_("upper clip range (default: --epsilon)"))
-    flag(g, "--lr", type=float, default=None, help=_("AdamW learning rate for GRPO (default 1e-06)"))
+    flag(g, "--lr", type=float, default=None, help=_("AdamW learning rate for GRPO (default 1e-06, 1e-05 with --lora-rank)"))
+    add_lora_flags(g)
     add_train_flags(t)
     t.set_defaults(func=cmd_train_rl)
     _stage_default(t, "warmdown_ratio", d.warmdown_ratio, _("linear decay to 0"))

@@ -55,6 +55,18 @@ def training_engine_dtype(dev: Device) -> torch.dtype | None:
     return dev.dtype
 
 
+def rollout_engine_dtype(dev: Device) -> torch.dtype | None:
+    """The dtype of the frozen copy RL rollouts sample from (train.group_rollout), refreshed in place
+    after every optimizer step; None: the engine runs the training weights themselves. Accelerators
+    as `training_engine_dtype`. A CPU copies in fp32, the training dtype, because a frozen copy takes
+    the engine's fused CPU forward (q/k/v and gate/up as one product each, small-batch kernels that
+    read the weight in place), which weights that change under the optimizer cannot: worth one more
+    copy of the weights for rollouts that decode many steps per optimizer step."""
+    if dev.type == "cpu":
+        return torch.float32
+    return training_engine_dtype(dev)
+
+
 def measures_inference_dtype(dev: Device) -> bool:
     """Whether the weights' inference dtype is measured rather than read off the device: on a CPU bf16
     may be native (AVX512-BF16, AMX) or emulated, so only a measurement tells."""

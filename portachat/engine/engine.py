@@ -217,6 +217,14 @@ class LLMEngine:
         self.runner.lora.add(name, lora if isinstance(lora, LoraWeights) else load_lora(lora))
         self._adapter_salts[name] = hash(("lora", name, next(self._arrivals)))  # new weights, new cache chain
 
+    def refresh_adapter(self, name: str, lora: LoraWeights) -> None:
+        """New values for loaded adapter `name` (one being trained: GRPO with LoRA), copied in place;
+        keys and values cached under the old values are dropped."""
+        if self.runner.lora is None or name not in self.runner.lora:
+            raise EngineError(_("LoRA adapter {name} is not loaded").format(name=repr(name)), kind="invalid")
+        self.runner.lora.refresh(name, lora)
+        self.blocks.clear_prefix_cache()
+
     def remove_adapter(self, name: str) -> None:
         """Drop a LoRA adapter (refused while requests use it; unknown names are a no-op)."""
         if name in self.adapters_in_use():

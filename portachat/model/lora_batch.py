@@ -75,8 +75,8 @@ class AdapterSet:
     def names(self) -> list[str]:
         return sorted(self.slots)
 
-    def add(self, name: str, lora: LoraWeights) -> int:
-        """Load `lora` under `name` (replacing an adapter of that name); returns its slot."""
+    def _layers(self, lora: LoraWeights) -> list[dict[str, LowRank]]:
+        """Per layer: fused product -> its update on the engine's device and dtype."""
         check_fits(lora, self.model)
         outside = sorted(n for n in lora.modules if not n.startswith("model.layers."))
         if outside:
@@ -90,6 +90,24 @@ class AdapterSet:
                 if update is not None:
                     fused[key] = LowRank(update.A.to(self.device, self.dtype), update.B.to(self.device, self.dtype))
             layers.append(fused)
+        return layers
+
+    @torch.no_grad()
+    def refresh(self, name: str, lora: LoraWeights) -> None:
+        """New values for a loaded adapter of the same shape (a LoRA being trained), copied into its
+        tensors in place: the slot and every address stay as they were."""
+        current = self.weights[self.slots[name]]
+        fresh = self._layers(lora)
+        if [sorted(f) for f in fresh] != [sorted(c) for c in current]:
+            raise ValueError(f"adapter {name!r}: the new weights target other modules than the loaded ones")
+        for now, new in zip(current, fresh, strict=True):
+            for key, update in new.items():
+                now[key].A.copy_(update.A)
+                now[key].B.copy_(update.B)
+
+    def add(self, name: str, lora: LoraWeights) -> int:
+        """Load `lora` under `name` (replacing an adapter of that name); returns its slot."""
+        layers = self._layers(lora)
         self.remove(name)
         slot = next(s for s in range(len(self.slots) + 1) if s not in self.weights)
         self.slots[name], self.weights[slot], self.paths[name] = slot, layers, str(lora.path)

@@ -16,11 +16,30 @@ from portachat.quant.int4 import Int4Linear
 from portachat.quant.int8 import Int8Linear
 
 
+def _stacked_already(parts: list[torch.Tensor]) -> torch.Tensor | None:
+    """The tensor `parts` already are consecutive row blocks of (left by an earlier stack_rows), or None."""
+    first = parts[0]
+    if any(p.dtype != first.dtype or p.shape[1:] != first.shape[1:] or not p.is_contiguous() for p in parts):
+        return None
+    storage, rows = first.untyped_storage(), 0
+    for p in parts:
+        at = first.storage_offset() + rows * first[0].numel()
+        if p.untyped_storage().data_ptr() != storage.data_ptr() or p.storage_offset() != at:
+            return None
+        rows += p.size(0)
+    if first.storage_offset() + rows * first[0].numel() > storage.nbytes() // first.element_size():
+        return None
+    return first.detach().new_empty(0).set_(storage, first.storage_offset(), (rows, *first.shape[1:]))
+
+
 def stack_rows(modules: list[nn.Module], name: str) -> torch.Tensor:
     """Tensor `name` (a weight or a buffer) of every module stacked along rows; each module's own
     becomes a view of the stack, so the stack is not a second copy. Each old tensor is released as
     soon as it is copied, which keeps the transient to one part."""
     parts = [getattr(m, name) for m in modules]
+    already = _stacked_already(parts)
+    if already is not None:  # fused before (an engine re-fusing weights refreshed in place): same memory
+        return already
     stacked = parts[0].new_empty(sum(t.size(0) for t in parts), *parts[0].shape[1:])
     del parts
     start = 0

@@ -1,13 +1,17 @@
 """GRPO's rollouts: G replies to each prompt from the engine, in the training process.
 
-One LLMEngine (paged KV cache, continuous batching) runs over the training weights themselves, or on
-an accelerator over their copy in the inference dtype (a bf16 shadow, train.engine_copy), which
-`sync` refreshes in place after every optimizer step: no reload, the same addresses. Under FSDP2 each rank
+One LLMEngine (paged KV cache, continuous batching) runs over a frozen copy of the training weights
+(train.engine_copy) in the dtype the device layer picks (device.inference.rollout_engine_dtype: bf16
+on accelerators; fp32 on a CPU, where a frozen copy takes the engine's fused CPU forward, which
+weights under training cannot), which `sync` refreshes in place after every optimizer step: no
+reload, the same addresses (re-fusing reuses the fused tensors). Under FSDP2 each rank
 keeps a whole copy for its engine and gathers the shards into it in place (a collective: every rank
-samples, and so syncs, at the same points of the step). The G replies
-of a prompt share its KV blocks: each group's first reply is admitted alone, and the other G - 1
-once its prompt is computed, so they find the prompt's full blocks in the prefix cache (cleared at
-every sync: keys and values from older weights must not be reused). Between batches the engine
+samples, and so syncs, at the same points of the step). With a LoRA adapter in training (--lora-rank)
+the engine runs the frozen base weights (shared, so on a CPU they take the engine's fused forward
+once) and the adapter as one of its batched LoRA adapters, whose values `sync` copies in place.
+The G replies of a prompt share its KV blocks: each group's first reply is admitted alone, and the
+other G - 1 once its prompt is computed, so they find the prompt's full blocks in the prefix cache
+(cleared at every sync: keys and values from older weights must not be reused). Between batches the engine
 sleeps: its KV cache's memory is given back while the trainer runs the forward and backward
 (engine.kv_sleep).
 """
@@ -21,24 +25,33 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from portachat.checkpoint.sharded import is_sharded, whole_copy
 from portachat.device import Device
-from portachat.device.inference import training_engine_dtype
+from portachat.device.inference import rollout_engine_dtype, training_engine_dtype
 from portachat.engine import LLMEngine, SamplingParams
 from portachat.engine.kv_sleep import KVSleep
 from portachat.engine.oneshot import engine_for, eval_mode
 from portachat.engine.types import EngineError
 from portachat.i18n import _
 from portachat.model import GPT
+from portachat.ops.cpu_linear import fused_forward_available
+from portachat.quant import model_dtype
 from portachat.tokenizer.protocol import ChatTokenizer
 from portachat.train.engine_copy import inference_copy, refresh_copy
+from portachat.train.lora import adapter_weights, without_adapters
+
+POLICY = "policy"  # the engine's name for the LoRA adapter being trained
 
 
 class GroupRollout:
-    """An engine over `model`'s current weights, built on first use, for batches of prompt groups."""
+    """An engine over `model`'s current weights, built on first use, for batches of prompt groups.
+    `lora`: the model carries a LoRA adapter being trained (only the adapter changes). `copy=False`:
+    run the training weights themselves even where the device layer would copy them (benchmarks)."""
 
     def __init__(self, model: GPT, tokenizer: ChatTokenizer, dev: Device, max_num_seqs: int,
-                 max_model_len: int) -> None:
+                 max_model_len: int, lora: bool = False, copy: bool = True) -> None:
         self.model, self.tokenizer, self.dev = model, tokenizer, dev
         self.max_num_seqs, self.max_model_len = max_num_seqs, max_model_len
+        self.adapter = POLICY if lora else None
+        self.copy = copy
         self._engine: LLMEngine | None = None
         self.kv: KVSleep | None = None
         self.weights: GPT = model  # what the engine runs: the model itself, or its inference copy
@@ -46,20 +59,39 @@ class GroupRollout:
 
     def engine(self) -> LLMEngine:
         if self._engine is None:
-            dtype = training_engine_dtype(self.dev)
-            if is_sharded(self.model):  # FSDP2: the engine needs whole weights (gathered: a collective)
-                self.weights = inference_copy(whole_copy(self.model), dtype or torch.float32)
+            if self.adapter is not None:  # the frozen base, shared (or in the inference dtype), and the adapter
+                dtype = training_engine_dtype(self.dev)
+                if is_sharded(self.model):
+                    raise EngineError(_("GRPO with --lora-rank keeps a whole model on every device: pass --fsdp off"),
+                                      kind="invalid")
+                base = without_adapters(self.model)
+                self.weights = base if dtype is None else inference_copy(base, dtype)
             else:
-                self.weights = self.model if dtype is None else inference_copy(self.model, dtype)
+                self.weights = self._rollout_weights()
             self._engine = engine_for(self.weights, self.tokenizer, self.dev, max_num_seqs=self.max_num_seqs,
                                       max_model_len=self.max_model_len, prefix_caching=True)
             self.kv = KVSleep(self._engine)
+            if self.adapter is not None:
+                self._engine.add_adapter(self.adapter, adapter_weights(self.model))
         return self._engine
 
+    def _rollout_weights(self) -> GPT:
+        """The model the engine runs: a copy in the device's rollout dtype (the CPU's fp32 copy only
+        where the engine fuses its products), whole under FSDP2 (a collective), or the model itself."""
+        dtype = rollout_engine_dtype(self.dev) if self.copy else None
+        if dtype == model_dtype(self.model) and not fused_forward_available(self.dev.type, dtype):
+            dtype = None  # a copy in the same dtype is worth it only for the fused forward
+        if is_sharded(self.model):  # FSDP2: the engine needs whole weights (gathered: a collective)
+            return inference_copy(whole_copy(self.model), dtype or torch.float32)
+        return self.model if dtype is None else inference_copy(self.model, dtype)
+
     def sync(self) -> None:
-        """Make the engine sample from the model's current weights: the shadow copied in place (the CPU
-        runs the weights themselves), packed copies rebuilt, cached prefixes dropped."""
+        """Make the engine sample from the model's current weights: the copy refreshed in place (or the
+        adapter's values, with LoRA), fused products rebuilt over the same memory, cached prefixes dropped."""
         engine = self.engine()
+        if self.adapter is not None:  # the base never changes: only the adapter's values are copied in
+            engine.refresh_adapter(self.adapter, adapter_weights(self.model))
+            return
         if is_sharded(self.model):  # every rank gathers the whole weights together, then copies in place
             state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
             with torch.no_grad():
@@ -91,7 +123,7 @@ class GroupRollout:
                 raise EngineError(_("a prompt of {n} tokens leaves no room for a reply in {limit} tokens").format(
                     n=len(prompts[g]), limit=self.max_model_len), kind="too_long")
             params = SamplingParams(max_tokens=min(max_tokens, room), temperature=temperature,
-                                    seed=seed + g * group_size + k, logprobs=False)
+                                    seed=seed + g * group_size + k, logprobs=False, adapter=self.adapter)
             which[engine.add_request(list(prompts[g]), params)] = (g, k)
 
         with eval_mode(self.model):

@@ -9,7 +9,9 @@ rewards into advantages (reward minus the group's mean, optionally over its std)
 clipped ratio with an optional k3 KL to the starting model, summed over the sampled tokens and
 divided by their count over the whole step (train.grpo_loss). After each optimizer step the engine
 samples from the new weights without a reload, and while the trainer runs the forward and backward
-its KV cache is given back.
+its KV cache is given back. With --lora-rank only a LoRA adapter trains: the engine samples with it
+(its values copied in after each step), the KL's reference is the same weights with the adapter
+switched off, and --merge folds it in at the end as `train sft` does.
 """
 
 from __future__ import annotations
@@ -27,13 +29,15 @@ from portachat.device import Device
 from portachat.device.inference import training_engine_dtype
 from portachat.i18n import _
 from portachat.model import GPT
+from portachat.model.model_dir import read_meta
 from portachat.model.source import PORTACHAT, resolve
 from portachat.tokenizer import Tokenizer
 from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
 from portachat.train.engine_copy import inference_copy
-from portachat.train.finetune import BaseModel, FinetuneTrainer, load_base, pad_id
+from portachat.train.finetune import BaseModel, FinetuneTrainer, load_base, pad_id, write_merged
 from portachat.train.group_rollout import GroupRollout
 from portachat.train.grpo_loss import GRPOLoss, group_advantages
+from portachat.train.lora import add_lora
 from portachat.train.rewards import Rewards
 from portachat.train.rl import RLOptions, RolloutStats, rollout_batch
 from portachat.train.rollout import Reply, tool_mask
@@ -41,6 +45,7 @@ from portachat.train.stage import begin_stage
 from portachat.train.trainer import Stage, TrainingError, TrainResult
 
 GRPO_LR = 1e-6  # TRL's GRPOConfig default: RL updates of a trained model are small
+GRPO_LORA_LR = 1e-5  # an adapter starts at zero and has few weights: it needs larger steps (TRL's LoRA examples)
 
 
 def wants_grpo(init: str | None, rewards: Sequence[str]) -> bool:
@@ -164,6 +169,8 @@ def run_grpo(opts: RLOptions, dev: Device | None = None, print_fn=print) -> Trai
     if not opts.init or not opts.data or not opts.rewards:
         raise TrainingError(_("GRPO on an existing model needs --init MODEL, --data PROMPTS.jsonl and at least one "
                               "--reward"))
+    if opts.merge and opts.lora is None:
+        raise TrainingError(_("--merge folds a LoRA adapter into the model: pass --lora-rank R with it"))
     if opts.num_samples < 2:
         raise TrainingError(_("--num-samples must be at least 2: advantages compare replies within a group"))
     batch = opts.train.device_batch_size
@@ -174,8 +181,12 @@ def run_grpo(opts: RLOptions, dev: Device | None = None, print_fn=print) -> Trai
     rewards = Rewards(opts.rewards, opts.reward_weights)
     start = begin_stage("rl", opts.train, dev, print_fn, resume=opts.resume, overwrite=opts.overwrite)
     dev, env, say, cfg, path, resume_from = start.dev, start.env, start.say, start.cfg, start.path, start.resume_from
+    if opts.lora is not None and cfg.fsdp == "on" and env.world_size > 1:
+        raise TrainingError(_("GRPO with --lora-rank keeps a whole model on every device: pass --fsdp off"))
     base = load_base(opts.init, dev)
     model = base.model
+    if opts.lora is not None:  # only the adapter trains; the engine runs the frozen base plus the adapter
+        add_lora(model, opts.lora)
     chat_tok = PortachatChatTokenizer(base.tokenizer) if isinstance(base.tokenizer, Tokenizer) else base.tokenizer
     rows = load_prompts(opts.data, opts.max_prompts)
     limit = model.config.max_seq_len - opts.max_new_tokens
@@ -190,21 +201,27 @@ def run_grpo(opts: RLOptions, dev: Device | None = None, print_fn=print) -> Trai
     train_rows, heldout = fitting[: len(fitting) - n_val], fitting[len(fitting) - n_val :]
     longest = max(len(prompt_ids(base, chat_tok, r)) for r in fitting) + opts.max_new_tokens
     cfg = replace(cfg, max_seq_len=longest, warmdown_ratio=opts.warmdown_ratio)
-    sampler = GroupRollout(model, chat_tok, dev, max_num_seqs=cfg.device_batch_size, max_model_len=longest)
+    sampler = GroupRollout(model, chat_tok, dev, max_num_seqs=cfg.device_batch_size, max_model_len=longest,
+                           lora=opts.lora is not None)
     scorer = GroupScorer(base, chat_tok, sampler, rewards)
     prompts_per_batch = cfg.device_batch_size // opts.num_samples
     streams = env.world_size * cfg.grad_accum_steps(env.world_size)
     cfg = replace(cfg, num_iterations=opts.num_iterations or max(
         1, math.ceil(opts.num_epochs * len(train_rows) / (prompts_per_batch * streams))))
-    lr = opts.lr if opts.lr is not None else GRPO_LR
+    lr = opts.lr if opts.lr is not None else (GRPO_LORA_LR if opts.lora else GRPO_LR)
     say(f"[portachat] {cfg.stage}: " + _("GRPO on {path}: {n} prompts from {source} ({held_out} held out), {samples} "
                                          "replies each, {per_step} prompts per step; rewards {rewards}; AdamW lr "
                                          "{lr}").format(
         path=base.path, n=len(train_rows), source=", ".join(opts.data), held_out=len(heldout),
         samples=opts.num_samples, per_step=prompts_per_batch * streams,
         rewards=", ".join(f"{n}x{w:g}" for n, w in zip(rewards.names, rewards.weights, strict=True)), lr=f"{lr:g}"))
+    if opts.lora is not None:
+        say(f"[portachat] {cfg.stage}: " + _("LoRA r={rank} alpha={alpha} on {targets}").format(
+            rank=opts.lora.rank, alpha=f"{opts.lora.alpha:g}", targets=",".join(opts.lora.targets)))
     reference = None
-    if opts.beta != 0.0:  # the starting weights, frozen (in the inference dtype where the device has one)
+    if opts.beta != 0.0 and opts.lora is not None:  # the base: the same weights with the adapter switched off
+        reference = model
+    elif opts.beta != 0.0:  # the starting weights, frozen (in the inference dtype where the device has one)
         reference = inference_copy(model, training_engine_dtype(dev) or torch.float32)
     stats = RolloutStats(dev)
     pad = pad_id(base.tokenizer)
@@ -214,15 +231,25 @@ def run_grpo(opts: RLOptions, dev: Device | None = None, print_fn=print) -> Trai
 
     stage = Stage(
         make_stream=lambda s, n: GroupStream(train_rows, scorer, stats, opts, prompts_per_batch, pad, s, n, cfg.seed),
-        loss=GRPOLoss(opts.epsilon, opts.epsilon_high, opts.beta, reference),
+        loss=GRPOLoss(opts.epsilon, opts.epsilon_high, opts.beta, reference, reference_is_base=opts.lora is not None),
         evaluators=[heldout_reward_evaluator(heldout, scorer, dev, opts.max_new_tokens)] if heldout else [],
         step_metrics=step_metrics,
     )
-    extra = {"data": ", ".join(opts.data), "init_from": str(base.path), "finetune": "full", "lr": lr,
+    extra = {"data": ", ".join(opts.data), "init_from": str(base.path), "finetune": "lora" if opts.lora else "full",
+             "lr": lr,
              "grpo": {"num_samples": opts.num_samples, "rewards": rewards.specs, "reward_weights": rewards.weights,
                       "beta": opts.beta, "epsilon": opts.epsilon, "epsilon_high": opts.epsilon_high,
                       "normalize_std": opts.normalize_std}}
     trainer = FinetuneTrainer(model, base.tokenizer, stage, cfg, dev, env, path, extra_meta=extra, print_fn=print_fn,
-                              lr=lr, weight_decay=0.0, lora=None, base=base)
+                              lr=lr, weight_decay=0.0, lora=opts.lora, base=base)
     trainer.setup(resume_from=resume_from)
-    return trainer.fit()
+    result = trainer.fit()
+    if opts.merge and env.is_main:  # as `train sft --merge`: the adapter folded into a plain checkpoint
+        meta = {**read_meta(result.final_checkpoint), "merged_from": str(result.final_checkpoint)}
+        for key in ("data_position", "lora"):
+            meta.pop(key, None)
+        say("[portachat] " + _("merged model (adapter folded in): {path}").format(
+            path=write_merged(path, model, base, meta)))
+    if opts.merge and env.is_distributed:
+        dist.barrier()
+    return result

@@ -15,12 +15,14 @@ policy gradient A * grad logp; the clip matters when the same rollouts are reuse
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 
 from portachat.data.batch import Batch
 from portachat.model import GPT
+from portachat.train.lora import adapters_disabled
 
 
 def group_advantages(rewards: torch.Tensor, normalize_std: bool = False) -> torch.Tensor:
@@ -62,20 +64,22 @@ def token_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
 @dataclass
 class GRPOLoss:
     """The Trainer's loss hook for GRPO: the summed per-token loss over the batch's sampled tokens
-    (batch.weights holds each token's advantage). `reference`: a frozen model for the KL term."""
+    (batch.weights holds each token's advantage). `reference`: a frozen model for the KL term, or with
+    `reference_is_base` the LoRA model being trained, run with its adapter switched off (no copy)."""
 
     eps_low: float = 0.2
     eps_high: float | None = None
     beta: float = 0.0
     reference: GPT | None = None
+    reference_is_base: bool = False
 
     def __call__(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         mask = batch.targets >= 0
-        logp = token_logprobs(model, batch)
         ref = None
-        if self.beta != 0.0:
-            with torch.no_grad():
+        if self.beta != 0.0:  # first: switching the adapter off and on again resets its requires_grad
+            with torch.no_grad(), adapters_disabled(self.reference) if self.reference_is_base else nullcontext():
                 ref = token_logprobs(self.reference, batch).float()
+        logp = token_logprobs(model, batch)
         adv = batch.weights if batch.weights is not None else torch.zeros_like(logp)
         loss = clipped_token_loss(logp, logp.detach(), adv, self.eps_low, self.eps_high, self.beta, ref)
         return (loss * mask).sum()

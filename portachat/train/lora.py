@@ -13,7 +13,10 @@ adapter files and the low-rank math serving needs live in portachat/model/lora.p
 
 from __future__ import annotations
 
+import copy
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +30,13 @@ from portachat.model.lora import (  # noqa: F401 - re-exported: the trainer's ca
     ADAPTER_WEIGHTS,
     ALL_LINEAR,
     PEFT_PREFIX,
+    LoraModule,
     LoraOptions,
+    LoraWeights,
     read_adapter,
 )
 from portachat.storage.atomic import CheckpointError
+from portachat.train.accumulation import TrainingError
 
 ADAPTER_NAME = "default"
 
@@ -51,6 +57,19 @@ def lora_config(opts: LoraOptions, base_model: str | None = None) -> Any:
                       bias="none", task_type="CAUSAL_LM", base_model_name_or_path=base_model)
 
 
+def lora_from_flags(rank: int | None, alpha: float | None, targets: str, dropout: float) -> LoraOptions | None:
+    """LoraOptions from the --lora-* flags (None without --lora-rank); TrainingError for bad values."""
+    if not rank:
+        return None
+    opts = LoraOptions(rank=rank, alpha=alpha or 2.0 * rank, targets=[t.strip() for t in targets.split(",") if t.strip()],
+                       dropout=dropout)
+    try:
+        opts.check()
+    except ValueError as exc:
+        raise TrainingError(str(exc)) from exc
+    return opts
+
+
 def add_lora(model: nn.Module, opts: LoraOptions) -> nn.Module:
     """Freeze `model` and add trainable LoRA adapters to the target linear layers (in place)."""
     model.requires_grad_(False)
@@ -62,6 +81,55 @@ def add_lora(model: nn.Module, opts: LoraOptions) -> nn.Module:
 
 def has_lora(model: nn.Module) -> bool:
     return any(isinstance(m, _peft().tuners.lora.LoraLayer) for m in model.modules())
+
+
+def _lora_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    lora_layer = _peft().tuners.lora.LoraLayer
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, lora_layer)]
+
+
+def without_adapters(model: nn.Module) -> nn.Module:
+    """The base model as its own module tree, every LoRA layer replaced by the layer it wraps: the
+    same weight tensors and the same base linear modules (nothing is copied), so a frozen base runs
+    through code that knows nothing of peft (the engine) while the adapter keeps training."""
+    memo: dict[int, object] = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    for _name, layer in _lora_layers(model):
+        memo[id(layer.get_base_layer())] = layer.get_base_layer()
+    view = copy.deepcopy(model, memo)
+    for name, layer in _lora_layers(view):
+        parent_name, _, child = name.rpartition(".")
+        setattr(view.get_submodule(parent_name), child, layer.get_base_layer())
+    for attr in ("peft_config", "_hf_peft_config_loaded"):
+        if hasattr(view, attr):
+            delattr(view, attr)
+    return view.requires_grad_(False)
+
+
+@torch.no_grad()
+def adapter_weights(model: nn.Module, path: str | Path = "(in training)") -> LoraWeights:
+    """The adapter as it is now, as serving reads one: per module, fp32 A and B with peft's scaling
+    folded into B (what the engine's batched LoRA takes)."""
+    modules = {}
+    for name, layer in _lora_layers(model):
+        A, B = layer.lora_A[ADAPTER_NAME].weight, layer.lora_B[ADAPTER_NAME].weight
+        modules[name] = LoraModule(A.detach().float().clone(), (B.detach().float() * layer.scaling[ADAPTER_NAME]))
+    if not modules:
+        raise ValueError("the model has no LoRA adapter")
+    return LoraWeights(Path(path), None, modules)
+
+
+@contextmanager
+def adapters_disabled(model: nn.Module) -> Iterator[None]:
+    """The model runs as its base weights alone inside the block (peft's switch, no copy); the
+    adapter is trainable again afterwards."""
+    layers = [m for _n, m in _lora_layers(model)]
+    for m in layers:
+        m.enable_adapters(False)
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.enable_adapters(True)
 
 
 def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -38,6 +38,7 @@ from portachat.tokenizer import Tokenizer, render_for_completion
 from portachat.train.chat_eval import answer_accuracy_evaluator, is_correct
 from portachat.train.chat_stage import model_from_checkpoint
 from portachat.train.grpo_loss import group_advantages
+from portachat.train.lora import LoraOptions
 from portachat.train.rollout import Reply, RolloutEngine
 from portachat.train.stage import begin_stage
 from portachat.train.trainer import Stage, TrainConfig, TrainingError, TrainResult, load_init_weights, train
@@ -70,6 +71,8 @@ class RLOptions:
     epsilon: float = 0.2  # the ratio's clip range below 1 (and above, unless epsilon_high)
     epsilon_high: float | None = None  # DAPO's clip-higher
     lr: float | None = None  # AdamW's learning rate for an existing model (None = grpo.GRPO_LR)
+    lora: LoraOptions | None = None  # GRPO: train a LoRA adapter instead of every weight
+    merge: bool = False  # GRPO with LoRA: also write <stage>/merged/ with the adapter folded in
     resume: str | None = None
     overwrite: bool = False
     train: TrainConfig = field(default_factory=TrainConfig)

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from portachat.quant import Int4Linear, Int8Linear
-from portachat.quant.fuse import fuse_rows
+from portachat.quant.fuse import fuse_rows, stack_rows
 
 
 def _linears(rows: list[int], cols: int, bias: bool = False) -> list[nn.Linear]:
@@ -50,3 +50,20 @@ def test_mixed_kinds_are_not_fused():
         Int4Linear.from_linear(linears[1], 64, torch.bfloat16),
     ]
     assert fuse_rows(groups) is None  # one kernel call needs one group size
+
+
+def test_stacking_stacked_weights_again_reuses_their_memory():
+    """An engine re-fusing weights that were refreshed in place (RL) gets the same stack back: no copy."""
+    parts = _linears([32, 16, 16], 24)
+    want = torch.cat([m.weight.detach() for m in parts])
+    stacked = stack_rows(parts, "weight")
+    torch.testing.assert_close(stacked, want, rtol=0, atol=0)
+    with torch.no_grad():
+        parts[1].weight.add_(1.0)  # an in-place refresh through one module's view
+    again = stack_rows(parts, "weight")
+    assert again.data_ptr() == stacked.data_ptr() and again.shape == stacked.shape
+    assert torch.equal(again[32:48], want[32:48] + 1.0) and torch.equal(again[:32], want[:32])
+    fresh = _linears([32, 16, 16], 24)  # separate tensors: a new stack, the modules' weights its views
+    before = [m.weight.data_ptr() for m in fresh]
+    stack = stack_rows(fresh, "weight")
+    assert stack.data_ptr() not in before and fresh[1].weight.data_ptr() == stack[32:].data_ptr()

@@ -9,7 +9,7 @@ import torch
 from test_samples import small_gpt
 
 from portachat.device import Device, get_device
-from portachat.device.inference import training_engine_dtype
+from portachat.device.inference import rollout_engine_dtype, training_engine_dtype
 from portachat.train import engine_copy, rollout, samples
 from portachat.train.engine_copy import engine_weights, inference_copy, refresh_copy
 from portachat.train.rollout import RolloutEngine
@@ -21,6 +21,12 @@ def test_the_copy_dtype_is_the_devices_compute_dtype_and_none_on_a_cpu():
     assert training_engine_dtype(Device(ascend("Ascend910A", bf16=False))) == torch.float16
     assert training_engine_dtype(Device(h100(), dtype="fp32")) is None  # training in fp32: nothing to halve
     assert training_engine_dtype(Device(cpu())) is None
+
+
+def test_rl_rollouts_copy_on_a_cpu_too_where_a_frozen_copy_runs_the_fused_forward():
+    assert rollout_engine_dtype(Device(cpu())) == torch.float32
+    assert rollout_engine_dtype(Device(h100())) == torch.bfloat16
+    assert rollout_engine_dtype(Device(h100(), dtype="fp32")) is None  # no fused forward off the CPU: no copy
 
 
 def test_a_copy_is_frozen_in_the_dtype_and_leaves_the_master_weights_alone(small_tokenizer):

@@ -1,6 +1,6 @@
 """GRPO's rollouts in the training process: after an optimizer step the engine's log-probabilities are
-the trained model's (fp32) without a reload, on the weights themselves and on an inference copy
-refreshed in place; a prompt's G replies share its KV blocks; the KV cache is given back while the
+the trained model's (fp32) without a reload, on the weights themselves, on the CPU's frozen fp32 copy
+(the engine's fused forward) and on an inference copy, refreshed in place; a prompt's G replies share its KV blocks; the KV cache is given back while the
 trainer runs the backward."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from portachat.engine.oneshot import TokenIdsOnly
 from portachat.engine.packed_forward import PackedModel
 from portachat.engine.scoring import teacher_forced_logprobs
 from portachat.model import GPT, GPTConfig
+from portachat.ops.cpu_linear import fused_forward_available
 from portachat.train import group_rollout
 from portachat.train.finetune import load_base
 from portachat.train.group_rollout import GroupRollout
@@ -42,18 +43,21 @@ def model_logprobs(model: GPT, ids: list[int]) -> list[float]:
     return torch.log_softmax(logits, -1)[0].gather(1, torch.tensor(ids[1:])[:, None])[:, 0].tolist()
 
 
-@pytest.mark.parametrize("shadow", [False, True], ids=["same-weights", "inference-copy"])
-def test_engine_follows_the_optimizer_without_a_reload(shadow, monkeypatch):
-    if shadow:  # what an accelerator does (a bf16 copy), here in fp32 so the logits compare exactly, and
-        # without the CPU's packed layout (a frozen copy gets one, re-packed at each sync; accelerators have none)
-        monkeypatch.setattr(group_rollout, "training_engine_dtype", lambda dev: torch.float32)
+@pytest.mark.parametrize("weights", ["cpu-fused-copy", "same-weights", "inference-copy"])
+def test_engine_follows_the_optimizer_without_a_reload(weights, monkeypatch):
+    if weights == "same-weights":  # a device that decides no copy
+        monkeypatch.setattr(group_rollout, "rollout_engine_dtype", lambda dev: None)
+    if weights == "inference-copy":  # what an accelerator does (a bf16 copy), here in fp32 so the logits
+        # compare exactly, and without the CPU's fused forward (accelerators have none)
         monkeypatch.setattr(PackedModel, "build", classmethod(lambda cls, model: None))
     model = trainable_gpt()
     rollout = GroupRollout(model, TokenIdsOnly(96), CPU, max_num_seqs=4, max_model_len=64)
     prompt = list(range(3, 23))
     rollout.sample_groups([prompt], 2, 6, 1.0, seed=0)
     engine = rollout.engine()
-    assert (engine.model is model) != shadow
+    assert (engine.model is model) == (weights == "same-weights")
+    if weights == "cpu-fused-copy" and fused_forward_available("cpu", torch.float32):
+        assert engine.runner.packed is not None  # the frozen copy takes the fused forward
     addresses = [p.data_ptr() for p in engine.model.parameters()]
     text = prompt + [5, 9, 11, 40]
     before = teacher_forced_logprobs(engine, [text])[0]
