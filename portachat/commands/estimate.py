@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict, replace
 
 from portachat.commands.common import EPILOG, flag, positive_int, usage_error
 from portachat.i18n import _
@@ -69,11 +70,9 @@ def cmd_estimate_memory(args: argparse.Namespace) -> int:
 def setup_from_data(args: argparse.Namespace, setup):
     """The micro-batch the data really makes: rows padded to its longest conversation's bucket (the
     device's: --device), or the --tokens-per-batch budget's worth; supervised positions from its masks."""
-    from dataclasses import asdict, replace
-
     from portachat.data.chat_data import load_conversations  # deferred: loads torch
     from portachat.data.chat_loader import data_lengths  # deferred: loads torch
-    from portachat.device.shapes import pad_bucket, row_bucket
+    from portachat.device.shapes import pad_bucket, row_bucket  # deferred: loads torch
     from portachat.model.estimate import chat_renderer  # deferred: loads torch
 
     source = args.tokenizer or args.hf_config

@@ -13,7 +13,7 @@ from portachat.serve.batch import GENERATE_FALLBACK, BatchInputError, read_rows,
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
+    from tqdm import tqdm  # deferred: optional progress bar library, loaded only when generating
 
     from portachat.engine.loading import load_served_model  # deferred: loads torch
 

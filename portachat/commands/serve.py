@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import threading
+import traceback
 
 from portachat.commands.common import EPILOG, flag, int_at_least, positive_int
 from portachat.commands.inference import (
@@ -146,8 +148,6 @@ def adapter_specs(adapters: list[tuple[str, str]], models: list, models_dir: str
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import dataclasses
-
     from portachat.device import get_device  # deferred: loads torch
     from portachat.device.explain import diagnose, format_diagnosis  # deferred: loads torch
     from portachat.device.inference import model_memory_budget  # deferred: loads torch
@@ -229,8 +229,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if failure:
         exc = failure[0]
         if args.debug:
-            import traceback
-
             traceback.print_exception(exc)
         if type(exc).__name__ == "WorkerFailure":
             print("portachat: " + _("error: {message}").format(message=_("{error}; the server stopped").format(
