@@ -130,6 +130,11 @@ def _parquet_rows(path: Path) -> Iterator[tuple[str, Any]]:
         yield f"{path} row {i}", row
 
 
+def data_rows(file: Path) -> Iterator[tuple[str, Any]]:
+    """(where, row) for each row of a .jsonl/.json(.gz) or .parquet file; `where` is file:line or file row N."""
+    return _parquet_rows(file) if file.suffix == ".parquet" else _jsonl_rows(file)
+
+
 def hub_dataset(spec: str) -> Path:
     """`hf:OWNER/NAME[:GLOB]` (or `modelscope:...`) -> a local directory with the dataset's matching
     files (downloaded once)."""
@@ -186,8 +191,7 @@ def load_conversations(specs: Sequence[str | Path], limit: int | None = None) ->
     out: list[Conversation] = []
     for spec in specs:
         for file in chat_files(spec):
-            rows = _parquet_rows(file) if file.suffix == ".parquet" else _jsonl_rows(file)
-            for where, row in rows:
+            for where, row in data_rows(file):
                 out.append(row_to_conversation(row, where))
                 if limit is not None and len(out) >= limit:
                     return out

@@ -13,7 +13,9 @@ adapter files and the low-rank math serving needs live in portachat/model/lora.p
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +64,21 @@ def add_lora(model: nn.Module, opts: LoraOptions) -> nn.Module:
 
 def has_lora(model: nn.Module) -> bool:
     return any(isinstance(m, _peft().tuners.lora.LoraLayer) for m in model.modules())
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: nn.Module) -> Iterator[None]:
+    """The base model's forward inside the block (every LoRA layer off), the same weights, no copy: the
+    frozen reference preference losses compare against. Gradients flags are left alone (peft's own switch,
+    `enable_adapters(False)`, also freezes the adapter and its re-enabling would unfreeze whatever it names)."""
+    layers = [m for m in model.modules() if isinstance(m, _peft().tuners.lora.LoraLayer)]
+    for layer in layers:
+        layer._disable_adapters = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer._disable_adapters = False
 
 
 def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

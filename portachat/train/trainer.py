@@ -80,6 +80,11 @@ def token_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     return model(batch.inputs, batch.targets, loss_reduction="sum", **extra)
 
 
+def supervised_count(batch: Batch) -> torch.Tensor:
+    """What a step's summed loss is divided by, counted over its micro-batches and ranks: supervised tokens."""
+    return (batch.targets >= 0).sum()
+
+
 @dataclass
 class Stage:
     """What a stage gives the Trainer."""
@@ -94,6 +99,8 @@ class Stage:
     step_metrics: Callable[[], dict[str, float]] | None = None
     # batches made ahead on a background thread (streams of (inputs, targets) that do not read the model)
     prefetch: int = 0
+    # (batch on the device) -> the units the loss hook sums over (preference stages: pairs, not tokens)
+    count: Callable[[Batch], torch.Tensor] = supervised_count
 
 
 StageData = Stage  # the name stages used before the Trainer split
@@ -369,7 +376,7 @@ class Trainer:
         shape = [float(sum(b.num_real() for b in micro_batches)), float(sum(b.inputs.numel() for b in micro_batches)),
                  float(sum(b.attention_pairs() for b in micro_batches))]
         batches = [b.to(dev.torch_device) for b in micro_batches]
-        count = torch.stack([(b.targets >= 0).sum() for b in batches]).sum().float()
+        count = torch.stack([self.stage.count(b) for b in batches]).sum().float()
         if self.world > 1:
             dist.all_reduce(count)
         scale = self.world / count.clamp(min=1.0)
