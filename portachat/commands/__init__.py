@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 
-COMMAND_MODULES = ["doctor", "tokenizer", "train", "speedrun", "chat", "generate", "serve", "tune", "estimate", "profile", "eval", "export", "docs"]
+COMMAND_MODULES = ["doctor", "tokenizer", "train", "train_dpo", "speedrun", "chat", "generate", "serve", "tune", "estimate", "profile", "eval", "export", "docs"]
 
 
 def register_all(sub) -> None:
