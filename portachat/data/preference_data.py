@@ -9,9 +9,9 @@ A string prompt is one user message and a string reply one assistant message, so
 with the model's chat template, as SFT renders conversations (TRL concatenates standard-layout strings
 without a template). An optional "answer" (the verifiable answer) is kept for task evaluations.
 
-A pair becomes two rows, prompt + chosen and prompt + rejected, whose targets are the reply's tokens
-only: the template's loss mask (assistant tokens), with every token of the prompt (earlier assistant
-turns included) masked out. A batch holds the chosen rows first, then the rejected rows in the same
+A pair becomes two rows, prompt + chosen and prompt + rejected, whose targets are the tokens after the
+prompt (TRL's completion: the reply and the template's end of turn); every token of the prompt, earlier
+assistant turns included, is masked out as in SFT. A batch holds the chosen rows first, then the rejected rows in the same
 order (TRL's concatenated layout), so one forward scores both.
 
 Stream s of n reads pairs s, s+n, ... of a per-epoch seeded shuffle; (epoch, index) is its whole state.
@@ -130,10 +130,15 @@ def pair_to_row(pair: PreferencePair) -> dict[str, Any]:
 
 def reply_row(pair: PreferencePair, reply: Messages, render: Render, prompt: Prompt,
               max_tokens: int) -> tuple[list[int], list[int]]:  # fmt: skip
-    """(ids, mask) of prompt + reply, at most `max_tokens` long, supervising the reply's tokens only."""
-    ids, mask = render(pair.prompt + reply, max_tokens)
-    asked = len(prompt(pair.prompt))  # the template's own rendering of the prompt, generation prompt included
-    return ids, [0] * min(asked, len(mask)) + list(mask[asked:])
+    """(ids, mask) of prompt + reply, at most `max_tokens` long, supervising every token after the prompt (as
+    TRL does: the reply and whatever the template closes its turn with). The prompt ends where its own
+    rendering (with the generation prompt) and the whole conversation's part ways."""
+    ids, _mask = render(pair.prompt + reply, max_tokens)
+    asked = prompt(pair.prompt)
+    start = 0
+    while start < min(len(asked), len(ids)) and asked[start] == ids[start]:
+        start += 1
+    return ids, [0] * start + [1] * (len(ids) - start)
 
 
 def pair_rows(pair: PreferencePair, render: Render, prompt: Prompt, max_tokens: int

@@ -27,6 +27,8 @@ from portachat.storage.atomic import write_text_atomic
 from portachat.train.chat_eval import is_correct
 from portachat.train.trainer import TrainingError
 
+PREFS_CONTEXT = 1024  # tokens of prompt + reply the sampling engine makes room for
+
 
 @dataclass
 class Question:
@@ -104,29 +106,40 @@ def write_pairs(path: Path, pairs: Sequence[PreferencePair]) -> None:
     write_text_atomic(path, "".join(json.dumps(pair_to_row(p), ensure_ascii=False) + "\n" for p in pairs))
 
 
-def run_prefs(opts: PrefsOptions, print_fn: Callable[[str], None] = print) -> PrefsResult:
-    """Sample the model on verifiable prompts and write its right/wrong replies as preference pairs."""
-    if opts.num_samples < 2:
-        raise TrainingError(_("--num-samples must be at least 2: a pair needs a right and a wrong reply"))
-    items = questions(opts)
+def sample_replies(opts: PrefsOptions, items: Sequence[Question]) -> list[list[str]]:
+    """`num_samples` replies to each question, through an engine sized for these prompts and replies."""
+    # The engine's context only as long as the longest prompt and reply: room for 64 of SmolLM2's full
+    # 8,192-token context is gigabytes of KV cache for nothing.
     served = load_served_model(LoadOptions(model=opts.model, device=opts.device, dtype=opts.dtype,
-                                           max_num_seqs=64, enable_prefix_caching=True))
-    tok, engine = served.tokenizer, served.engine
-    prompts = [tok.render_prompt(q.prompt) for q in items]
-    room = served.max_model_len
-    flat = [(i, s) for i in range(len(items)) for s in range(opts.num_samples) if len(prompts[i]) < room]
-    params = [SamplingParams(max_tokens=min(opts.max_new_tokens, room - len(prompts[i])), temperature=opts.temperature,
-                             seed=opts.seed * 1_000_003 + i * opts.num_samples + s) for i, s in flat]
-    print_fn("[portachat] prefs: " + _("sampling {k} replies to each of {n} prompts from {model}").format(
-        k=opts.num_samples, n=len(items), model=opts.model))
-    done = engine.generate([list(prompts[i]) for i, _s in flat], params)
+                                           max_model_len=PREFS_CONTEXT, max_num_seqs=64))
+    try:
+        tok, engine = served.tokenizer, served.engine
+        prompts = [tok.render_prompt(q.prompt) for q in items]
+        room = served.max_model_len
+        flat = [(i, s) for i in range(len(items)) for s in range(opts.num_samples) if len(prompts[i]) < room]
+        params = [SamplingParams(max_tokens=min(opts.max_new_tokens, room - len(prompts[i])),
+                                 temperature=opts.temperature, seed=opts.seed * 1_000_003 + i * opts.num_samples + s)
+                  for i, s in flat]
+        done = engine.generate([list(prompts[i]) for i, _s in flat], params)
+    finally:
+        if served.close is not None:
+            served.close()
     texts: list[list[str]] = [[] for _ in items]
     for (i, _s), completion in zip(flat, done, strict=True):
         if completion.error:
             raise TrainingError(_("sampling failed: {error}").format(error=completion.error))
         texts[i].append(reply_text(tok, list(completion.token_ids)))
-    if served.close is not None:
-        served.close()
+    return texts
+
+
+def run_prefs(opts: PrefsOptions, print_fn: Callable[[str], None] = print) -> PrefsResult:
+    """Sample the model on verifiable prompts and write its right/wrong replies as preference pairs."""
+    if opts.num_samples < 2:
+        raise TrainingError(_("--num-samples must be at least 2: a pair needs a right and a wrong reply"))
+    items = questions(opts)
+    print_fn("[portachat] prefs: " + _("sampling {k} replies to each of {n} prompts from {model}").format(
+        k=opts.num_samples, n=len(items), model=opts.model))
+    texts = sample_replies(opts, items)
     pairs, verdicts = make_pairs(items, texts, opts.pairs_per_prompt)
     if not pairs:
         raise TrainingError(_("no pairs: no prompt got both a right and a wrong reply among {k} samples. Sample more "
