@@ -158,7 +158,7 @@ def test_torchrun_two_processes_with_fsdp2_match_one_process(tmp_path):
                               "-m", "portachat", *common, "--fsdp", "on", "--run-name", "fsdp"],
                              env=cli_env(home, threads=1), capture_output=True, text=True, timeout=600)
     assert sharded.returncode == 0, sharded.stdout[-3000:] + sharded.stderr[-3000:]
-    assert "fsdp" in json.loads((home / "runs" / "fsdp" / "dpo" / "latest" / "portachat.json").read_text())["parallel"]
+    assert "fsdp" in json.loads((home / "runs" / "fsdp" / "dpo" / "step_000003" / "portachat.json").read_text())["parallel"]
     a = step_losses(home / "runs" / "single" / "dpo" / "log.jsonl")
     b = step_losses(home / "runs" / "fsdp" / "dpo" / "log.jsonl")
     assert sorted(a) == sorted(b) == [1, 2, 3]
