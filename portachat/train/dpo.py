@@ -47,7 +47,7 @@ from portachat.train.finetune import (
     pad_id,
     write_merged,
 )
-from portachat.train.lora import LoraOptions, add_lora, adapters_disabled
+from portachat.train.lora import LoraOptions, adapters_disabled, add_lora
 from portachat.train.preference_loss import (
     DEFAULT_BETA,
     LOSSES,

@@ -184,3 +184,12 @@ def test_speculative_benchmark_reports_each_task():
     unknown = subprocess.run([sys.executable, str(REPO / "benchmarks" / "speculative.py"), "--tasks", "poem"],
                              capture_output=True, text=True, timeout=300, cwd=REPO)  # fmt: skip
     assert unknown.returncode != 0 and "unknown tasks ['poem']" in unknown.stderr
+
+
+def test_dpo_benchmark_prints_a_ratio_against_trl():
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "dpo.py"), "--tiny", "--device", "cpu", "--json"],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "ratio (TRL / ours step time):" in proc.stdout
+    record = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert record["ratio"] > 0 and record["ours_ms"] > 0 and record["peer_ms"] > 0

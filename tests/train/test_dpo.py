@@ -16,7 +16,7 @@ from portachat.data.preference_data import pair_rows, pairs_to_batch, row_to_pai
 from portachat.device import get_device
 from portachat.train.dpo import DPOOptions, PreferenceObjective, reference_logps, run_dpo
 from portachat.train.finetune import load_base, pad_id
-from portachat.train.lora import LoraOptions, add_lora, adapters_disabled
+from portachat.train.lora import LoraOptions, adapters_disabled, add_lora
 from portachat.train.preference_loss import PreferenceMetrics, sequence_logps
 from portachat.train.trainer import TrainConfig, TrainingError
 from tests.e2e.helpers import cli_env, run_cli, step_losses

@@ -42,10 +42,10 @@ def test_losses_follow_the_published_formulas(kind, beta):
     for i in range(2):
         assert scores.losses[i].item() == pytest.approx(published(kind, i, beta), rel=1e-9)
     if kind in ("dpo", "ipo"):
-        assert scores.chosen_rewards.tolist() == pytest.approx([beta * (c - c0) for c, c0 in zip(C, C0)])
-        assert scores.rejected_rewards.tolist() == pytest.approx([beta * (r - r0) for r, r0 in zip(R, R0)])
+        assert scores.chosen_rewards.tolist() == pytest.approx([beta * (c - c0) for c, c0 in zip(C, C0, strict=True)])
+        assert scores.rejected_rewards.tolist() == pytest.approx([beta * (r - r0) for r, r0 in zip(R, R0, strict=True)])
     else:  # no reference: beta times the mean log-prob per token, as TRL's CPO/ORPO trainers log
-        assert scores.chosen_rewards.tolist() == pytest.approx([beta * c / n for c, n in zip(C, LC)])
+        assert scores.chosen_rewards.tolist() == pytest.approx([beta * c / n for c, n in zip(C, LC, strict=True)])
 
 
 def test_dpo_and_ipo_need_the_reference():
@@ -80,11 +80,11 @@ def test_metrics_average_over_the_pairs_of_every_micro_batch():
         scores = preference_loss("dpo", 0.1, t(C)[sl], t(R)[sl], t(LC)[sl], t(LR)[sl], t(C0)[sl], t(R0)[sl])
         metrics.add(scores, t(C)[sl], t(R)[sl])
     got = metrics.read()
-    rc = [0.1 * (c - c0) for c, c0 in zip(C, C0)]
-    rr = [0.1 * (r - r0) for r, r0 in zip(R, R0)]
+    rc = [0.1 * (c - c0) for c, c0 in zip(C, C0, strict=True)]
+    rr = [0.1 * (r - r0) for r, r0 in zip(R, R0, strict=True)]
     assert got["rewards/chosen"] == pytest.approx(sum(rc) / 2)
     assert got["rewards/rejected"] == pytest.approx(sum(rr) / 2)
-    assert got["rewards/accuracies"] == pytest.approx(sum(a > b for a, b in zip(rc, rr)) / 2)
+    assert got["rewards/accuracies"] == pytest.approx(sum(a > b for a, b in zip(rc, rr, strict=True)) / 2)
     assert got["rewards/margins"] == pytest.approx((sum(rc) - sum(rr)) / 2)
     assert got["logps/chosen"] == pytest.approx(sum(C) / 2) and got["logps/rejected"] == pytest.approx(sum(R) / 2)
     assert metrics.read()["rewards/chosen"] == 0.0  # read() starts the next step afresh
