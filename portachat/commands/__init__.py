@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 
-COMMAND_MODULES = ["doctor", "tokenizer", "train", "distill", "speedrun", "chat", "generate", "serve", "tune", "estimate", "profile", "eval", "export", "prune", "docs"]
+COMMAND_MODULES = ["doctor", "tokenizer", "train", "train_dpo", "distill", "speedrun", "chat", "generate", "serve", "tune", "estimate", "profile", "eval", "export", "prune", "docs"]
 
 
 def register_all(sub) -> None:

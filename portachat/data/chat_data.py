@@ -130,9 +130,9 @@ def _parquet_rows(path: Path) -> Iterator[tuple[str, Any]]:
         yield f"{path} row {i}", row
 
 
-def file_rows(path: Path) -> Iterator[tuple[str, Any]]:
-    """(where, row) for each row of a .jsonl/.json/.parquet file; `where` names the file and line or row."""
-    return _parquet_rows(path) if path.suffix == ".parquet" else _jsonl_rows(path)
+def data_rows(file: Path) -> Iterator[tuple[str, Any]]:
+    """(where, row) for each row of a .jsonl/.json(.gz) or .parquet file; `where` is file:line or file row N."""
+    return _parquet_rows(file) if file.suffix == ".parquet" else _jsonl_rows(file)
 
 
 def hub_dataset(spec: str) -> Path:
@@ -191,8 +191,7 @@ def load_conversations(specs: Sequence[str | Path], limit: int | None = None) ->
     out: list[Conversation] = []
     for spec in specs:
         for file in chat_files(spec):
-            rows = _parquet_rows(file) if file.suffix == ".parquet" else _jsonl_rows(file)
-            for where, row in rows:
+            for where, row in data_rows(file):
                 out.append(row_to_conversation(row, where))
                 if limit is not None and len(out) >= limit:
                     return out

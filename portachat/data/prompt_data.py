@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from portachat.data.chat_data import chat_files, file_rows
+from portachat.data.chat_data import chat_files, data_rows
 from portachat.data.document_source import DataError
 from portachat.i18n import _
 from portachat.tokenizer.chat import normalize_messages
@@ -70,7 +70,7 @@ def load_prompts(specs: Sequence[str | Path], limit: int | None = None) -> list[
     out: list[PromptRow] = []
     for spec in specs:
         for file in chat_files(spec):
-            for where, row in file_rows(file):
+            for where, row in data_rows(file):
                 out.append(row_to_prompt(row, where))
                 if limit is not None and len(out) >= limit:
                     return out

@@ -33,6 +33,11 @@ def token_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     return model(batch.inputs, batch.targets, loss_reduction="sum", **extra)
 
 
+def supervised_count(batch: Batch) -> torch.Tensor:
+    """What a step's summed loss is divided by, counted over its micro-batches and ranks: supervised tokens."""
+    return (batch.targets >= 0).sum()
+
+
 @dataclass
 class Stage:
     """What a stage gives the Trainer."""
@@ -47,6 +52,8 @@ class Stage:
     step_metrics: Callable[[], dict[str, float]] | None = None
     # batches made ahead on a background thread (streams of (inputs, targets) that do not read the model)
     prefetch: int = 0
+    # (batch on the device) -> the units the loss hook sums over (preference stages: pairs, not tokens)
+    count: Callable[[Batch], torch.Tensor] = supervised_count
 
 
 StageData = Stage  # the name stages used before the Trainer split

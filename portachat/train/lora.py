@@ -13,10 +13,10 @@ adapter files and the low-rank math serving needs live in portachat/model/lora.p
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -118,18 +118,19 @@ def adapter_weights(model: nn.Module, path: str | Path = "(in training)") -> Lor
     return LoraWeights(Path(path), None, modules)
 
 
-@contextmanager
+@contextlib.contextmanager
 def adapters_disabled(model: nn.Module) -> Iterator[None]:
-    """The model runs as its base weights alone inside the block (peft's switch, no copy); the
-    adapter is trainable again afterwards."""
-    layers = [m for _n, m in _lora_layers(model)]
-    for m in layers:
-        m.enable_adapters(False)
+    """The base model's forward inside the block (every LoRA layer off), the same weights, no copy: the
+    frozen reference preference losses compare against. Gradients flags are left alone (peft's own switch,
+    `enable_adapters(False)`, also freezes the adapter and its re-enabling would unfreeze whatever it names)."""
+    layers = [m for m in model.modules() if isinstance(m, _peft().tuners.lora.LoraLayer)]
+    for layer in layers:
+        layer._disable_adapters = True
     try:
         yield
     finally:
-        for m in layers:
-            m.enable_adapters(True)
+        for layer in layers:
+            layer._disable_adapters = False
 
 
 def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -43,7 +43,15 @@ from portachat.train.activation_checkpointing import apply_activation_checkpoint
 from portachat.train.batch_size import resolve_device_batch_size
 from portachat.train.config import TrainConfig, TrainResult, config_dict
 from portachat.train.evaluation import run_evaluators, show_samples
-from portachat.train.hooks import BatchStream, Evaluator, LossHook, Stage, StageData, token_loss
+from portachat.train.hooks import (
+    BatchStream,
+    Evaluator,
+    LossHook,
+    Stage,
+    StageData,
+    supervised_count,
+    token_loss,
+)
 from portachat.train.hot_path import (
     MFU_ATTENTION,
     causal_flops_per_token,
@@ -64,7 +72,8 @@ from portachat.train.step import StepStats, apply_schedules, clip_and_step
 
 # What stages import from here: the Trainer's own names, kept importable from this module after the split.
 __all__ = ["BatchStream", "Evaluator", "LossHook", "Stage", "StageData", "StepStats", "TrainConfig", "TrainResult",
-           "Trainer", "TrainingError", "load_init_weights", "resolve_device_batch_size", "token_loss", "train"]
+           "Trainer", "TrainingError", "load_init_weights", "resolve_device_batch_size", "supervised_count",
+           "token_loss", "train"]
 
 
 def _barrier(world: int) -> None:
@@ -207,7 +216,7 @@ class Trainer:
         shape = [float(sum(b.num_real() for b in micro_batches)), float(sum(b.inputs.numel() for b in micro_batches)),
                  float(sum(b.attention_pairs() for b in micro_batches))]
         batches = [b.to(dev.torch_device) for b in micro_batches]
-        count = torch.stack([(b.targets >= 0).sum() for b in batches]).sum().float()
+        count = torch.stack([self.stage.count(b) for b in batches]).sum().float()
         if self.world > 1:
             dist.all_reduce(count)
         scale = self.world / count.clamp(min=1.0)

@@ -197,3 +197,12 @@ def test_rl_rollouts_benchmark_prints_a_ratio():
     record = json.loads(proc.stdout.strip().splitlines()[-1])["results"][0]
     assert record["ratio"] > 0 and record["ours_tok_s"] > 0 and record["hf_tok_s"] > 0
     assert record["prefix_hits"] > 0  # the G replies shared their prompt's blocks
+
+
+def test_dpo_benchmark_prints_a_ratio_against_trl():
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "dpo.py"), "--tiny", "--device", "cpu", "--json"],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "ratio (TRL / ours step time):" in proc.stdout
+    record = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert record["ratio"] > 0 and record["ours_ms"] > 0 and record["peer_ms"] > 0
