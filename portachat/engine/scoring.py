@@ -85,7 +85,8 @@ def prompt_top_logprobs(engine: LLMEngine, prompt: list[int], k: int, adapter: s
     "draft" of the rest, the rows speculative verification uses, so every position gets its logits at once.
     Call between engine steps (it borrows free KV blocks and gives them back)."""
     if len(prompt) > engine.max_model_len:
-        raise EngineError(_("a prompt of {n} tokens is longer than the context ({limit})").format(
+        raise EngineError(_("a prompt of {n} tokens is longer than the context ({limit}): send a shorter prompt or "
+                            "raise --max-model-len").format(
             n=len(prompt), limit=engine.max_model_len), kind="too_long")
     if len(prompt) < 2:
         return PromptScores([], [], [], [])
