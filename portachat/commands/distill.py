@@ -78,8 +78,8 @@ def register(sub) -> None:
                       "<home>/runs/<run>/distill/step_<N>/ (Hugging Face directories: serve and export work on them)."))
     g = p.add_argument_group(_("teacher and student"))
     flag(g, "--teacher", required=True,
-         help=_("the teacher: a Hugging Face directory, a .gguf file, a checkpoint, or http://HOST:PORT of a server "
-                "that returns prompt log-probabilities (vLLM's prompt_logprobs; needs --top-k and --temperature 1)"))
+         help=_("the teacher: a Hugging Face directory, a .gguf file, a checkpoint, or http://HOST:PORT of a portachat "
+                "serve or vLLM server (it returns prompt_logprobs; needs --top-k and --temperature 1)"))
     flag(g, "--teacher-model", default=None, help=_("a remote teacher's served model name (default: the server's first)"))
     flag(g, "--student", default=None, help=_("the student: a model sharing the teacher's vocabulary"))
     flag(g, "--student-depth", type=positive_int, default=None,

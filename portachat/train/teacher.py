@@ -5,8 +5,8 @@ the dtype it was loaded in) and gives its log-probabilities at the loss's temper
 vocabulary, or its top k (distill_loss.py says how the rest is handled), a chunk of positions at a
 time, so its fp32 [tokens x vocabulary] logits never exist whole either.
 
-Remote (`RemoteTeacher`, `--teacher http://HOST:PORT`): an OpenAI-compatible server that returns
-prompt log-probabilities, vLLM's `prompt_logprobs` (`POST /v1/completions` with the row's token ids as
+Remote (`RemoteTeacher`, `--teacher http://HOST:PORT`): a `portachat serve` or vLLM server, or any
+OpenAI-compatible server that returns prompt log-probabilities in vLLM's `prompt_logprobs` layout (`POST /v1/completions` with the row's token ids as
 the prompt, `prompt_logprobs: k`): for each prompt position, the top k next tokens by id with their
 log-probabilities. A server gives them at temperature 1 and only the top k, so a remote teacher needs
 --top-k and --temperature 1. The vocabulary check asks the server's `/tokenize` for the ids of a probe

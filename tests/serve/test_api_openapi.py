@@ -50,7 +50,7 @@ CHAT = {
 def test_the_schema_lists_every_api_route_with_its_request_body(schema):
     assert schema["openapi"].startswith("3.")
     for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/messages", "/v1/batches",
-                 "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/v1/responses"):
+                 "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/v1/responses", "/tokenize"):
         assert schema["paths"][path]["post"]["requestBody"]["required"] is True
     assert "/v1/models" in schema["paths"]
     chat = schema["components"]["schemas"]["ChatCompletionRequest"]
@@ -66,6 +66,10 @@ def test_real_requests_validate_and_wrong_ones_do_not(schema):
     completions = body_schema(schema, "/v1/completions")
     completions.validate({"model": "tiny", "prompt": [1, 2, 3], "logprobs": 3, "echo": True})
     assert not completions.is_valid({"model": "tiny", "prompt": "x", "logprobs": 6})
+    completions.validate({"model": "tiny", "prompt": [1, 2, 3], "prompt_logprobs": 20})
+    assert not completions.is_valid({"model": "tiny", "prompt": "x", "prompt_logprobs": 101})
+    body_schema(schema, "/tokenize").validate({"model": "tiny", "prompt": "x", "add_special_tokens": False})
+    assert not body_schema(schema, "/tokenize").is_valid({"model": "tiny"})
     body_schema(schema, "/v1/embeddings").validate({"model": "m", "input": ["a", "b"], "encoding_format": "base64"})
     assert not body_schema(schema, "/v1/embeddings").is_valid({"input": "a", "encoding_format": "hex"})
     body_schema(schema, "/v1/messages").validate(
@@ -85,8 +89,12 @@ def test_real_replies_validate_against_the_response_schemas(server, schema):
     for event in events:
         chunk_schema.validate(event)
     completion = httpx.post(f"{url}/v1/completions", timeout=60,
-                            json={"model": "tiny", "prompt": "Hello", "max_tokens": 3, "logprobs": 2}).json()
+                            json={"model": "tiny", "prompt": "Hello", "max_tokens": 3, "logprobs": 2,
+                                  "prompt_logprobs": 2}).json()
+    assert completion["choices"][0]["prompt_logprobs"][1]
     body_schema(schema, "/v1/completions", part="response").validate(completion)
+    tokens = httpx.post(f"{url}/tokenize", json={"model": "tiny", "prompt": "Hello"}, timeout=30).json()
+    body_schema(schema, "/tokenize", part="response").validate(tokens)
     models = httpx.get(f"{url}/v1/models", timeout=30).json()
     body_schema(schema, "/v1/models", method="get", part="response").validate(models)
     error = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "n": 0}, timeout=30)

@@ -4,8 +4,14 @@ in-process, gives the same top-k targets; a server speaking another vocabulary i
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +23,7 @@ from portachat.train.teacher import PROBE_TEXT, InProcessTeacher, RemoteTeacher
 from portachat.train.trainer import TrainingError
 from tests.model.hf_families import make_hf_dir
 
-pytest.importorskip("httpx")
+httpx = pytest.importorskip("httpx")
 
 
 def serve(model, tokenizer, k_served: int, shift_ids: bool = False):
@@ -63,10 +69,15 @@ def serve(model, tokenizer, k_served: int, shift_ids: bool = False):
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("remote")
-    make_hf_dir(root / "teacher", "llama", seed=5)
-    return load_for_inference(root / "teacher", device="cpu", dtype=torch.float32)
+def teacher_dir(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("remote") / "teacher"
+    make_hf_dir(directory, "llama", seed=5)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def tiny(teacher_dir):
+    return load_for_inference(teacher_dir, device="cpu", dtype=torch.float32)
 
 
 def test_remote_top_k_targets_match_the_in_process_teacher(tiny):
@@ -104,3 +115,43 @@ def test_a_remote_teacher_of_another_vocabulary_is_refused(tiny):
 def test_an_unreachable_teacher_says_where():
     with pytest.raises(TrainingError, match="127.0.0.1:9"):
         RemoteTeacher("http://127.0.0.1:9", model="m")._post("/tokenize", {})
+
+
+def start_portachat_serve(model_dir: Path) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "portachat", "serve", "--model", str(model_dir), "--port", str(port),
+                             "--dtype", "fp32", "--served-model-name", "tiny-teacher", "--max-model-len", "256",
+                             "--kv-cache-gb", "0.01"], cwd=Path(__file__).resolve().parents[2],
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            time.sleep(0.1)
+    proc.kill()
+    raise AssertionError(f"portachat serve did not come up: {proc.communicate()[1][-2000:]}")
+
+
+@pytest.mark.slow
+def test_a_portachat_server_is_a_remote_teacher_matching_the_in_process_one(tiny, teacher_dir):
+    proc, url = start_portachat_serve(teacher_dir)
+    try:
+        rows = [([1, 5, 9, 40, 77, 120, 3], [0, 0, 0, 1, 1, 1, 1]), ([1, 300, 64, 12, 8], [0, 0, 1, 1, 1])]
+        batch = rows_to_batch(rows, 0, 16)
+        loss = DistillLoss(top_k=5)
+        remote = RemoteTeacher(url)
+        assert remote.model == "tiny-teacher"
+        remote.check_vocabulary(tiny.tokenizer, tiny.model.config.vocab_size, "student")
+        theirs = remote.targets(batch, loss)
+        ours = InProcessTeacher(tiny.model, "local").targets(batch, loss)
+        assert torch.equal(theirs.ids, ours.ids)
+        torch.testing.assert_close(theirs.logprobs, ours.logprobs, atol=1e-4, rtol=0)
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=60)

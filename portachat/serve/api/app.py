@@ -32,6 +32,7 @@ from portachat.serve.api.protocol import json_body
 from portachat.serve.api.responses import add_routes as add_response_routes
 from portachat.serve.api.state import ServedModel, ServerSettings, ServerState
 from portachat.serve.api.submission import ClientGone
+from portachat.serve.api.tokenize import tokenize
 from portachat.serve.registry import ModelRegistry, ModelSpec, RegistryEntry
 from portachat.serve.registry.keep_alive import describe_keep_alive
 from portachat.serve.registry.registry import LoadFailed, NoRoom
@@ -183,6 +184,7 @@ def create_app(settings: ServerSettings, loader: Loader | None = None,
     app.add_api_route("/v1/completions", completions, methods=["POST"])
     app.add_api_route("/v1/messages", messages, methods=["POST"])  # Anthropic's Messages API
     app.add_api_route("/v1/embeddings", embeddings, methods=["POST"])
+    app.add_api_route("/tokenize", tokenize, methods=["POST"])  # vLLM's: a text's token ids
     add_document_routes(app)  # /v1/files, /v1/vector_stores (document QA)
     add_batch_routes(app)  # /v1/batches (background jobs over /v1/files)
     add_adapter_routes(app)  # /v1/load_lora_adapter, /v1/unload_lora_adapter

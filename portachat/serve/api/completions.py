@@ -17,12 +17,19 @@ from portachat.serve.api.errors import APIError
 from portachat.serve.api.prompt import chat_prompt, completion_prompt
 from portachat.serve.api.protocol import ChatCompletionRequest, CompletionRequest, check_supported, parse_body
 from portachat.serve.api.reasoning import Thinking, after_reasoning, thinking_of
-from portachat.serve.api.reply_shapes import chat_logprobs, completion_logprobs, usage
+from portachat.serve.api.reply_shapes import chat_logprobs, completion_logprobs, prompt_logprobs, usage
 from portachat.serve.api.request_params import compile_constraint, output_constraint, sampling_params
 from portachat.serve.api.sse import GuardedStream
 from portachat.serve.api.state import ModelLease
 from portachat.serve.api.streaming import chat_stream, completion_stream
-from portachat.serve.api.submission import Collected, abort_all, finished_results, submit_n, with_lease
+from portachat.serve.api.submission import (
+    Collected,
+    abort_all,
+    finished_results,
+    score_prompt,
+    submit_n,
+    with_lease,
+)
 from portachat.serve.api.tool_calls import (
     ToolRequest,
     call_format,
@@ -115,6 +122,10 @@ async def _completions(request: Request, state: ModelLease, req: CompletionReque
     if req.echo:  # the prompt as sent; token-id prompts as decoded text
         text = req.prompt[0] if isinstance(req.prompt, list) and len(req.prompt) == 1 else req.prompt
         echo = text if isinstance(text, str) else state.model.tokenizer.decode(prompt_ids)
+    scored = None  # vLLM's prompt_logprobs: before the reply's tokens, so a full cache fails before any run
+    if req.prompt_logprobs is not None:
+        scores = await score_prompt(state, prompt_ids, req.prompt_logprobs)
+        scored = await run_in_threadpool(prompt_logprobs, state, prompt_ids, scores)
     handles = await submit_n(state, prompt_ids, params, request_id, "max_tokens", req.n)
     want_logprobs = req.logprobs is not None
     want_tops = bool(req.logprobs)
@@ -133,6 +144,7 @@ async def _completions(request: Request, state: ModelLease, req: CompletionReque
         "logprobs": completion_logprobs(state, result.token_ids, result.logprobs, len(echo),
                                         result.top_logprobs if want_tops else None) if want_logprobs else None,
         "finish_reason": result.finish_reason,
+        **({"prompt_logprobs": scored} if scored is not None else {}),
     } for i, result in enumerate(results)]
     return JSONResponse({
         "id": request_id, "object": "text_completion", "created": created, "model": state.model_name,

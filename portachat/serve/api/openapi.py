@@ -20,6 +20,7 @@ from portachat.serve.api.batches import BatchCreate
 from portachat.serve.api.embeddings import EmbeddingRequest
 from portachat.serve.api.protocol import ChatCompletionRequest, CompletionRequest
 from portachat.serve.api.responses import ResponsesRequest
+from portachat.serve.api.tokenize import TokenizeReply, TokenizeRequest
 
 # ------------------------------------------------------------------------------------------ responses
 
@@ -115,11 +116,19 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int]
 
 
+class PromptTokenLogprob(BaseModel):
+    logprob: float
+    rank: int
+    decoded_token: str
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None
     finish_reason: Literal["stop", "length", "abort"] | None
+    # vLLM's, with prompt_logprobs k: None for the first prompt token, then token id -> its log-probability
+    prompt_logprobs: list[dict[str, PromptTokenLogprob] | None] | None = None
 
 
 class Completion(BaseModel):
@@ -280,6 +289,7 @@ BODIES: dict[str, tuple[type[BaseModel], type[BaseModel], type[BaseModel] | None
     "/v1/messages": (MessagesRequest, AnthropicMessage, None),
     "/v1/batches": (BatchCreate, Batch, None),
     "/v1/responses": (ResponsesRequest, ResponseObject, ResponseEvent),
+    "/tokenize": (TokenizeRequest, TokenizeReply, None),
 }
 # path -> request model, for the routes that answer plain text (vLLM's adapter routes)
 TEXT_REPLIES: dict[str, type[BaseModel]] = {"/v1/load_lora_adapter": LoadAdapter,

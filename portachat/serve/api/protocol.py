@@ -20,6 +20,9 @@ from portachat.serve.api.errors import APIError
 MAX_STOP_SEQUENCES = 16
 MAX_N = 16  # choices per request: each is a sequence in the batch, sharing the prompt's KV blocks
 MAX_LOGIT_BIAS = 300  # OpenAI's own cap on logit_bias entries
+# vLLM's prompt_logprobs: top tokens per prompt position. Above OpenAI's 5 and vLLM's default 20 because
+# a distillation teacher (`portachat distill --teacher http://...`) asks for its --top-k.
+MAX_PROMPT_LOGPROBS = 100
 
 
 class StreamOptions(BaseModel):
@@ -112,6 +115,8 @@ class CompletionRequest(_SamplingFields):
     logprobs: int | None = Field(None, ge=0, le=5)
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1)
+    # vLLM extension: the top k next tokens at every prompt position (checked in check_supported).
+    prompt_logprobs: int | None = Field(None, json_schema_extra={"minimum": 0, "maximum": MAX_PROMPT_LOGPROBS})
 
 
 def _where(loc: tuple) -> str:
@@ -183,3 +188,11 @@ def check_supported(request: ChatCompletionRequest | CompletionRequest) -> None:
         if request.best_of not in (None, 1, request.n):
             raise APIError(400, f"best_of={request.best_of} is not supported: this server returns every sample it "
                                 f"draws (use n={request.best_of}, or leave best_of out).", param="best_of")
+        if request.prompt_logprobs is not None and not 0 <= request.prompt_logprobs <= MAX_PROMPT_LOGPROBS:
+            raise APIError(400, _("prompt_logprobs must be between 0 and {limit} (got {k}): ask for at most {limit} "
+                                  "top tokens per prompt position.").format(limit=MAX_PROMPT_LOGPROBS,
+                                                                           k=request.prompt_logprobs),
+                           param="prompt_logprobs")
+        if request.prompt_logprobs is not None and request.stream:
+            raise APIError(400, _("prompt_logprobs is not supported with stream: true on this server: send the "
+                                  "request without streaming."), param="prompt_logprobs")

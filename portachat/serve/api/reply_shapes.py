@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from portachat.engine.scoring import PromptScores
 from portachat.engine.types import RequestOutput
 from portachat.serve.api.state import ModelLease
 
@@ -48,6 +49,19 @@ def completion_logprobs(state: ModelLease, token_ids: list[int], logprobs: list[
     if tops is not None:
         top = [{token_text(state, alt_id)[0]: alt_lp for alt_id, alt_lp in step} for step in tops]
     return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": top, "text_offset": offsets}
+
+def prompt_logprobs(state: ModelLease, prompt_ids: list[int], scores: PromptScores) -> list[dict[str, Any] | None]:
+    """vLLM's layout: None for the first prompt token, then per position {"<token id>": {"logprob", "rank",
+    "decoded_token"}} for the top k and the prompt's own token (with its rank, whatever it is)."""
+    out: list[dict[str, Any] | None] = [None]
+    for i, token_id in enumerate(prompt_ids[1:]):
+        entries = {str(t): {"logprob": lp, "rank": r + 1, "decoded_token": token_text(state, t)[0]}
+                   for r, (t, lp) in enumerate(zip(scores.top_ids[i], scores.top_logprobs[i], strict=True))}
+        entries.setdefault(str(token_id), {"logprob": scores.token_logprobs[i], "rank": scores.token_ranks[i],
+                                           "decoded_token": token_text(state, token_id)[0]})
+        out.append(entries)
+    return out
+
 
 def logprobs_of(output: RequestOutput) -> list[float | None]:
     values = list(output.logprobs or [])

@@ -12,7 +12,9 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from portachat.engine.async_engine import EngineShutdown, RequestStream
+from portachat.engine.scoring import PromptScores, prompt_top_logprobs
 from portachat.engine.types import EngineError, RequestOutput, SamplingParams
+from portachat.engine.workers.data_parallel import DataParallelEngine
 from portachat.serve.api.errors import APIError
 from portachat.serve.api.owner import request_is_admin
 from portachat.serve.api.reply_shapes import logprobs_of, tops_of
@@ -29,14 +31,32 @@ async def submit(state: ModelLease, prompt_ids: list[int], params: SamplingParam
     try:
         return await state.engine.add(prompt_ids, params, request_id)
     except EngineError as exc:
-        if exc.kind == "queue_full":
-            raise APIError(429, f"The server is at capacity ({exc}). Retry after a short wait, or start the server "
-                                "with a larger `portachat serve --max-waiting`.", code="queue_full") from None
-        if exc.kind == "too_long":
-            raise APIError(400, str(exc), param=max_tokens_param, code="context_length_exceeded") from None
-        if exc.kind == "invalid":  # a structured-output error names the request field it came from
-            raise APIError(400, str(exc), param=getattr(exc, "param", None)) from None
-        raise APIError(500, str(exc), code="engine_error") from None
+        raise _refusal(exc, max_tokens_param) from None
+    except EngineShutdown as exc:
+        raise APIError(503, f"{exc}. Retry against another replica or after the restart.",
+                       code="shutting_down") from None
+
+
+def _refusal(exc: EngineError, too_long_param: str) -> APIError:
+    if exc.kind == "queue_full":
+        return APIError(429, f"The server is at capacity ({exc}). Retry after a short wait, or start the server "
+                             "with a larger `portachat serve --max-waiting`.", code="queue_full")
+    if exc.kind == "too_long":
+        return APIError(400, str(exc), param=too_long_param, code="context_length_exceeded")
+    if exc.kind == "invalid":  # a structured-output error names the request field it came from
+        return APIError(400, str(exc), param=getattr(exc, "param", None))
+    return APIError(500, str(exc), code="engine_error")
+
+
+async def score_prompt(state: ModelLease, prompt_ids: list[int], k: int) -> PromptScores:
+    """The prompt's top-k log-probabilities at every position (one forward, between engine steps, on one
+    replica: every replica holds the same weights)."""
+    engine = state.engine
+    first = engine.replicas[0] if isinstance(engine, DataParallelEngine) else engine
+    try:
+        return await first.call(lambda e: prompt_top_logprobs(e, prompt_ids, k, state.adapter))
+    except EngineError as exc:
+        raise _refusal(exc, "prompt") from None
     except EngineShutdown as exc:
         raise APIError(503, f"{exc}. Retry against another replica or after the restart.",
                        code="shutting_down") from None
