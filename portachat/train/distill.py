@@ -24,7 +24,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from portachat.checkpoint import read_meta
 from portachat.data.batch import Batch
 from portachat.data.chat_data import Conversation
 from portachat.data.chat_loader import Bucket, rows_to_batch
@@ -51,9 +50,9 @@ from portachat.train.finetune import (
     Render,
     TemplateChatLoader,
     load_base,
+    merge_if_asked,
     pad_id,
     val_loss_evaluator,
-    write_merged,
 )
 from portachat.train.lora import LoraOptions, add_lora
 from portachat.train.stage import begin_stage, plan_iterations
@@ -334,12 +333,5 @@ def run_distill(opts: DistillOptions, dev: Device | None = None, print_fn=print)
                               lr=lr, weight_decay=opts.weight_decay, lora=opts.lora, base=base)
     trainer.setup(resume_from=resume_from)
     result = trainer.fit()
-    if opts.merge and env.is_main:
-        meta = {**read_meta(result.final_checkpoint), "merged_from": str(result.final_checkpoint)}
-        for key in ("data_position", "lora"):
-            meta.pop(key, None)
-        merged = write_merged(path, model, base, meta)
-        say("[portachat] " + _("merged model (adapter folded in): {path}").format(path=merged))
-    if opts.merge and env.is_distributed:
-        dist.barrier()
+    merge_if_asked(opts.merge, result, path, model, base, env, say)
     return result

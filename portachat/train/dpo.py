@@ -23,7 +23,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from portachat.checkpoint import read_meta
 from portachat.data.preference_data import (
     PreferenceBatch,
     PreferenceLoader,
@@ -42,8 +41,8 @@ from portachat.train.finetune import (
     FinetuneTrainer,
     answer_evaluator,
     load_base,
+    merge_if_asked,
     pad_id,
-    write_merged,
 )
 from portachat.train.lora import LoraOptions, adapters_disabled, add_lora
 from portachat.train.preference_loss import (
@@ -277,12 +276,5 @@ def run_dpo(opts: DPOOptions, dev: Device | None = None, print_fn=print) -> Trai
                               lr=lr, weight_decay=opts.weight_decay, lora=opts.lora, base=base)
     trainer.setup(resume_from=resume_from)
     result = trainer.fit()
-    if opts.merge and env.is_main:
-        meta = {**read_meta(result.final_checkpoint), "merged_from": str(result.final_checkpoint)}
-        for key in ("data_position", "lora"):
-            meta.pop(key, None)
-        merged = write_merged(path, model, base, meta)
-        say("[portachat] " + _("merged model (adapter folded in): {path}").format(path=merged))
-    if opts.merge and env.is_distributed:
-        dist.barrier()
+    merge_if_asked(opts.merge, result, path, model, base, env, say)
     return result

@@ -29,7 +29,7 @@ from portachat.checkpoint.trainer_state import save_optimizers, save_rng
 from portachat.checkpoint.writer import gather_positions, gather_rngs, step_directory
 from portachat.data.chat_data import Conversation
 from portachat.data.chat_loader import Bucket, ChatLoader, rows_to_batch
-from portachat.device import Device
+from portachat.device import Device, DistEnv
 from portachat.device.policy import finetune_activation_checkpointing
 from portachat.device.shapes import pad_bucket, row_bucket
 from portachat.engine import SamplingParams
@@ -281,6 +281,19 @@ def write_merged(stage_path: Path, model: GPT, base: BaseModel, meta: dict[str, 
     return final
 
 
+def merge_if_asked(merge: bool, result: TrainResult, stage_path: Path, model: GPT, base: BaseModel, env: DistEnv,
+                   say: Callable[[str], None]) -> None:
+    """`--merge`: after a LoRA run, <stage>/merged/ with the adapter folded in (rank 0 writes, all ranks wait)."""
+    if merge and env.is_main:
+        meta = {**read_meta(result.final_checkpoint), "merged_from": str(result.final_checkpoint)}
+        for key in ("data_position", "lora"):
+            meta.pop(key, None)
+        merged = write_merged(stage_path, model, base, meta)
+        say("[portachat] " + _("merged model (adapter folded in): {path}").format(path=merged))
+    if merge and env.is_distributed:
+        dist.barrier()
+
+
 # ----------------------------------------------------------------------------- the stage
 
 
@@ -347,14 +360,7 @@ def run_finetune(opts: FinetuneOptions, dev: Device | None = None, print_fn=prin
                               lr=lr, weight_decay=opts.weight_decay, lora=opts.lora, base=base)
     trainer.setup(resume_from=resume_from)
     result = trainer.fit()
-    if opts.merge and env.is_main:
-        meta = {**read_meta(result.final_checkpoint), "merged_from": str(result.final_checkpoint)}
-        for key in ("data_position", "lora"):
-            meta.pop(key, None)
-        merged = write_merged(path, model, base, meta)
-        say("[portachat] " + _("merged model (adapter folded in): {path}").format(path=merged))
-    if opts.merge and env.is_distributed:
-        dist.barrier()
+    merge_if_asked(opts.merge, result, path, model, base, env, say)
     return result
 
 

@@ -29,12 +29,11 @@ from portachat.device import Device
 from portachat.device.inference import training_engine_dtype
 from portachat.i18n import _
 from portachat.model import GPT
-from portachat.model.model_dir import read_meta
 from portachat.model.source import PORTACHAT, resolve
 from portachat.tokenizer import Tokenizer
 from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
 from portachat.train.engine_copy import inference_copy
-from portachat.train.finetune import BaseModel, FinetuneTrainer, load_base, pad_id, write_merged
+from portachat.train.finetune import BaseModel, FinetuneTrainer, load_base, merge_if_asked, pad_id
 from portachat.train.group_rollout import GroupRollout
 from portachat.train.grpo_loss import GRPOLoss, group_advantages
 from portachat.train.lora import add_lora
@@ -244,12 +243,5 @@ def run_grpo(opts: RLOptions, dev: Device | None = None, print_fn=print) -> Trai
                               lr=lr, weight_decay=0.0, lora=opts.lora, base=base)
     trainer.setup(resume_from=resume_from)
     result = trainer.fit()
-    if opts.merge and env.is_main:  # as `train sft --merge`: the adapter folded into a plain checkpoint
-        meta = {**read_meta(result.final_checkpoint), "merged_from": str(result.final_checkpoint)}
-        for key in ("data_position", "lora"):
-            meta.pop(key, None)
-        say("[portachat] " + _("merged model (adapter folded in): {path}").format(
-            path=write_merged(path, model, base, meta)))
-    if opts.merge and env.is_distributed:
-        dist.barrier()
+    merge_if_asked(opts.merge, result, path, model, base, env, say)
     return result
