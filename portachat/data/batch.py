@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from portachat.device.inference import host_memory
+
 
 @dataclass
 class Batch:
@@ -42,7 +44,7 @@ class Batch:
             return t.to(device, non_blocking=True) if t is not None else None
 
         supervised = self.supervised
-        if supervised is None and self.targets.device.type == "cpu":
+        if supervised is None and host_memory(self.targets.device):  # found here, no device sync later
             supervised = (self.targets.reshape(-1) >= 0).nonzero().squeeze(1)
         return Batch(move(self.inputs), move(self.targets), move(self.weights), move(self.positions), self.lengths,
                      move(supervised))
