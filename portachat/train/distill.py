@@ -17,12 +17,11 @@ shared Trainer like every stage's. Optimizer, checkpoints (an HF directory, or a
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from portachat.data.batch import Batch
 from portachat.data.chat_data import Conversation
@@ -49,6 +48,7 @@ from portachat.train.finetune import (
     FinetuneTrainer,
     Render,
     TemplateChatLoader,
+    held_out_sums,
     load_base,
     merge_if_asked,
     pad_id,
@@ -139,29 +139,13 @@ def kd_evaluator(convs: Sequence[Conversation], render: Render, pad: int, batch_
                  hook: DistillHook, bucket: Bucket = pad_bucket) -> Callable[[GPT, int], dict[str, float]]:
     """Mean distillation loss per supervised token on held-out conversations (every rank its share)."""
 
-    def batches(rank: int, world: int) -> Iterator[Batch]:
-        mine = list(convs[rank::world])
-        for i in range(0, len(mine), batch_size):
-            rows = [render(c["messages"], seq_len + 1) for c in mine[i : i + batch_size]]
-            yield rows_to_batch(rows, pad, seq_len, bucket)
-
-    @torch.no_grad()
     def evaluate(model: GPT, step: int) -> dict[str, float]:
-        rank = dist.get_rank() if dist.is_initialized() else 0
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        total = torch.zeros(2, dtype=dev.accumulate_dtype, device=dev.torch_device)
         was_training = model.training
         model.eval()
         try:
-            for batch in batches(rank, world):
-                batch = batch.to(dev.torch_device)
-                with dev.autocast():
-                    loss = hook(model, batch)
-                total += torch.stack([loss.to(total.dtype), (batch.targets >= 0).sum().to(total.dtype)])
+            total = held_out_sums(convs, render, pad, batch_size, seq_len, dev, bucket, lambda b: hook(model, b))
         finally:
             model.train(was_training)
-        if world > 1:
-            dist.all_reduce(total)
         if total[1] == 0:  # no held-out reply token fits --max-seq-len: nothing measured, nothing to log
             return {}
         return {"val_kd": (total[0] / total[1]).item()}

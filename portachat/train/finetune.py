@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ import torch.distributed as dist
 from portachat.checkpoint import read_meta
 from portachat.checkpoint.trainer_state import save_optimizers, save_rng
 from portachat.checkpoint.writer import gather_positions, gather_rngs, step_directory
+from portachat.data.batch import Batch
 from portachat.data.chat_data import Conversation
 from portachat.data.chat_loader import Bucket, ChatLoader, rows_to_batch
 from portachat.device import Device, DistEnv
@@ -131,28 +132,33 @@ class TemplateChatLoader(ChatLoader):
         super().__init__(conversations, None, batch_size, seq_len, render=render, pad_id=pad, **kwargs)
 
 
+def held_out_sums(convs: Sequence[Conversation], render: Render, pad: int, batch_size: int, seq_len: int,
+                  dev: Device, bucket: Bucket, loss_sum: Callable[[Batch], torch.Tensor]) -> torch.Tensor:
+    """[summed loss, supervised tokens] over held-out conversations, every rank its share, summed over ranks
+    (no gradients). `loss_sum(batch on the device)` is the batch's summed loss, computed under autocast."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    mine = list(convs[rank::world])
+    total = torch.zeros(2, dtype=dev.accumulate_dtype, device=dev.torch_device)
+    with torch.no_grad():
+        for i in range(0, len(mine), batch_size):
+            rows = [render(c["messages"], seq_len + 1) for c in mine[i : i + batch_size]]
+            batch = rows_to_batch(rows, pad, seq_len, bucket).to(dev.torch_device)
+            with dev.autocast():
+                loss = loss_sum(batch)
+            total += torch.stack([loss.to(total.dtype), (batch.targets >= 0).sum().to(total.dtype)])
+    if world > 1:
+        dist.all_reduce(total)
+    return total
+
+
 def val_loss_evaluator(convs: Sequence[Conversation], render: Render, pad: int, batch_size: int, seq_len: int,
                        dev: Device, bucket: Bucket = pad_bucket) -> Callable[[GPT, int], dict[str, float]]:
     """Mean cross-entropy per supervised token on held-out conversations (every rank its share)."""
 
-    def batches(rank: int, world: int) -> Iterator:
-        mine = list(convs[rank::world])
-        for i in range(0, len(mine), batch_size):
-            rows = [render(c["messages"], seq_len + 1) for c in mine[i : i + batch_size]]
-            yield rows_to_batch(rows, pad, seq_len, bucket)
-
-    @torch.no_grad()
     def evaluate(model: GPT, step: int) -> dict[str, float]:
-        rank = dist.get_rank() if dist.is_initialized() else 0
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        total = torch.zeros(2, dtype=dev.accumulate_dtype, device=dev.torch_device)
-        for batch in batches(rank, world):
-            batch = batch.to(dev.torch_device)
-            with dev.autocast():
-                loss = model(batch.inputs, batch.targets, loss_reduction="sum")
-            total += torch.stack([loss.to(total.dtype), (batch.targets >= 0).sum().to(total.dtype)])
-        if world > 1:
-            dist.all_reduce(total)
+        total = held_out_sums(convs, render, pad, batch_size, seq_len, dev, bucket,
+                              lambda b: model(b.inputs, b.targets, loss_reduction="sum"))
         return {"val_loss": (total[0] / total[1].clamp(min=1)).item()}
 
     return evaluate
