@@ -20,18 +20,9 @@ def _share(text: str) -> float:
 def distill_options(args: argparse.Namespace, dev) -> object:
     from portachat.train.distill import DistillOptions  # deferred: loads torch
     from portachat.train.distill_loss import LOSSES, DistillLoss  # deferred: loads torch
-    from portachat.train.lora import LoraOptions  # deferred: loads torch
-    from portachat.train.trainer import TrainingError  # deferred: loads torch
+    from portachat.train.lora import lora_from_flags  # deferred: loads torch
 
-    lora = None
-    if args.lora_rank:
-        targets = [t.strip() for t in args.lora_targets.split(",") if t.strip()]
-        lora = LoraOptions(rank=args.lora_rank, alpha=args.lora_alpha or 2.0 * args.lora_rank, targets=targets,
-                           dropout=args.lora_dropout)
-        try:
-            lora.check()
-        except ValueError as exc:
-            raise TrainingError(str(exc)) from exc
+    lora = lora_from_flags(args.lora_rank, args.lora_alpha, args.lora_targets, args.lora_dropout)
     beta = args.beta if args.beta is not None else LOSSES[args.loss]
     loss = DistillLoss(beta=beta, temperature=args.temperature, alpha=args.alpha, top_k=args.top_k or None)
     train = train_config(args, dev, tokens_per_batch=args.tokens_per_batch)

@@ -20,15 +20,14 @@ def cmd_train_dpo(args: argparse.Namespace) -> int:
     if launched is not None:
         return launched
     from portachat.device import destroy_distributed, dist_env  # deferred: loads torch
-    from portachat.train.chat_stage import ChatOptions  # deferred: loads torch
     from portachat.train.dpo import DPOOptions, run_dpo  # deferred: loads torch
-    from portachat.train.finetune import finetune_options  # deferred: loads torch
+    from portachat.train.lora import lora_from_flags  # deferred: loads torch
 
     dev = device_from_args(args)
     # Pairs per micro-batch (each pair is two rows): 4 unless --device-batch-size says otherwise.
     cfg = train_config(args, dev, **({} if args.device_batch_size is not None else {"device_batch_size": 4}))
-    # The LoRA flags are fine-tuning's: parsed by the same function so both stages refuse the same mistakes.
-    lora = finetune_options(args, ChatOptions(stage="sft", init=args.init, train=cfg)).lora
+    # The LoRA flags are fine-tuning's: parsed by the same function so every stage refuses the same mistakes.
+    lora = lora_from_flags(args.lora_rank, args.lora_alpha, args.lora_targets, args.lora_dropout)
     opts = DPOOptions(
         init=args.init, data=args.data or [], loss=args.loss, beta=args.beta, gamma=args.simpo_gamma,
         reference=args.reference, max_pairs=args.max_pairs, val_pairs=args.val_pairs, lr=args.lr,

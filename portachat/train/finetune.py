@@ -49,7 +49,7 @@ from portachat.tokenizer.template_masks import render_template_conversation, ren
 from portachat.train.chat_eval import is_correct
 from portachat.train.chat_stage import ChatOptions, split_conversations
 from portachat.train.engine_copy import engine_weights
-from portachat.train.lora import LoraOptions, add_lora, merge_lora, save_adapter
+from portachat.train.lora import LoraOptions, add_lora, lora_from_flags, merge_lora, save_adapter
 from portachat.train.stage import Render, begin_stage, plan_iterations
 from portachat.train.trainer import Stage, TrainConfig, Trainer, TrainingError, TrainResult
 
@@ -387,15 +387,7 @@ def finetune_options(args: Any, chat: ChatOptions) -> FinetuneOptions:
     if not chat.init:
         raise TrainingError(_("fine-tuning needs --init: a Hugging Face model directory, a .gguf file or a "
                               "checkpoint"))
-    lora = None
-    if args.lora_rank:
-        targets = [t.strip() for t in args.lora_targets.split(",") if t.strip()]
-        lora = LoraOptions(rank=args.lora_rank, alpha=args.lora_alpha or 2.0 * args.lora_rank, targets=targets,
-                           dropout=args.lora_dropout)
-        try:
-            lora.check()
-        except ValueError as exc:
-            raise TrainingError(str(exc)) from exc
+    lora = lora_from_flags(args.lora_rank, args.lora_alpha, args.lora_targets, args.lora_dropout)
     return FinetuneOptions(
         init=chat.init, stage=chat.stage, data=chat.data, max_conversations=chat.max_conversations, pack=chat.pack,
         lr=args.lr, weight_decay=args.weight_decay, num_epochs=chat.num_epochs, num_iterations=chat.num_iterations,
