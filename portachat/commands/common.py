@@ -20,6 +20,15 @@ def flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup, name: str, *
     parser.add_argument(*names, **kwargs)
 
 
+def report_result(result, is_main: bool) -> int:
+    """A training stage's last lines (rank 0, when it saved a model): its steps and metrics, and where the model is."""
+    if result.final_checkpoint is not None and is_main:
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in result.metrics.items() if isinstance(v, float))
+        print("[portachat] " + _("done: {steps} steps; {metrics}").format(steps=result.steps, metrics=shown))
+        print("[portachat] " + _("model: {path}").format(path=result.final_checkpoint))
+    return 0
+
+
 def usage_error(message: object) -> int:
     """Print a bad-input message the way every command does and return exit code 2."""
     print(_("error: {message}").format(message=message), file=sys.stderr)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from portachat.commands.common import EPILOG, flag, positive_int
+from portachat.commands.common import EPILOG, flag, positive_int, report_result
 from portachat.commands.launch import maybe_launch
 from portachat.commands.train import add_train_flags, train_config
 from portachat.i18n import _
@@ -49,11 +49,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
         result = run_distill(distill_options(args, dev), dev=dev)
     finally:
         destroy_distributed()
-    if result.final_checkpoint is not None and dist_env().is_main:
-        shown = ", ".join(f"{k} {v:.4f}" for k, v in result.metrics.items() if isinstance(v, float))
-        print("[portachat] " + _("done: {steps} steps; {metrics}").format(steps=result.steps, metrics=shown))
-        print("[portachat] " + _("model: {path}").format(path=result.final_checkpoint))
-    return 0
+    return report_result(result, dist_env().is_main)
 
 
 def register(sub) -> None:

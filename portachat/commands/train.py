@@ -6,7 +6,15 @@ import argparse
 import re
 from dataclasses import replace
 
-from portachat.commands.common import EPILOG, device_from_args, flag, int_at_least, nonneg_int, positive_int
+from portachat.commands.common import (
+    EPILOG,
+    device_from_args,
+    flag,
+    int_at_least,
+    nonneg_int,
+    positive_int,
+    report_result,
+)
 from portachat.commands.launch import add_launch_flags, maybe_launch
 from portachat.i18n import _
 from portachat.speedrun.presets import training_defaults
@@ -184,11 +192,7 @@ def cmd_train_chat(args: argparse.Namespace) -> int:
                   else run_chat_stage(opts, dev=dev))
     finally:
         destroy_distributed()
-    if result.final_checkpoint is not None and dist_env().is_main:
-        shown = ", ".join(f"{k} {v:.4f}" for k, v in result.metrics.items() if isinstance(v, float))
-        print("[portachat] " + _("done: {steps} steps; {metrics}").format(steps=result.steps, metrics=shown))
-        print("[portachat] " + _("model: {path}").format(path=result.final_checkpoint))
-    return 0
+    return report_result(result, dist_env().is_main)
 
 
 _DEFAULT_SUFFIX = r" \(default|（默认"  # the shared help's own default note, in either language
@@ -313,11 +317,7 @@ def cmd_train_rl(args: argparse.Namespace) -> int:
         result = run(opts, dev=dev)
     finally:
         destroy_distributed()
-    if result.final_checkpoint is not None and dist_env().is_main:
-        shown = ", ".join(f"{k} {v:.4f}" for k, v in result.metrics.items() if isinstance(v, float))
-        print("[portachat] " + _("done: {steps} steps; {metrics}").format(steps=result.steps, metrics=shown))
-        print("[portachat] " + _("model: {path}").format(path=result.final_checkpoint))
-    return 0
+    return report_result(result, dist_env().is_main)
 
 
 def _floats(text: str) -> list[float]:

@@ -7,7 +7,15 @@ from __future__ import annotations
 
 import argparse
 
-from portachat.commands.common import EPILOG, device_from_args, flag, int_at_least, nonneg_int, positive_int
+from portachat.commands.common import (
+    EPILOG,
+    device_from_args,
+    flag,
+    int_at_least,
+    nonneg_int,
+    positive_int,
+    report_result,
+)
 from portachat.commands.launch import maybe_launch
 from portachat.commands.train import add_finetune_flags, add_train_flags, train_config
 from portachat.i18n import _
@@ -40,11 +48,7 @@ def cmd_train_dpo(args: argparse.Namespace) -> int:
         result = run_dpo(opts, dev=dev)
     finally:
         destroy_distributed()
-    if result.final_checkpoint is not None and dist_env().is_main:
-        shown = ", ".join(f"{k} {v:.4f}" for k, v in result.metrics.items() if isinstance(v, float))
-        print("[portachat] " + _("done: {steps} steps; {metrics}").format(steps=result.steps, metrics=shown))
-        print("[portachat] " + _("model: {path}").format(path=result.final_checkpoint))
-    return 0
+    return report_result(result, dist_env().is_main)
 
 
 def add_dpo_parser(tsub) -> None:
