@@ -99,6 +99,7 @@ def main() -> int:
     torch.manual_seed(0)
 
     if args.tiny:
+        sys.path.insert(0, str(REPO))  # the tests package is not installed; CI runs from a clean clone
         from tests.model.hf_families import train_bpe  # a tiny byte-level BPE, as the tests build it
 
         tok = train_bpe()
