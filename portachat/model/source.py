@@ -152,6 +152,8 @@ def _locate(spec: str | Path) -> Path:
 
 def _model_path(path: Path) -> Path:
     """The model inside a located path: a stage directory's `latest`, a run's furthest stage, one .gguf."""
+    if path.is_file() and path.name == "latest":  # a stage's pointer file, as `<run>/<stage>/latest` reads
+        return latest_checkpoint(path.parent) or path
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise UnsupportedConfigError(

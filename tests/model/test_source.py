@@ -110,6 +110,7 @@ def test_latest_means_the_pointer_not_the_newest_files(tmp_path, our_tokenizer):
     os.utime(newer / "model.safetensors", (later, later))
     (stage / "latest").write_text("step_1\n")
     assert resolve(stage).path == older
+    assert resolve(stage / "latest").path == older  # the pointer file itself, as `<run>/<stage>/latest` reads
     [spec] = discover_models(tmp_path / "models")
     assert spec.name == "run" and spec.source.path == older
     assert estimate_bytes(spec) == (older / "model.safetensors").stat().st_size
