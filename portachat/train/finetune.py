@@ -25,7 +25,8 @@ import torch
 import torch.distributed as dist
 
 from portachat.checkpoint import read_meta
-from portachat.checkpoint.trainer_state import save_optimizers, save_rng
+from portachat.checkpoint.sharded import is_sharded
+from portachat.checkpoint.trainer_state import collect_optimizers, save_rng, write_optimizers
 from portachat.checkpoint.writer import gather_positions, gather_rngs, step_directory
 from portachat.data.batch import Batch
 from portachat.data.chat_data import Conversation
@@ -49,7 +50,15 @@ from portachat.tokenizer.template_masks import render_template_conversation, ren
 from portachat.train.chat_eval import is_correct
 from portachat.train.chat_stage import ChatOptions, split_conversations
 from portachat.train.engine_copy import engine_weights
-from portachat.train.lora import LoraOptions, add_lora, lora_from_flags, merge_lora, save_adapter
+from portachat.train.lora import (
+    LoraOptions,
+    adapter_state_dict,
+    add_lora,
+    load_adapter,
+    lora_from_flags,
+    merge_lora,
+    save_adapter,
+)
 from portachat.train.stage import Render, begin_stage, plan_iterations
 from portachat.train.trainer import Stage, TrainConfig, Trainer, TrainingError, TrainResult
 
@@ -255,14 +264,17 @@ class FinetuneTrainer(Trainer):
         meta.update(step=step, final=final, metrics=metrics, lora=vars(self.lora))
         meta["data_position"] = gather_positions(self.streams, env.rank * self.accum, self.num_streams)
         rngs = gather_rngs(env.rank, self.dev.get_rng_state())
+        # Collectives under FSDP2 (every rank gathers its shards), so outside the rank-0-only block.
+        tensors = adapter_state_dict(self.model)
+        optimizer_state = collect_optimizers(self.model, self.optimizers, None)
         with step_directory(self.stage_path, step, is_main=env.is_main, device=self.dev.torch_device,
                             keep_last=self.cfg.keep_last) as out:
             if env.is_main:
-                save_adapter(out.tmp, self.model, self.lora, base_model=str(self.base.path))
+                save_adapter(out.tmp, tensors, self.lora, base_model=str(self.base.path))
                 self.tokenizer.save(out.tmp, model_max_length=self.model.config.max_seq_len)
                 meta.update(model_config=self.model.config.to_dict(), tokenizer_fingerprint=self.tokenizer.fingerprint())
                 (out.tmp / META).write_text(_json(meta), encoding="utf-8")
-                save_optimizers(out.tmp, self.model, self.optimizers, None)
+                write_optimizers(out.tmp, *optimizer_state)
                 for r, state in rngs.items():
                     save_rng(out.tmp, r, state)
         final_dir = out.final
@@ -289,11 +301,15 @@ def write_merged(stage_path: Path, model: GPT, base: BaseModel, meta: dict[str, 
 
 def merge_if_asked(merge: bool, result: TrainResult, stage_path: Path, model: GPT, base: BaseModel, env: DistEnv,
                    say: Callable[[str], None]) -> None:
-    """`--merge`: after a LoRA run, <stage>/merged/ with the adapter folded in (rank 0 writes, all ranks wait)."""
+    """`--merge`: after a LoRA run, <stage>/merged/ with the adapter folded in (rank 0 writes, all ranks wait).
+    A model sharded by FSDP2 is not merged in place: rank 0 loads the base whole and the saved adapter."""
     if merge and env.is_main:
         meta = {**read_meta(result.final_checkpoint), "merged_from": str(result.final_checkpoint)}
         for key in ("data_position", "lora"):
             meta.pop(key, None)
+        if is_sharded(model):
+            whole = load_for_inference(resolve(base.path), device=torch.device("cpu"), dtype=torch.float32).model
+            model = load_adapter(whole, result.final_checkpoint)
         merged = write_merged(stage_path, model, base, meta)
         say("[portachat] " + _("merged model (adapter folded in): {path}").format(path=merged))
     if merge and env.is_distributed:

@@ -78,7 +78,8 @@ def format_mfu(mfu: float | None) -> str:
     return f"{100 * mfu:.1f}%"
 
 
-PROGRESS_REWARDS = ("rewards/accuracies", "rewards/margins")
+# Preference stages: TRL's reward accuracy and margin; RL stages: the mean reward and the reply length.
+PROGRESS_REWARDS = ("rewards/accuracies", "rewards/margins", "reward", "response_length")
 
 
 def format_progress(step: int, total: int, r: dict[str, Any], eta_s: float) -> str:
@@ -97,7 +98,6 @@ def format_progress(step: int, total: int, r: dict[str, Any], eta_s: float) -> s
     padding = f" (pad {100 * r['padding']:.0f}%)" if r.get("padding") is not None else ""
     # Time the step waited for its batches: a loader stall shows here rather than as a slow model.
     wait = f" (load {1000 * r['loader_wait_s']:.0f} ms)" if r.get("loader_wait_s") is not None else ""
-    # Preference stages: TRL's reward accuracy and margin beside the loss.
     rewards = "".join(f" | {k} {r[k]:.3f}" for k in PROGRESS_REWARDS if r.get(k) is not None)
     return (
         f"step {step:0{width}d}/{total} ({100 * step / total:5.1f}%) | loss {r['loss']:.4f}{rewards} | lr x{r['lr_mult']:.2f} | "

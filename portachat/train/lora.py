@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from portachat.i18n import _
 from portachat.model.lora import (  # noqa: F401 - re-exported: the trainer's callers import them from here
@@ -134,21 +135,25 @@ def adapters_disabled(model: nn.Module) -> Iterator[None]:
 
 
 def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The adapter's tensors under the names peft saves them with."""
+    """The adapter's whole tensors under the names peft saves them with. Under FSDP2 each rank holds a
+    shard of every matrix: they are all-gathered here, so every rank must call this (a collective)."""
     out = {}
     for name, p in model.named_parameters():
         if ".lora_" in name:
-            out[PEFT_PREFIX + name.replace(f".{ADAPTER_NAME}.", ".")] = p.detach().to("cpu").contiguous()
+            whole = p.full_tensor() if isinstance(p, DTensor) else p
+            out[PEFT_PREFIX + name.replace(f".{ADAPTER_NAME}.", ".")] = whole.detach().to("cpu").contiguous()
     if not out:
         raise ValueError("the model has no LoRA adapter to save")
     return out
 
 
-def save_adapter(directory: Path, model: nn.Module, opts: LoraOptions, base_model: str | None = None) -> None:
-    """Write adapter_config.json + adapter_model.safetensors into `directory` (an existing temp dir)."""
+def save_adapter(directory: Path, tensors: dict[str, torch.Tensor], opts: LoraOptions,
+                 base_model: str | None = None) -> None:
+    """Write adapter_config.json + adapter_model.safetensors (`tensors`: adapter_state_dict's) into
+    `directory` (an existing temp dir)."""
     config = lora_config(opts, base_model).to_dict()
     config = {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}
-    save_file(adapter_state_dict(model), str(Path(directory) / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    save_file(tensors, str(Path(directory) / ADAPTER_WEIGHTS), metadata={"format": "pt"})
     (Path(directory) / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from portachat.data.preference_data import pair_rows, pairs_to_batch, row_to_pair
 from portachat.device import get_device
@@ -165,3 +166,33 @@ def test_torchrun_two_processes_with_fsdp2_match_one_process(tmp_path):
     assert a[1] == pytest.approx(math.log(2), abs=1e-5) and a[3] < a[1]
     for step in a:
         assert b[step] == pytest.approx(a[step], abs=1e-4), (step, a[step], b[step])
+
+
+@pytest.mark.slow
+def test_torchrun_lora_with_fsdp2_saves_the_whole_adapter(tmp_path):
+    """Under FSDP2 every rank holds a shard of each adapter matrix: the saved adapter must be the whole one,
+    equal to a one-process run's, and load onto the base."""
+    base = tmp_path / "base"
+    make_hf_dir(base, "llama", seed=3)
+    data = write_prefs(tmp_path / "p.jsonl", 16)
+    home = tmp_path / "home"
+    common = ["train", "dpo", "--init", str(base), "--data", str(data), "--device", "cpu", "--dtype", "fp32",
+              "--compile", "0", "--max-seq-len", "48", "--device-batch-size", "2", "--num-iterations", "2",
+              "--eval-every", "0", "--eval-examples", "0", "--lr", "1e-3", "--total-batch-size", str(2 * 48 * 2),
+              "--no-activation-checkpointing", "--lora-rank", "4", "--merge"]
+    single = run_cli([*common, "--run-name", "single"], home, threads=1)
+    assert single.returncode == 0, single.stdout[-2000:] + single.stderr[-3000:]
+    sharded = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                              "-m", "portachat", *common, "--fsdp", "on", "--run-name", "fsdp"],
+                             env=cli_env(home, threads=1), capture_output=True, text=True, timeout=600)
+    assert sharded.returncode == 0, sharded.stdout[-3000:] + sharded.stderr[-3000:]
+    one = load_file(str(home / "runs" / "single" / "dpo" / "step_000002" / "adapter_model.safetensors"))
+    two = load_file(str(home / "runs" / "fsdp" / "dpo" / "step_000002" / "adapter_model.safetensors"))
+    assert sorted(one) == sorted(two) and one
+    for name in one:
+        assert two[name].shape == one[name].shape, name
+        torch.testing.assert_close(two[name], one[name], atol=1e-4, rtol=1e-3)
+    merged_one = load_file(str(home / "runs" / "single" / "dpo" / "merged" / "model.safetensors"))
+    merged_two = load_file(str(home / "runs" / "fsdp" / "dpo" / "merged" / "model.safetensors"))
+    for name in merged_one:
+        torch.testing.assert_close(merged_two[name], merged_one[name], atol=1e-4, rtol=1e-3)

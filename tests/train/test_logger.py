@@ -18,6 +18,9 @@ def test_progress_line_shows_what_matters():
     assert "MFU n/a (peak too low: portachat doctor --calibrate)" in format_progress(10, 100, r, eta_s=5)
     r.update(mfu=float("nan"))
     assert "MFU n/a" in format_progress(10, 100, r, eta_s=5)
+    assert "reward" not in format_progress(10, 100, r, eta_s=5)
+    r.update(reward=0.4375, response_length=12.5)  # an RL step: the reward beside the loss
+    assert "loss 2.5000 | reward 0.438 | response_length 12.500 |" in format_progress(10, 100, r, eta_s=5)
 
 
 def test_logger_writes_jsonl_and_tensorboard(tmp_path):
