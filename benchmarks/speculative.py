@@ -110,6 +110,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default=None, help="target model path (default: the SmolLM2-135M-Instruct GGUF)")
     p.add_argument("--draft", default=None, help="draft model path (default: the target quantized, see --draft-quantize)")
     p.add_argument("--draft-quantize", default="int4", choices=["int4", "int8"], help="the default draft's weights")
+    p.add_argument("--draft-vocab", type=int, default=None,
+                   help="the draft's head keeps the N most frequent tokens (--speculative-draft-vocab; default: all)")
     p.add_argument("--dtype", default=None, help="fp32 | bf16 | fp16; default: the device layer's inference dtype")
     p.add_argument("--device", default=None, help="cpu, cuda, npu, ... (default: auto)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's choice)")
@@ -149,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     specs = {
         "plain": None,
         "ngram": SpeculativeConfig(method="ngram", num_speculative_tokens=k),
-        "draft": SpeculativeConfig(method="draft_model", num_speculative_tokens=k, draft=draft),
+        "draft": SpeculativeConfig(method="draft_model", num_speculative_tokens=k, draft=draft,
+                                   draft_vocab_size=args.draft_vocab, keep_token_ids=tuple(sorted(tok.stop_ids))),
     }
     prompts = {t: tok.render_prompt([{"role": "user", "content": TASKS[t]}]) for t in args.tasks}
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
@@ -178,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
                 counters[name][task].append({key: after[key] - before[key] for key in after
                                              if key.startswith("spec_decode_num_") and key in before
                                              and isinstance(after[key], int)})  # fmt: skip
+    if args.draft_vocab:
+        draft_name += f", its head cut to {args.draft_vocab} tokens"
     print(f"batch 1, {args.rounds} rounds, K={k}, up to {args.max_tokens} new tokens per task; draft: {draft_name}",
           flush=True)  # fmt: skip
     records: dict[str, dict] = {}

@@ -81,6 +81,10 @@ def add_speculative_flags(p: argparse.ArgumentParser) -> None:
          help=_("shortest suffix worth a full guess of K tokens (default 2; a shorter one guesses one token)"))
     flag(g, "--speculative-max-batch", type=positive_int, default=None,
          help=_("steps with more sequences than this decode without speculation, where it does not pay (default 4)"))
+    flag(g, "--speculative-draft-vocab", type=positive_int, default=None,
+         help=_("a draft model's output head keeps only the N most frequent tokens (and the stop tokens): a "
+              "cheaper draft step, for drafts whose head is most of their weights; output is unchanged "
+              "(default: the whole vocabulary)"))
 
 
 def add_tensor_parallel_flag(g) -> None:
@@ -154,7 +158,8 @@ def speculative_options(args: argparse.Namespace):
     from portachat.engine.loading import SpeculativeOptions  # deferred: loads torch
 
     tuning = {"num_speculative_tokens": args.num_speculative_tokens, "prompt_lookup_max": args.ngram_prompt_lookup_max,
-              "prompt_lookup_min": args.ngram_prompt_lookup_min, "max_batch": args.speculative_max_batch}  # fmt: skip
+              "prompt_lookup_min": args.ngram_prompt_lookup_min, "max_batch": args.speculative_max_batch,
+              "draft_vocab_size": args.speculative_draft_vocab}  # fmt: skip
     given = {k: v for k, v in tuning.items() if v is not None}
     if args.speculative_model is None:
         if given:

@@ -31,6 +31,7 @@ class SpeculativeOptions:
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 2
     max_batch: int = 4
+    draft_vocab_size: int | None = None  # the draft's head keeps the N most frequent tokens (draft models only)
 
 
 @dataclass
@@ -156,10 +157,14 @@ def speculative_config(options: SpeculativeOptions, target: Any, device: Any):
     tuning = dict(num_speculative_tokens=options.num_speculative_tokens, prompt_lookup_max=options.prompt_lookup_max,
                   prompt_lookup_min=lookup_min, max_batch=options.max_batch)  # fmt: skip
     if options.model.strip().lower() in NGRAM_NAMES:
+        if options.draft_vocab_size is not None:
+            raise ValueError("--speculative-draft-vocab cuts a draft model's output head: prompt lookup (ngram) "
+                             "has none; drop the flag or pass a draft model to --speculative-model")
         return SpeculativeConfig(method="ngram", **tuning)
     draft = load_for_inference(options.model, device=device, dtype=target.dtype)
     check_same_vocabulary(target.model, target.tokenizer, draft.model, draft.tokenizer, options.model)
-    return SpeculativeConfig(method="draft_model", draft=draft.model, **tuning)
+    return SpeculativeConfig(method="draft_model", draft=draft.model, draft_vocab_size=options.draft_vocab_size,
+                             keep_token_ids=tuple(sorted(target.tokenizer.stop_ids)), **tuning)
 
 
 def _check_fits(options: LoadOptions, device, source: ModelSource) -> None:

@@ -17,6 +17,8 @@ class SpeculativeConfig:
     short_match_tokens: int = 1  # ngram: tokens guessed from a shorter match (down to 1 token); 0: none
     max_batch: int = 4  # steps decoding more sequences than this run without speculation
     draft: Any = None  # draft_model: the draft GPT (loaded by the caller, vocabulary checked)
+    draft_vocab_size: int | None = None  # draft_model: its head keeps the N most frequent tokens (None: all)
+    keep_token_ids: tuple[int, ...] = ()  # ... and these (the target's stop tokens)
 
     def __post_init__(self) -> None:
         if self.method not in ("ngram", "draft_model"):
@@ -32,5 +34,7 @@ class SpeculativeConfig:
             raise ValueError(f"short_match_tokens must be at least 0, got {self.short_match_tokens}")
         if self.max_batch < 1:
             raise ValueError(f"speculative max batch must be at least 1, got {self.max_batch}")
+        if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
+            raise ValueError(f"the draft vocabulary must keep at least 1 token, got {self.draft_vocab_size}")
         if self.method == "draft_model" and self.draft is None:
             raise ValueError("the draft_model method needs a draft model")

@@ -5,7 +5,8 @@ longest prefix that still matches the target's tokens (drafts the target rejecte
 the target's own rejected tail), feeds the rest in one chunk, then decodes K tokens one at a time,
 all requests of the step batched together. Greedy requests take the draft's argmax; sampled ones
 draw from the draft's distribution under the request's temperature/top-k/top-p, which is the q the
-verifier needs.
+verifier needs. With a reduced vocabulary (draft_vocab) the head scores only the kept tokens: its rows
+map back to token ids, and q is zero elsewhere.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from portachat.engine.block_manager import BlockManager
 from portachat.engine.runner import ModelRunner
 from portachat.engine.scheduler import ScheduledSeq
 from portachat.engine.sequence import Sequence
+from portachat.engine.speculative.draft_vocab import trim_output_head
 from portachat.engine.speculative.rejection import draw_from, processed_probs
 from portachat.quant import model_dtype
 
@@ -41,9 +43,12 @@ def common_prefix(a: list[int], b: list[int], limit: int) -> int:
 
 
 class DraftModel:
-    def __init__(self, model, num_blocks: int, block_size: int, max_model_len: int, device: torch.device) -> None:
+    def __init__(self, model, num_blocks: int, block_size: int, max_model_len: int, device: torch.device,
+                 vocab_size: int | None = None, keep_token_ids: tuple[int, ...] = ()) -> None:
         # The draft keeps the dtype it was loaded in (the target's, or its own quantized layout).
         model.to(device=device).eval()
+        self.vocab_rows = model.lm_head.out_features  # the target's vocabulary (the draft shares it)
+        self.token_ids = None if vocab_size is None else trim_output_head(model, vocab_size, keep_token_ids)
         dtype = model_dtype(model)
         self.model = model
         self.max_len = min(model.config.max_seq_len, max_model_len)
@@ -87,11 +92,14 @@ class DraftModel:
             if not batch:
                 break
             logits = self.runner.forward(self.runner.prepare(batch))
-            greedy = logits.argmax(dim=-1).tolist()
+            greedy = logits.argmax(dim=-1)
+            if self.token_ids is not None:
+                greedy = self.token_ids[greedy.cpu()]
+            greedy = greedy.tolist()
             for r, i in enumerate(rows):
                 params = seqs[i].params
                 if params.temperature > 0:
-                    q = processed_probs(logits[r : r + 1], params)[0]
+                    q = self._full_vocab(processed_probs(logits[r : r + 1], params)[0])
                     token = draw_from(q, seqs[i].generator)
                     probs[i].append(q)
                 else:
@@ -102,3 +110,11 @@ class DraftModel:
                 drafts[i].append(token)
             active = [i for i in rows if len(drafts[i]) < ks[i]]
         return [(d, torch.stack(p) if p else None) for d, p in zip(drafts, probs, strict=True)]
+
+    def _full_vocab(self, q: torch.Tensor) -> torch.Tensor:
+        """The draft's distribution over the whole vocabulary (zero outside a reduced head's tokens)."""
+        if self.token_ids is None:
+            return q
+        full = q.new_zeros(self.vocab_rows)
+        full[self.token_ids.to(q.device)] = q
+        return full

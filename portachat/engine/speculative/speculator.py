@@ -32,7 +32,8 @@ class Speculator:
         self.max_model_len = max_model_len
         self.draft: DraftModel | None = None
         if config.method == "draft_model":
-            self.draft = DraftModel(config.draft, blocks.num_blocks, blocks.block_size, max_model_len, device)
+            self.draft = DraftModel(config.draft, blocks.num_blocks, blocks.block_size, max_model_len, device,
+                                    config.draft_vocab_size, config.keep_token_ids)
         self._draft_probs: dict[str, torch.Tensor] = {}
         # vLLM's counters: drafts (sequence-steps that speculated), draft tokens, accepted tokens.
         self.num_drafts = 0

@@ -56,6 +56,35 @@ def test_draft_model_greedy_equals_plain_decoding(chat_tokenizer, same):
     assert engine.speculator.draft.blocks.usage() == 0.0
 
 
+def test_a_draft_with_a_reduced_vocabulary_keeps_greedy_output(chat_tokenizer):
+    """The draft's head cut to the first ids plus the stop ids: greedy output is still the target's,
+    and every drafted token is one the head kept."""
+    vocab = chat_tokenizer.vocab_size
+    keep = (vocab - 1,)
+    spec = SpeculativeConfig(method="draft_model", num_speculative_tokens=4, draft=tiny_model(vocab, seed=0),
+                             draft_vocab_size=vocab // 2, keep_token_ids=keep)
+    engine = make_engine(chat_tokenizer, model=tiny_model(vocab, seed=0), speculative=spec)
+    draft = engine.speculator.draft
+    assert draft.model.lm_head.out_features == vocab // 2 + 1
+    assert draft.token_ids.tolist() == [*range(vocab // 2), vocab - 1]
+    proposed: list[int] = []
+    propose = draft.propose
+
+    def recording(seqs, ks):
+        out = propose(seqs, ks)
+        proposed.extend(t for tokens, _q in out for t in tokens)
+        return out
+
+    draft.propose = recording
+    prompts = prompts_of([4, 13, 6], vocab, seed=23)
+    params = SamplingParams(max_tokens=18, temperature=0.0, ignore_eos=True)
+    for prompt, c in zip(prompts, engine.generate(prompts, params), strict=True):
+        assert c.token_ids == plain_greedy(engine.model, prompt, 18)
+    assert proposed and set(proposed) <= set(draft.token_ids.tolist())
+    stats = engine.stats()
+    assert 0 < stats["spec_decode_num_accepted_tokens"] <= stats["spec_decode_num_draft_tokens"]
+
+
 def same_model_drafter(vocab: int, k: int = 4, **kw) -> SpeculativeConfig:
     """The target itself as the draft: every greedy draft is accepted, so drafts run past any stop."""
     return SpeculativeConfig(method="draft_model", num_speculative_tokens=k, draft=tiny_model(vocab, seed=0), **kw)
@@ -134,8 +163,10 @@ def _exact_joint(model, prompt: list[int], params: SamplingParams, depth: int) -
     return out
 
 
-def test_sampled_output_is_distributed_as_the_target(chat_tokenizer):
-    """Many seeds through a poor draft model: the joint law of the first tokens matches the target's."""
+@pytest.mark.parametrize("draft_vocab", [None, "reduced"])
+def test_sampled_output_is_distributed_as_the_target(chat_tokenizer, draft_vocab):
+    """Many seeds through a poor draft model: the joint law of the first tokens matches the target's,
+    also when the draft's head keeps two tokens of the vocabulary (its q is zero on the rest)."""
     vocab = chat_tokenizer.vocab_size
     target = tiny_model(vocab, seed=0)
     draft = tiny_model(vocab, seed=0)
@@ -143,17 +174,22 @@ def test_sampled_output_is_distributed_as_the_target(chat_tokenizer):
     with torch.no_grad():  # near the target but not equal: some drafts accepted, some rejected
         for p in draft.parameters():
             p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    spec = SpeculativeConfig(method="draft_model", num_speculative_tokens=2, max_batch=64, draft=draft)
-    engine = make_engine(chat_tokenizer, model=target, speculative=spec, num_blocks=512, max_num_seqs=64,
-                         max_num_batched_tokens=512)  # fmt: skip
     prompt = prompts_of([6], vocab, seed=27)[0]
     n = 600
     params = [SamplingParams(max_tokens=3, temperature=1.5, top_k=2, seed=i, ignore_eos=True) for i in range(n)]
+    exact = _exact_joint(target, prompt, params[0], 3)
+    # Drafts start at the second token (the first comes from the prefill). The reduced head keeps token 0
+    # and every other of the target's possible second tokens: some drafts are accepted, some rejected,
+    # and the target's other likely tokens lie outside what the draft can propose.
+    keep = tuple(sorted({k[1] for k in exact})[::2])
+    spec = SpeculativeConfig(method="draft_model", num_speculative_tokens=2, max_batch=64, draft=draft,
+                             draft_vocab_size=None if draft_vocab is None else 1, keep_token_ids=keep)
+    engine = make_engine(chat_tokenizer, model=target, speculative=spec, num_blocks=512, max_num_seqs=64,
+                         max_num_batched_tokens=512)  # fmt: skip
     got = engine.generate([prompt] * n, params)
     stats = engine.stats()
     assert stats["spec_decode_num_drafts"] > 0
     assert 0 < stats["spec_decode_num_accepted_tokens"] < stats["spec_decode_num_draft_tokens"]
-    exact = _exact_joint(target, prompt, params[0], 3)
     counts: dict[tuple, int] = {}
     for c in got:
         key = tuple(c.token_ids)
