@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from portachat.data.synthetic.tasks import task_examples
+from portachat.data.synthetic.tasks import extract_answer, task_examples
 from portachat.train.self_prefs import PrefsOptions, questions, sample_replies
 
 REPO = Path(__file__).resolve().parent.parent
@@ -59,13 +60,20 @@ def write_questions(path: Path, split: str, n: int, seed: str) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows.values()), encoding="utf-8")
 
 
-def accuracy(model: str, data: Path, n: int, max_tokens: int, dtype: str) -> float:
-    """Greedy held-out accuracy through the inference engine (the synthetic tasks' checker)."""
+def accuracy(model: str, data: Path, n: int, max_tokens: int, dtype: str) -> tuple[float, float]:
+    """Greedy held-out accuracy through the inference engine (the synthetic tasks' checker), and the
+    share of replies whose answer is one of the question's two numbers (right or wrong: a model that
+    always names one of them at random scores 50%)."""
     opts = PrefsOptions(model=model, output="", data=[str(data)], num_prompts=n, num_samples=1, temperature=0.0,
                         max_new_tokens=max_tokens, dtype=dtype)
     items = questions(opts)
     replies = sample_replies(opts, items)
-    return sum(q.check(r[0]) for q, r in zip(items, replies, strict=True)) / len(items)
+    right = named = 0
+    for q, r in zip(items, replies, strict=True):
+        right += q.check(r[0])
+        answer = extract_answer(r[0])
+        named += answer is not None and answer.strip() in re.findall(r"\d+", q.prompt[-1]["content"].split("?")[0])
+    return right / len(items), named / len(items)
 
 
 def run(cmd: list[str], log: Path) -> float:
@@ -117,11 +125,12 @@ def main() -> int:
     if args.beta is not None:
         common += ["--beta", str(args.beta)]
     t0 = time.perf_counter()
-    before = accuracy(model, eval_q, args.eval_questions, args.max_new_tokens, args.dtype)
+    before, named_before = accuracy(model, eval_q, args.eval_questions, args.max_new_tokens, args.dtype)
     result: dict = {"method": args.method, "model": model, "eval_questions": args.eval_questions,
                     "train_prompts": args.train_prompts, "steps": args.steps, "accuracy_before": before,
-                    "eval_seconds": time.perf_counter() - t0}
-    print(f"held-out accuracy before: {before:.1%} ({args.eval_questions} questions)", flush=True)
+                    "named_one_of_two_before": named_before, "eval_seconds": time.perf_counter() - t0}
+    print(f"held-out accuracy before: {before:.1%} ({args.eval_questions} questions; {named_before:.0%} of replies "
+          "answer with one of the two numbers)", flush=True)
     if args.method == "dpo":
         pairs = work / "pairs.jsonl"
         result["prefs_seconds"] = run([*PORTACHAT, "train", "prefs", "--model", model, "--data", str(train_q),
@@ -152,9 +161,11 @@ def main() -> int:
         result["train_reward_first"] = sum(rewards[:k]) / k
         result["train_reward_last"] = sum(rewards[-k:]) / k
     t0 = time.perf_counter()
-    after = accuracy(str(trained), eval_q, args.eval_questions, args.max_new_tokens, args.dtype)
-    result.update(accuracy_after=after, trained=str(trained), eval_seconds=result["eval_seconds"] + time.perf_counter() - t0)
-    print(f"held-out accuracy after:  {after:.1%} ({args.method}, {args.steps} steps, {result['train_seconds']:.0f} s)")
+    after, named_after = accuracy(str(trained), eval_q, args.eval_questions, args.max_new_tokens, args.dtype)
+    result.update(accuracy_after=after, named_one_of_two_after=named_after, trained=str(trained),
+                  eval_seconds=result["eval_seconds"] + time.perf_counter() - t0)
+    print(f"held-out accuracy after:  {after:.1%} ({args.method}, {args.steps} steps, {result['train_seconds']:.0f} s; "
+          f"{named_after:.0%} of replies answer with one of the two numbers)")
     for key in ("pairs", "heldout_reward_accuracy", "heldout_reward_margin", "train_reward_first", "train_reward_last"):
         if result.get(key) is not None:
             print(f"  {key}: {result[key]:.3f}" if isinstance(result[key], float) else f"  {key}: {result[key]}")

@@ -206,3 +206,21 @@ def test_dpo_benchmark_prints_a_ratio_against_trl():
     assert "ratio (TRL / ours step time):" in proc.stdout
     record = json.loads(proc.stdout.strip().splitlines()[-1])
     assert record["ratio"] > 0 and record["ours_ms"] > 0 and record["peer_ms"] > 0
+
+
+def test_align_benchmark_reports_held_out_accuracy_before_and_after(tmp_path):
+    """The DPO side (prefs, train dpo --merge, both evaluations); the GRPO side shares all but the command,
+    which tests/train covers, and CI's time budget pays for one."""
+    method = "dpo"
+    smollm2_gguf_path()  # skips (fails under CI) without the model
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "align_smollm2.py"), "--method", method, "--train-prompts", "24",
+         "--eval-questions", "4", "--steps", "1", "--batch-size", "8", "--max-new-tokens", "16",
+         "--workdir", str(tmp_path), "--json"],
+        capture_output=True, text=True, timeout=600, cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    record = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert 0 <= record["accuracy_before"] <= 1 and 0 <= record["accuracy_after"] <= 1
+    assert record["steps"] == 1 and (tmp_path / "heldout.jsonl").is_file()
+    assert record["pairs"] > 0 and 0 <= record["named_one_of_two_after"] <= 1
