@@ -143,22 +143,28 @@ def test_loss_and_rewards_equal_trls_dpo_trainer(tmp_path):
             assert ours[name] == pytest.approx(logged[name], abs=1e-4, rel=1e-6), (loss_type, name)
 
 
-@pytest.mark.slow
-def test_torchrun_two_processes_with_fsdp2_match_one_process(tmp_path):
+def one_process_and_fsdp2(tmp_path, steps: int, *extra: str):
+    """The same DPO run in one process (run "single") and under torchrun with FSDP2 (run "fsdp"); the home."""
     base = tmp_path / "base"
     make_hf_dir(base, "llama", seed=3)
     data = write_prefs(tmp_path / "p.jsonl", 16)
     home = tmp_path / "home"
     common = ["train", "dpo", "--init", str(base), "--data", str(data), "--device", "cpu", "--dtype", "fp32",
-              "--compile", "0", "--max-seq-len", "48", "--device-batch-size", "2", "--num-iterations", "3",
+              "--compile", "0", "--max-seq-len", "48", "--device-batch-size", "2", "--num-iterations", str(steps),
               "--eval-every", "0", "--eval-examples", "0", "--lr", "1e-3", "--total-batch-size", str(2 * 48 * 2),
-              "--no-activation-checkpointing"]
+              "--no-activation-checkpointing", *extra]
     single = run_cli([*common, "--run-name", "single"], home, threads=1)
     assert single.returncode == 0, single.stdout[-2000:] + single.stderr[-3000:]
     sharded = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                               "-m", "portachat", *common, "--fsdp", "on", "--run-name", "fsdp"],
                              env=cli_env(home, threads=1), capture_output=True, text=True, timeout=600)
     assert sharded.returncode == 0, sharded.stdout[-3000:] + sharded.stderr[-3000:]
+    return home
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_with_fsdp2_match_one_process(tmp_path):
+    home = one_process_and_fsdp2(tmp_path, 3)
     assert "fsdp" in json.loads((home / "runs" / "fsdp" / "dpo" / "step_000003" / "portachat.json").read_text())["parallel"]
     a = step_losses(home / "runs" / "single" / "dpo" / "log.jsonl")
     b = step_losses(home / "runs" / "fsdp" / "dpo" / "log.jsonl")
@@ -171,21 +177,8 @@ def test_torchrun_two_processes_with_fsdp2_match_one_process(tmp_path):
 @pytest.mark.slow
 def test_torchrun_lora_with_fsdp2_saves_the_whole_adapter(tmp_path):
     """Under FSDP2 every rank holds a shard of each adapter matrix: the saved adapter must be the whole one,
-    equal to a one-process run's, and load onto the base."""
-    base = tmp_path / "base"
-    make_hf_dir(base, "llama", seed=3)
-    data = write_prefs(tmp_path / "p.jsonl", 16)
-    home = tmp_path / "home"
-    common = ["train", "dpo", "--init", str(base), "--data", str(data), "--device", "cpu", "--dtype", "fp32",
-              "--compile", "0", "--max-seq-len", "48", "--device-batch-size", "2", "--num-iterations", "2",
-              "--eval-every", "0", "--eval-examples", "0", "--lr", "1e-3", "--total-batch-size", str(2 * 48 * 2),
-              "--no-activation-checkpointing", "--lora-rank", "4", "--merge"]
-    single = run_cli([*common, "--run-name", "single"], home, threads=1)
-    assert single.returncode == 0, single.stdout[-2000:] + single.stderr[-3000:]
-    sharded = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                              "-m", "portachat", *common, "--fsdp", "on", "--run-name", "fsdp"],
-                             env=cli_env(home, threads=1), capture_output=True, text=True, timeout=600)
-    assert sharded.returncode == 0, sharded.stdout[-3000:] + sharded.stderr[-3000:]
+    equal to a one-process run's, and --merge must fold it into the whole base."""
+    home = one_process_and_fsdp2(tmp_path, 2, "--lora-rank", "4", "--merge")
     one = load_file(str(home / "runs" / "single" / "dpo" / "step_000002" / "adapter_model.safetensors"))
     two = load_file(str(home / "runs" / "fsdp" / "dpo" / "step_000002" / "adapter_model.safetensors"))
     assert sorted(one) == sorted(two) and one
