@@ -55,6 +55,20 @@ def test_ngram_and_draft_checkpoint_keep_greedy_output(checkpoint, small_tokeniz
         assert served.engine.stats()["spec_decode_num_drafts"] > 0
 
 
+def test_a_draft_vocabulary_from_the_flag_cuts_the_head_and_keeps_greedy_output(checkpoint, small_tokenizer):
+    args = build_parser().parse_args(["serve", "--model", str(checkpoint), "--speculative-model", str(checkpoint),
+                                      "--speculative-draft-vocab", "100"])  # fmt: skip
+    assert load_options(args).speculative.draft_vocab_size == 100
+    prompt = [small_tokenizer.bos_id, *small_tokenizer.encode("the king the king the king the")]
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    plain = load_served_model(_options(checkpoint, None)).engine.generate([prompt], params)[0]
+    served = load_served_model(_options(checkpoint, SpeculativeOptions(model=str(checkpoint), draft_vocab_size=100)))
+    draft = served.engine.speculator.draft
+    stops = sorted(served.tokenizer.stop_ids)
+    assert draft.token_ids.tolist() == sorted({*range(100), *stops})  # the stop tokens are always kept
+    assert served.engine.generate([prompt], params)[0].token_ids == plain.token_ids
+
+
 def test_a_draft_with_another_vocabulary_is_refused(checkpoint, tmp_path, shakespeare_path):
     text = shakespeare_path.read_text(encoding="utf-8")[:40_000]
     other = _checkpoint(tmp_path, train_tokenizer(text.split("\n\n"), vocab_size=300), seed=1)
