@@ -91,7 +91,7 @@ def tiny_teacher(dev, vocab: int, steps: int, batches: list[torch.Tensor], depth
         loss.backward()
         opt.step()
         if (step + 1) % 100 == 0:
-            print(f"  teacher step {step + 1}/{steps}: loss {float(loss):.3f} ({time.perf_counter() - start:.0f} s)",
+            print(f"  teacher step {step + 1}/{steps}: loss {loss.item():.3f} ({time.perf_counter() - start:.0f} s)",
                   flush=True)
     return model
 
