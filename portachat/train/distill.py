@@ -50,7 +50,6 @@ from portachat.train.finetune import (
     TemplateChatLoader,
     held_out_sums,
     load_base,
-    merge_if_asked,
     pad_id,
     val_loss_evaluator,
 )
@@ -315,7 +314,4 @@ def run_distill(opts: DistillOptions, dev: Device | None = None, print_fn=print)
              "lr": lr}
     trainer = FinetuneTrainer(model, base.tokenizer, stage, cfg, dev, env, path, extra_meta=extra, print_fn=print_fn,
                               lr=lr, weight_decay=opts.weight_decay, lora=opts.lora, base=base)
-    trainer.setup(resume_from=resume_from)
-    result = trainer.fit()
-    merge_if_asked(opts.merge, result, path, model, base, env, say)
-    return result
+    return trainer.run(resume_from, opts.merge)

@@ -41,7 +41,6 @@ from portachat.train.finetune import (
     FinetuneTrainer,
     answer_evaluator,
     load_base,
-    merge_if_asked,
     pad_id,
 )
 from portachat.train.lora import LoraOptions, adapters_disabled, add_lora
@@ -274,7 +273,4 @@ def run_dpo(opts: DPOOptions, dev: Device | None = None, print_fn=print) -> Trai
                                       "reference": "cache" if cached else ("live" if needs_ref else "none")}}
     trainer = FinetuneTrainer(model, base.tokenizer, stage, cfg, dev, env, path, extra_meta=extra, print_fn=print_fn,
                               lr=lr, weight_decay=opts.weight_decay, lora=opts.lora, base=base)
-    trainer.setup(resume_from=resume_from)
-    result = trainer.fit()
-    merge_if_asked(opts.merge, result, path, model, base, env, say)
-    return result
+    return trainer.run(resume_from, opts.merge)

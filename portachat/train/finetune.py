@@ -255,6 +255,13 @@ class FinetuneTrainer(Trainer):
             return super().save(step, final)
         return self._save_adapter(step, final)
 
+    def run(self, resume_from: Path | None, merge: bool) -> TrainResult:
+        """Every fine-tuning stage's end: set up (resuming where asked), train, then `--merge`."""
+        self.setup(resume_from=resume_from)
+        result = self.fit()
+        merge_if_asked(merge, result, self.stage_path, self.model, self.base, self.env, self.say)
+        return result
+
     def _save_adapter(self, step: int, final: bool) -> Path:
         """<stage>/step_N/ with the adapter (PEFT format), the tokenizer, portachat.json and trainer state,
         through the one step-directory writer (every rank agrees before `latest` moves)."""
@@ -380,10 +387,7 @@ def run_finetune(opts: FinetuneOptions, dev: Device | None = None, print_fn=prin
              "lr": lr}
     trainer = FinetuneTrainer(model, base.tokenizer, stage, cfg, dev, env, path, extra_meta=extra, print_fn=print_fn,
                               lr=lr, weight_decay=opts.weight_decay, lora=opts.lora, base=base)
-    trainer.setup(resume_from=resume_from)
-    result = trainer.fit()
-    merge_if_asked(opts.merge, result, path, model, base, env, say)
-    return result
+    return trainer.run(resume_from, opts.merge)
 
 
 # ----------------------------------------------------------------------------- the command line

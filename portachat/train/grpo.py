@@ -33,7 +33,7 @@ from portachat.model.source import PORTACHAT, resolve
 from portachat.tokenizer import Tokenizer
 from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
 from portachat.train.engine_copy import inference_copy
-from portachat.train.finetune import BaseModel, FinetuneTrainer, load_base, merge_if_asked, pad_id
+from portachat.train.finetune import BaseModel, FinetuneTrainer, load_base, pad_id
 from portachat.train.group_rollout import GroupRollout
 from portachat.train.grpo_loss import GRPOLoss, group_advantages
 from portachat.train.lora import add_lora
@@ -241,7 +241,4 @@ def run_grpo(opts: RLOptions, dev: Device | None = None, print_fn=print) -> Trai
                       "normalize_std": opts.normalize_std}}
     trainer = FinetuneTrainer(model, base.tokenizer, stage, cfg, dev, env, path, extra_meta=extra, print_fn=print_fn,
                               lr=lr, weight_decay=0.0, lora=opts.lora, base=base)
-    trainer.setup(resume_from=resume_from)
-    result = trainer.fit()
-    merge_if_asked(opts.merge, result, path, model, base, env, say)
-    return result
+    return trainer.run(resume_from, opts.merge)
