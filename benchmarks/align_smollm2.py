@@ -35,16 +35,12 @@ from pathlib import Path
 from portachat.data.synthetic.tasks import extract_answer, task_examples
 from portachat.train.self_prefs import PrefsOptions, questions, sample_replies
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from finetune_gsm8k import find_smollm2  # noqa: E402  (the benchmarks' one way to find the test model)
+
 REPO = Path(__file__).resolve().parent.parent
 INSTRUCTION = " Reply briefly and end with: The answer is X."
 PORTACHAT = [sys.executable, "-m", "portachat"]
-
-
-def find_smollm2() -> Path | None:
-    sys.path.insert(0, str(REPO / "tests"))
-    from smollm2 import find_smollm2_gguf
-
-    return find_smollm2_gguf()
 
 
 def write_questions(path: Path, split: str, n: int, seed: str) -> None:

@@ -48,15 +48,11 @@ from portachat.train.distill_loss import DistillLoss
 from portachat.train.finetune import load_base
 from portachat.train.teacher import InProcessTeacher
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from finetune_gsm8k import find_smollm2  # noqa: E402  (the benchmarks' one way to find the test model)
+
 REPO = Path(__file__).resolve().parent.parent
 TEXT = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
-
-
-def find_smollm2() -> Path | None:
-    sys.path.insert(0, str(REPO / "tests"))
-    from smollm2 import find_smollm2_gguf
-
-    return find_smollm2_gguf()
 
 
 @torch.no_grad()

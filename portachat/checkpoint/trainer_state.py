@@ -76,10 +76,6 @@ def write_optimizers(directory: Path, tensors: dict[str, torch.Tensor], info: di
     (out / "optimizer.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
 
 
-def save_optimizers(directory: Path, model: nn.Module, optimizers: list[torch.optim.Optimizer], scaler_state: dict | None) -> None:
-    write_optimizers(directory, *collect_optimizers(model, optimizers, scaler_state))
-
-
 def load_optimizers(directory: Path, model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> dict | None:
     """Restore optimizer state in place; returns the saved grad-scaler state (or None)."""
     src = directory / STATE_DIR

@@ -80,19 +80,26 @@ def tiny(teacher_dir):
     return load_for_inference(teacher_dir, device="cpu", dtype=torch.float32)
 
 
+def assert_remote_matches_in_process(url: str, tiny, top_k: int, atol: float):
+    """The server at `url` as a remote teacher: its name, vocabulary check, and top-k targets equal to the
+    in-process teacher's on a fixed batch. Returns (the remote teacher, the batch)."""
+    rows = [([1, 5, 9, 40, 77, 120, 3], [0, 0, 0, 1, 1, 1, 1]), ([1, 300, 64, 12, 8], [0, 0, 1, 1, 1])]
+    batch = rows_to_batch(rows, 0, 16)
+    loss = DistillLoss(top_k=top_k)
+    remote = RemoteTeacher(url)
+    assert remote.model == "tiny-teacher"
+    remote.check_vocabulary(tiny.tokenizer, tiny.model.config.vocab_size, "student")
+    theirs = remote.targets(batch, loss)
+    ours = InProcessTeacher(tiny.model, "local").targets(batch, loss)
+    assert torch.equal(theirs.ids, ours.ids)
+    torch.testing.assert_close(theirs.logprobs, ours.logprobs, atol=atol, rtol=0)
+    return remote, batch
+
+
 def test_remote_top_k_targets_match_the_in_process_teacher(tiny):
     server, url = serve(tiny.model, tiny.tokenizer, k_served=6)
     try:
-        rows = [([1, 5, 9, 40, 77, 120, 3], [0, 0, 0, 1, 1, 1, 1]), ([1, 300, 64, 12, 8], [0, 0, 1, 1, 1])]
-        batch = rows_to_batch(rows, 0, 16)
-        loss = DistillLoss(top_k=4)
-        remote = RemoteTeacher(url)
-        assert remote.model == "tiny-teacher"
-        remote.check_vocabulary(tiny.tokenizer, tiny.model.config.vocab_size, "student")
-        theirs = remote.targets(batch, loss)
-        ours = InProcessTeacher(tiny.model, "local").targets(batch, loss)
-        assert torch.equal(theirs.ids, ours.ids)
-        torch.testing.assert_close(theirs.logprobs, ours.logprobs, atol=1e-5, rtol=0)
+        remote, batch = assert_remote_matches_in_process(url, tiny, top_k=4, atol=1e-5)
         with pytest.raises(TrainingError, match="--top-k K and --temperature 1"):
             remote.targets(batch, DistillLoss(top_k=4, temperature=2.0))
         with pytest.raises(TrainingError, match="fewer than --top-k 8"):
@@ -142,16 +149,7 @@ def start_portachat_serve(model_dir: Path) -> tuple[subprocess.Popen, str]:
 def test_a_portachat_server_is_a_remote_teacher_matching_the_in_process_one(tiny, teacher_dir):
     proc, url = start_portachat_serve(teacher_dir)
     try:
-        rows = [([1, 5, 9, 40, 77, 120, 3], [0, 0, 0, 1, 1, 1, 1]), ([1, 300, 64, 12, 8], [0, 0, 1, 1, 1])]
-        batch = rows_to_batch(rows, 0, 16)
-        loss = DistillLoss(top_k=5)
-        remote = RemoteTeacher(url)
-        assert remote.model == "tiny-teacher"
-        remote.check_vocabulary(tiny.tokenizer, tiny.model.config.vocab_size, "student")
-        theirs = remote.targets(batch, loss)
-        ours = InProcessTeacher(tiny.model, "local").targets(batch, loss)
-        assert torch.equal(theirs.ids, ours.ids)
-        torch.testing.assert_close(theirs.logprobs, ours.logprobs, atol=1e-4, rtol=0)
+        assert_remote_matches_in_process(url, tiny, top_k=5, atol=1e-4)
     finally:
         proc.terminate()
         proc.communicate(timeout=60)
