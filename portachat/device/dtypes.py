@@ -30,6 +30,14 @@ def canonical_dtype_name(name: str) -> str | None:
     return key if key in DTYPES else None
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """torch.bfloat16 -> "bf16": the short name of a compute dtype (ValueError for any other)."""
+    for name, value in DTYPES.items():
+        if value == dtype:
+            return name
+    raise ValueError(f"{dtype} is not a compute dtype; use one of fp32, bf16, fp16")
+
+
 def parse_dtype(name: str) -> torch.dtype:
     key = canonical_dtype_name(name)
     if key is None:

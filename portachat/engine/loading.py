@@ -8,7 +8,7 @@ from typing import Any
 
 from portachat.device import Device, get_device
 from portachat.device.dist import shard_device_index
-from portachat.device.dtypes import parse_dtype
+from portachat.device.dtypes import dtype_name, parse_dtype
 from portachat.engine.build import build_engine
 from portachat.engine.config import EngineConfig
 from portachat.engine.engine import LLMEngine
@@ -181,7 +181,7 @@ def _check_fits(options: LoadOptions, device, source: ModelSource) -> None:
     if cfg is None:
         return
     dtype = parse_dtype(options.dtype) if options.dtype else inference_dtype(device).value
-    name = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}[str(dtype)]
+    name = dtype_name(dtype)
     context = options.max_model_len or int(config.get("max_position_embeddings") or 2048)
     check_fits(cfg, options.tensor_parallel_size, name, context, device.memory().total, str(path),
                device.type)  # fmt: skip

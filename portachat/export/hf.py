@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from safetensors.torch import save_file
 
+from portachat.device.dtypes import DTYPES
 from portachat.export.errors import ExportError
 from portachat.export.source import check_output_free, load_exportable
 from portachat.i18n import _
@@ -22,7 +22,8 @@ from portachat.model.hf import generation_config, to_hf_config
 from portachat.model.model_dir import FORMAT_VERSION, META, WEIGHTS
 from portachat.storage.atomic import atomic_directory
 
-HF_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# Serving widths only: an fp32 export doubles the files for no serving gain.
+HF_DTYPES = {name: DTYPES[name] for name in ("bf16", "fp16")}
 
 
 @dataclass
