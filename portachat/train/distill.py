@@ -28,7 +28,7 @@ from portachat.data.chat_data import Conversation
 from portachat.data.chat_loader import Bucket, rows_to_batch
 from portachat.device import Device
 from portachat.device.policy import finetune_activation_checkpointing
-from portachat.device.shapes import pad_bucket, row_bucket
+from portachat.device.shapes import pad_bucket
 from portachat.engine import SamplingParams
 from portachat.engine.oneshot import generate_once
 from portachat.i18n import _
@@ -38,7 +38,7 @@ from portachat.model.loss import loss_chunk_size
 from portachat.model.source import resolve
 from portachat.tokenizer import Tokenizer
 from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
-from portachat.train.chat_stage import ChatOptions, split_conversations
+from portachat.train.chat_stage import ChatOptions
 from portachat.train.distill_loss import DistillLoss, distill_loss_sum
 from portachat.train.engine_copy import engine_weights
 from portachat.train.finetune import (
@@ -51,10 +51,11 @@ from portachat.train.finetune import (
     held_out_sums,
     load_base,
     pad_id,
+    plan_chat_data,
     val_loss_evaluator,
 )
 from portachat.train.lora import LoraOptions, add_lora
-from portachat.train.stage import begin_stage, plan_iterations
+from portachat.train.stage import begin_stage
 from portachat.train.student import student_from_teacher
 from portachat.train.teacher import (
     InProcessTeacher,
@@ -277,20 +278,9 @@ def run_distill(opts: DistillOptions, dev: Device | None = None, print_fn=print)
     lr = opts.lr if opts.lr is not None else (LORA_LR if opts.lora else FULL_LR)
 
     split = ChatOptions(stage="sft", data=opts.data, max_conversations=opts.max_conversations, eval_examples=0)
-    train_convs, val_convs, described = split_conversations(split, cfg.seed)
-    say(f"[portachat] {STAGE}: " + _("{n} training conversations from {source}, {held_out} held out; AdamW lr {lr}").format(
-        n=len(train_convs), source=described, held_out=len(val_convs), lr=f"{lr:g}"))
-    sample = train_convs[:: max(1, len(train_convs) // 50)][:50]
-    unsupervised = sum(not any(base.render(c["messages"], cfg.max_seq_len + 1)[1][1:]) for c in sample)
-    if unsupervised:
-        say("[portachat] " + _("WARNING: {n} of {sampled} sampled conversations have no reply token within "
-                               "--max-seq-len {seq_len} (the prompt fills the row); they teach nothing. Raise "
-                               "--max-seq-len.").format(n=unsupervised, sampled=len(sample), seq_len=cfg.max_seq_len))
-    streams = env.world_size * cfg.grad_accum_steps(env.world_size)
-    bucket = row_bucket(dev.type, dev.compile)
-    lengths: dict[int, int] = {}
-    cfg = replace(cfg, num_iterations=opts.num_iterations or plan_iterations(
-        train_convs, base.render, cfg, False, opts.num_epochs, streams, bucket, lengths))
+    data = plan_chat_data(STAGE, split, base, cfg, dev, env, lr, False, opts.num_epochs, opts.num_iterations, say)
+    cfg, train_convs, val_convs, described, bucket, lengths = (
+        data.cfg, data.train, data.val, data.described, data.bucket, data.lengths)
     B, T, pad = cfg.device_batch_size, cfg.max_seq_len, pad_id(base.tokenizer)
     hook = DistillHook(model, teacher, loss)
     val = val_convs[: opts.val_conversations]

@@ -326,6 +326,41 @@ def merge_if_asked(merge: bool, result: TrainResult, stage_path: Path, model: GP
 # ----------------------------------------------------------------------------- the stage
 
 
+@dataclass
+class ChatDataPlan:
+    """The conversations a chat-shaped fine-tuning stage trains and holds out, and its step count."""
+
+    cfg: TrainConfig  # num_iterations filled in
+    train: list[Conversation]
+    val: list[Conversation]
+    described: str  # where the conversations came from, for the log and meta.json
+    bucket: Bucket  # the device layer's row-length rounding
+    lengths: dict[int, int]  # rendered lengths, shared by the planner and every stream
+
+
+def plan_chat_data(stage: str, split: ChatOptions, base: BaseModel, cfg: TrainConfig, dev: Device, env: DistEnv,
+                   lr: float, pack: bool, num_epochs: float, num_iterations: int | None,
+                   say: Callable[[str], None]) -> ChatDataPlan:
+    """Split the conversations, warn about rows whose prompt leaves no reply token, and plan the steps:
+    what sft/mid and distillation do before they build their streams."""
+    train_convs, val_convs, described = split_conversations(split, cfg.seed)
+    say(f"[portachat] {stage}: " + _("{n} training conversations from {source}, {held_out} held out; "
+                                     "AdamW lr {lr}").format(
+        n=len(train_convs), source=described, held_out=len(val_convs), lr=f"{lr:g}"))
+    sample = train_convs[:: max(1, len(train_convs) // 50)][:50]
+    unsupervised = sum(not any(base.render(c["messages"], cfg.max_seq_len + 1)[1][1:]) for c in sample)
+    if unsupervised:
+        say("[portachat] " + _("WARNING: {n} of {sampled} sampled conversations have no reply token within "
+                               "--max-seq-len {seq_len} (the prompt fills the row); they teach nothing. Raise "
+                               "--max-seq-len.").format(n=unsupervised, sampled=len(sample), seq_len=cfg.max_seq_len))
+    streams = env.world_size * cfg.grad_accum_steps(env.world_size)
+    bucket = row_bucket(dev.type, dev.compile)
+    lengths: dict[int, int] = {}
+    cfg = replace(cfg, num_iterations=num_iterations or plan_iterations(
+        train_convs, base.render, cfg, pack, num_epochs, streams, bucket, lengths))
+    return ChatDataPlan(cfg, list(train_convs), list(val_convs), described, bucket, lengths)
+
+
 def run_finetune(opts: FinetuneOptions, dev: Device | None = None, print_fn=print) -> TrainResult:
     """Fine-tune `opts.init` (full or LoRA) and return the final checkpoint (the adapter, for LoRA)."""
     if opts.stage not in ("mid", "sft"):
@@ -358,21 +393,9 @@ def run_finetune(opts: FinetuneOptions, dev: Device | None = None, print_fn=prin
 
     split = ChatOptions(stage=opts.stage, data=opts.data, max_conversations=opts.max_conversations,
                         eval_examples=opts.eval_examples)
-    train_convs, val_convs, described = split_conversations(split, cfg.seed)
-    say(f"[portachat] {opts.stage}: " + _("{n} training conversations from {source}, {held_out} held out; "
-                                          "AdamW lr {lr}").format(
-        n=len(train_convs), source=described, held_out=len(val_convs), lr=f"{lr:g}"))
-    sample = train_convs[:: max(1, len(train_convs) // 50)][:50]
-    unsupervised = sum(not any(base.render(c["messages"], cfg.max_seq_len + 1)[1][1:]) for c in sample)
-    if unsupervised:
-        say("[portachat] " + _("WARNING: {n} of {sampled} sampled conversations have no reply token within "
-                               "--max-seq-len {seq_len} (the prompt fills the row); they teach nothing. Raise "
-                               "--max-seq-len.").format(n=unsupervised, sampled=len(sample), seq_len=cfg.max_seq_len))
-    streams = env.world_size * cfg.grad_accum_steps(env.world_size)
-    bucket = row_bucket(dev.type, dev.compile)
-    lengths: dict[int, int] = {}  # rendered lengths, shared by the planner and every stream
-    cfg = replace(cfg, num_iterations=opts.num_iterations or plan_iterations(
-        train_convs, base.render, cfg, pack, opts.num_epochs, streams, bucket, lengths))
+    data = plan_chat_data(opts.stage, split, base, cfg, dev, env, lr, pack, opts.num_epochs, opts.num_iterations, say)
+    cfg, train_convs, val_convs, described, bucket, lengths = (
+        data.cfg, data.train, data.val, data.described, data.bucket, data.lengths)
     B, T, pad = cfg.device_batch_size, cfg.max_seq_len, pad_id(base.tokenizer)
     evaluators = [val_loss_evaluator(val_convs[: opts.val_conversations], base.render, pad, B, T, dev, bucket)]
     if opts.eval_examples > 0:
