@@ -26,10 +26,11 @@ def _fsync_tree(root: Path) -> None:
         for name in filenames:
             with open(os.path.join(dirpath, name), "rb") as f:
                 os.fsync(f.fileno())
-        _fsync_dir(Path(dirpath))
+        fsync_dir(Path(dirpath))
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new entry in `path` durable (the directory's own fsync)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -68,7 +69,7 @@ def recover_commit(final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
         return
     os.rename(old, final)
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
 
 
 def prepare_tmp(final: Path) -> Path:
@@ -92,7 +93,7 @@ def commit_tmp(tmp: Path, final: Path) -> None:
         shutil.rmtree(old)
     else:
         os.rename(tmp, final)
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
 
 
 def translate_os_error(final: Path, exc: BaseException) -> BaseException:
@@ -128,7 +129,7 @@ def write_text_atomic(path: Path, text: str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

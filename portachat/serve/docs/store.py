@@ -38,6 +38,7 @@ import numpy as np
 from portachat.i18n import _
 from portachat.serve.docs.chunking import Chunk
 from portachat.serve.docs.lexical import BM25, fuse
+from portachat.storage.atomic import fsync_dir
 from portachat.storage.paths import portachat_home
 
 _SCHEMA = """
@@ -87,14 +88,6 @@ def default_store_dir() -> Path:
 
 def _now() -> int:
     return int(time.time())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class DocStore:
@@ -188,7 +181,7 @@ class DocStore:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, folder / file_id)
-            _fsync_dir(folder)
+            fsync_dir(folder)
             self._write([("INSERT INTO files (id, filename, bytes, created_at, purpose, owner) VALUES (?, ?, ?, ?, ?, ?)",
                           (file_id, filename, len(data), _now(), purpose, owner))])
         return self.file(file_id)
