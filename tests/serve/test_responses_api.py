@@ -11,6 +11,7 @@ from api_testing import chat_tokenizer, served_tiny, start_server
 from portachat.serve.api.errors import APIError
 from portachat.serve.api.response_items import chat_messages, function_tools, normalised_input, text_format
 from portachat.serve.api.response_store import ResponseStore, StoredResponse
+from tests.serve.test_response_items import ANSWER, NEXT, QUESTION, expected_prompt, server_output
 
 
 def test_items_become_the_chat_messages_templates_read():
@@ -89,11 +90,35 @@ def test_responses_belong_to_the_key_that_made_them(server):
 
 def test_bad_requests_get_400_naming_the_field(server):
     headers = {"Authorization": "Bearer key-a"}
+    step = {"type": "code_interpreter_call", "code": "1+1", "outputs": [{"type": "image", "url": "https://x"}]}
     for body, param in (({"model": "tiny"}, "input"), ({"model": "tiny", "input": [{"type": "image"}]}, "input[0].type"),
-                        ({"model": "tiny", "input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type")):
+                        ({"model": "tiny", "input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+                        ({"model": "tiny", "input": [step]}, "input[0].outputs[0]")):
         reply = httpx.post(f"{server.url}/v1/responses", headers=headers, json=body, timeout=60)
         assert reply.status_code == 400 and reply.json()["error"]["param"] == param, reply.text
     made = httpx.post(f"{server.url}/v1/responses", headers=headers, timeout=60,
                       json={"model": "tiny", "input": "hi", "max_output_tokens": 2}).json()
     page = httpx.get(f"{server.url}/v1/responses/{made['id']}/input_items?limit=0", headers=headers)
     assert page.status_code == 400 and page.json()["error"]["param"] == "limit"
+
+
+def test_a_calculator_step_goes_back_as_input_and_stays_in_the_stored_history(server, small_tokenizer):
+    """The Agents SDK's second turn: the first reply's output (a code_interpreter_call, then the answer)
+    resent as input, then a third turn through previous_response_id; each prompt is the conversation with
+    the model's own calculator turn in it, token for token (counted by usage.input_tokens)."""
+    tok, headers = chat_tokenizer(small_tokenizer), {"Authorization": "Bearer key-a"}
+    items = [{"role": "user", "content": QUESTION}, *server_output(tok), {"role": "user", "content": NEXT}]
+    second = httpx.post(f"{server.url}/v1/responses", headers=headers, timeout=60, json={
+        "model": "tiny", "input": items, "max_output_tokens": 2, "temperature": 0})
+    assert second.status_code == 200, second.text
+    second = second.json()
+    assert second["usage"]["input_tokens"] == len(expected_prompt(tok))
+    assert [item["type"] for item in second["output"]] == ["message"]
+    third = httpx.post(f"{server.url}/v1/responses", headers=headers, timeout=60, json={
+        "model": "tiny", "input": "thanks", "previous_response_id": second["id"], "max_output_tokens": 2})
+    assert third.status_code == 200, third.text
+    conversation = [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": [
+        {"type": "python", "text": "23+58"}, {"type": "python_output", "text": "81"}, {"type": "text", "text": ANSWER}]},
+                    {"role": "user", "content": NEXT}, {"role": "assistant", "content": second["output"][0]["content"][0]["text"]},
+                    {"role": "user", "content": "thanks"}]
+    assert third.json()["usage"]["input_tokens"] == len(tok.render_prompt(conversation))

@@ -19,6 +19,7 @@ def chat_prompt(state: ModelLease, req: ChatCompletionRequest, tools: ToolReques
                             '[{"role": "user", "content": "Hello"}].', param="messages")
     check_message_count(len(req.messages), settings.max_messages)
     messages = template_messages(req.messages)
+    check_calculator_parts(messages, state.model.tokenizer)
     variables = template_variables(req.chat_template_kwargs, req.reasoning_effort)
     try:
         return state.model.tokenizer.render_prompt(messages, tools=tools.tools if tools else None,
@@ -26,6 +27,19 @@ def chat_prompt(state: ModelLease, req: ChatCompletionRequest, tools: ToolReques
     except Exception as exc:  # noqa: BLE001 - a template's raise_exception or our format's checks
         raise APIError(400, f"The conversation cannot be rendered with this model's chat template: {exc}",
                        param="messages") from None
+
+
+def check_calculator_parts(messages: list[dict[str, Any]], tokenizer: Any) -> None:
+    """400 for a calculator step sent to a model without the built-in calculator: only our chat format
+    has its tool tokens, and a template would show the step as plain text or fail on it."""
+    if getattr(tokenizer, "tool_tokens", None) is not None:
+        return
+    for i, message in enumerate(messages):
+        if not isinstance(message["content"], str):  # parts are kept only for a calculator step
+            raise APIError(400, _("messages[{i}] holds a built-in calculator step (python parts; in the Responses API "
+                                  "a code_interpreter_call item), but this model has no calculator: only models in "
+                                  "portachat's own chat format have one. Leave the step out of the conversation.").format(
+                i=i), param=f"messages[{i}].content")
 
 
 def check_message_count(count: int, limit: int) -> None:

@@ -33,7 +33,9 @@ class StreamOptions(BaseModel):
 
 class TextPart(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    type: Literal["text"]
+    # "python" / "python_output": the built-in calculator's call and its result inside an assistant's
+    # turn, our chat format's parts (tokenizer/chat.py); a Responses code_interpreter_call item becomes them.
+    type: Literal["text", "python", "python_output"]
     text: str
 
 
@@ -54,6 +56,12 @@ class ChatMessage(BaseModel):
         if isinstance(self.content, str):
             return self.content
         return "".join(part.text for part in self.content)
+
+    def calculator_parts(self) -> list[dict[str, str]] | None:
+        """The content as parts when a calculator step is among them (they render as its tool tokens), else None."""
+        if isinstance(self.content, list) and any(part.type != "text" for part in self.content):
+            return [{"type": part.type, "text": part.text} for part in self.content]
+        return None
 
 
 class _SamplingFields(BaseModel):

@@ -2,9 +2,14 @@
 
 Input items: a string (one user message), or a list of `message` items (role + text or content
 parts), `function_call` items (the model's earlier calls), `function_call_output` items (their
-results) and `reasoning` items (earlier reasoning: kept in the history, not sent back to the model).
-Output items: `reasoning` (when the model's template thinks), `message` with `output_text`, and one
-`function_call` per call the model made."""
+results), `code_interpreter_call` items (the built-in calculator's earlier steps, as this server
+output them) and `reasoning` items (earlier reasoning: kept in the history, not sent back to the model).
+Output items: `reasoning` (when the model's template thinks), one `code_interpreter_call` per calculator
+step, `message` with `output_text`, and one `function_call` per call the model made.
+
+A calculator step goes back to the model as our chat format's own parts of the assistant's turn
+(`python` then `python_output`, tokenizer/chat.py), so the next prompt holds the step's tool tokens as
+the model wrote them. Steps come before the turn's text, in the order the output items list them."""
 
 from __future__ import annotations
 
@@ -54,12 +59,18 @@ def normalised_input(value: str | list[Any]) -> list[dict[str, Any]]:
                                param=f"input[{i}].call_id")
             item["output"] = _output_text(item.get("output"), f"input[{i}].output")
             item.setdefault("id", new_id("fco"))
+        elif kind == "code_interpreter_call":
+            if not isinstance(item.get("code"), str):
+                raise APIError(400, _("{where} must be a string.").format(where=f"input[{i}].code"),
+                               param=f"input[{i}].code")
+            _calculator_logs(item.get("outputs"), f"input[{i}].outputs")
+            item.setdefault("id", new_id("ci"))
         elif kind == "reasoning":
             item.setdefault("id", new_id("rs"))
         else:
             raise APIError(400, _("input[{i}]: item type {kind} is not supported (message, function_call, "
-                                  "function_call_output, reasoning).").format(i=i, kind=repr(kind)),
-                           param=f"input[{i}].type")
+                                  "function_call_output, code_interpreter_call, reasoning).").format(
+                i=i, kind=repr(kind)), param=f"input[{i}].type")
         out.append(item)
     return out
 
@@ -86,13 +97,35 @@ def _output_text(output: Any, where: str) -> str:
     raise APIError(400, _("{where} must be a string.").format(where=where), param=where)
 
 
+def _calculator_logs(outputs: Any, where: str) -> str | None:
+    """A code_interpreter_call's `outputs` -> the calculator's result (None: it gave none)."""
+    if outputs is None:
+        return None
+    if not isinstance(outputs, list):
+        raise APIError(400, _("{where} must be a list of logs outputs or null.").format(where=where), param=where)
+    for j, output in enumerate(outputs):
+        if not isinstance(output, dict) or output.get("type") != "logs" or not isinstance(output.get("logs"), str):
+            raise APIError(400, _("{where}: each output of a calculator step must be a logs output, "
+                                  "{{'type': 'logs', 'logs': TEXT}} (the calculator writes no images or files).").format(
+                where=f"{where}[{j}]"), param=f"{where}[{j}]")
+    return "".join(output["logs"] for output in outputs) if outputs else None
+
+
 def _text(parts: list[dict[str, Any]]) -> str:
     return "".join(p.get("text", "") for p in parts)
 
 
+def _parts(content: str | list[dict[str, str]]) -> list[dict[str, str]]:
+    """An assistant message's content as our chat format's parts (a calculator step joins them)."""
+    if isinstance(content, list):
+        return content
+    return [{"type": "text", "text": content}] if content else []
+
+
 def chat_messages(items: list[dict[str, Any]], instructions: str | None) -> list[dict[str, Any]]:
     """Items -> OpenAI chat messages (dicts ChatCompletionRequest reads): an assistant's function calls
-    join its message, each output becomes a `tool` message."""
+    join its message, each output becomes a `tool` message, a calculator step becomes `python` and
+    `python_output` parts of the assistant's turn (the answer after it joins the same turn)."""
     out: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
     reasoning = None  # a reasoning item goes with the assistant turn after it (templates decide to show it)
     for item in items:
@@ -100,7 +133,22 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None) -> list
         if kind == "reasoning":
             reasoning = "".join(p.get("text", "") for p in item.get("content") or [] if isinstance(p, dict))
         elif kind == "message":
-            out.append({"role": item["role"], "content": _text(item["content"])})
+            last = out[-1] if out else None
+            if item["role"] == "assistant" and last is not None and last["role"] == "assistant" \
+                    and isinstance(last["content"], list):  # the answer after a calculator step: the same turn
+                last["content"].append({"type": "text", "text": _text(item["content"])})
+            else:
+                out.append({"role": item["role"], "content": _text(item["content"])})
+        elif kind == "code_interpreter_call":
+            step = [{"type": "python", "text": item["code"]}]
+            result = _calculator_logs(item.get("outputs"), "outputs")
+            if result is not None:
+                step.append({"type": "python_output", "text": result})
+            last = out[-1] if out else None
+            if last is not None and last["role"] == "assistant":
+                last["content"] = _parts(last["content"]) + step
+            else:
+                out.append({"role": "assistant", "content": step})
         elif kind == "function_call":
             call = {"id": item["call_id"], "type": "function",
                     "function": {"name": item["name"], "arguments": item["arguments"]}}

@@ -93,7 +93,8 @@ async def _owned(request: Request, response_id: str) -> StoredResponse:
     return stored
 
 
-def _as_chat(req: ResponsesRequest, messages: list[dict[str, Any]]) -> ChatCompletionRequest:
+def as_chat_request(req: ResponsesRequest, messages: list[dict[str, Any]]) -> ChatCompletionRequest:
+    """The chat completions request a Responses request runs as (`messages` from chat_messages)."""
     fields = {"model": req.model, "messages": messages, "max_tokens": req.max_output_tokens,
               "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k, "seed": req.seed,
               "tools": function_tools(req.tools), "tool_choice": chat_tool_choice(req.tool_choice),
@@ -121,7 +122,7 @@ async def create_response(request: Request) -> Response:
     if req.previous_response_id:
         history = (await _owned(request, req.previous_response_id)).history
     items = normalised_input(req.input)
-    chat = _as_chat(req, chat_messages(history + items, req.instructions))
+    chat = as_chat_request(req, chat_messages(history + items, req.instructions))
 
     async def respond(request: Request, state: ModelLease, chat: ChatCompletionRequest) -> Response:
         return await _respond(request, state, req, chat, history, items)

@@ -141,12 +141,13 @@ def tool_call_spec(tools: ToolRequest | None, fmt: str | None) -> StructuredSpec
 
 def template_messages(messages: list[Any]) -> list[dict[str, Any]]:
     """OpenAI messages -> the dicts chat templates read (transformers' convention): assistant
-    `tool_calls` with `arguments` as a dict, `tool` results with their `tool_call_id` and name."""
+    `tool_calls` with `arguments` as a dict, `tool` results with their `tool_call_id` and name, content
+    as one string unless it holds a calculator step (then our chat format's parts)."""
     names: dict[str, str] = {}
     out = []
     for m in messages:
         role = "system" if m.role == "developer" else m.role
-        item: dict[str, Any] = {"role": role, "content": m.text()}
+        item: dict[str, Any] = {"role": role, "content": m.calculator_parts() or m.text()}
         reasoning = next((r for r in (getattr(m, "reasoning_content", None), getattr(m, "reasoning", None))
                           if r is not None), None)
         if reasoning is not None:  # an assistant's earlier reasoning: templates read reasoning_content
