@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -45,6 +46,11 @@ def served_tiny(tokenizer, max_model_len: int = 256, model: GPT | None = None, *
     model = model or tiny_model(tokenizer.vocab_size, max_seq_len=max_model_len)
     llm = LLMEngine(model, tokenizer, EngineConfig(**config), device=get_device("cpu"))
     return ServedModel(engine=llm, tokenizer=tokenizer, max_model_len=llm.max_model_len)
+
+
+def prompt_lease(tokenizer: Any, max_messages: int = 100) -> SimpleNamespace:
+    """What prompt.chat_prompt (the server's prompt renderer) reads of a model lease, with no engine."""
+    return SimpleNamespace(settings=SimpleNamespace(max_messages=max_messages), model=SimpleNamespace(tokenizer=tokenizer))
 
 
 def start_server(served: ServedModel, **settings: Any) -> RunningServer:

@@ -1,14 +1,22 @@
 """The reply splits every route makes, without a model: `<think>` reasoning (whole and streamed in any
-pieces), template variables, the calculator's steps out of our format's token ids, and a
-constraint moved past the reasoning."""
+pieces), template variables (reasoning_effort rendered by a template, from chat completions and
+Responses), the calculator's steps out of our format's token ids, and a constraint moved past the
+reasoning (a forced tool call on a thinking model: its grammar over real tokens, then the route's split).
+Prompts go through the server's own renderer (prompt.chat_prompt)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from api_testing import prompt_lease
 
 from portachat.engine.structured import StructuredSpec
+from portachat.engine.structured.compile import Constraints
 from portachat.serve.api.calculator_steps import CalculatorStep, ReplySplitter, split_reply, with_steps
 from portachat.serve.api.errors import APIError
+from portachat.serve.api.prompt import chat_prompt
+from portachat.serve.api.protocol import ChatCompletionRequest
 from portachat.serve.api.reasoning import (
     NO_THINKING,
     StreamingReasoningParser,
@@ -18,8 +26,15 @@ from portachat.serve.api.reasoning import (
     split_reasoning,
     starts_inside,
     template_variables,
+    thinking_of,
 )
+from portachat.serve.api.response_items import chat_messages, normalised_input
+from portachat.serve.api.responses import ResponsesRequest, as_chat_request
+from portachat.serve.api.tool_calls import call_format, parse_tool_calls, tool_call_spec, tool_request
+from portachat.tokenizer.chat_tokenizer import TemplateChatTokenizer
 from portachat.tokenizer.protocol import ToolTokens
+from tests.model.hf_families import train_bpe
+from tests.serve.tool_templates import HERMES_TOOLS, WEATHER_TOOL
 
 REPLY = "<think>\nadd them\n\n</think>\n\nThe answer is 81."
 
@@ -102,3 +117,81 @@ def test_a_constraint_moves_past_the_reasoning_of_a_thinking_model_only():
     assert "start: think answer" in after_reasoning(spec, Thinking("think", inside=True)).value
     own = StructuredSpec("grammar", "start: /[a-z]+/", param="structured_outputs.grammar")
     assert after_reasoning(own, Thinking("think")) is own  # a client's own grammar keeps its start rule
+
+
+# A Qwen3-style template: Hermes tool calls, and earlier reasoning shown in a <think> block.
+THINKING_HERMES = HERMES_TOOLS.replace(
+    "{%- if message.content %}\n{{ message.content }}{%- endif %}",
+    "{%- if message.reasoning_content %}\n<think>\n{{ message.reasoning_content }}\n</think>\n{%- endif %}"
+    "{%- if message.content %}\n{{ message.content }}{%- endif %}", 1)
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+FREE_REASONING = 'Paris, so {"city": "Paris"}; no <tool_call> yet'  # JSON and tags: free text in the block
+
+
+
+def template_tokenizer(template: str) -> TemplateChatTokenizer:
+    return TemplateChatTokenizer(train_bpe(), {"chat_template": template, "eos_token": "<|im_end|>"})
+
+
+def accepts(matcher, ids: list[int]) -> bool:
+    return all(matcher.consume_token(t) for t in ids)
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_a_forced_tool_call_on_a_thinking_model_leaves_the_reasoning_free_and_is_parsed_from_the_answer(choice):
+    tok = template_tokenizer(THINKING_HERMES)
+    chat = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "Weather in Paris?"}],
+                                                 "tools": [WEATHER_TOOL], "tool_choice": choice})
+    tools = tool_request(chat.tools, chat.tool_choice, chat.parallel_tool_calls)
+    fmt = call_format(tok.chat_template)
+    prompt_ids = chat_prompt(prompt_lease(tok), chat, tools)
+    thinking = thinking_of(tok, prompt_ids)
+    assert (fmt, thinking) == ("hermes", Thinking("think"))
+    enforced = tool_call_spec(tools, fmt)
+    spec = after_reasoning(enforced, thinking)  # what the route hands the engine
+    assert spec.param == "tool_choice"
+
+    constraints = Constraints(tok, tok.vocab_size)
+    reply = tok.encode(f"<think>\n{FREE_REASONING}\n</think>\n\n{CALL}")
+    matcher = constraints.matcher(spec)
+    assert accepts(matcher, reply), matcher.get_error()
+    assert matcher.consume_token(tok.end_ids[0]) and matcher.is_stopped()  # the call done, the turn may end
+    assert not accepts(constraints.matcher(enforced), reply)  # without the move, the block itself is refused
+    # After the block the answer must be the call: prose is refused there.
+    assert not accepts(constraints.matcher(spec), tok.encode(f"<think>\n{FREE_REASONING}\n</think>\n\nIt is sunny"))
+
+    # The route's split: reasoning first, then the call parsed from the answer alone.
+    reasoning, answer, steps = split_reply(tok, thinking, [(tok.decode(reply), reply)])
+    text, calls = parse_tool_calls(answer, fmt)
+    assert (reasoning, text, steps) == (FREE_REASONING, "", [])
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
+
+
+EFFORT_TEMPLATE = (
+    "{% if reasoning_effort is defined %}<|im_start|>system\nReasoning: {{ reasoning_effort }}<|im_end|>\n{% endif %}"
+    "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_reasoning_effort_reaches_the_template_from_chat_completions_and_responses():
+    tok = template_tokenizer(EFFORT_TEMPLATE)
+    question = [{"role": "user", "content": "hi"}]
+
+    def chat_text(**fields) -> str:
+        chat = ChatCompletionRequest.model_validate({"messages": question, **fields})
+        return tok.decode(chat_prompt(prompt_lease(tok), chat))
+
+    def responses_text(**fields) -> str:
+        req = ResponsesRequest.model_validate({"input": "hi", **fields})
+        chat = as_chat_request(req, chat_messages(normalised_input(req.input), None))
+        return tok.decode(chat_prompt(prompt_lease(tok), chat))
+
+    plain = chat_text()
+    assert "Reasoning" not in plain and responses_text() == plain
+    for effort in ("low", "high"):
+        shown = f"system\nReasoning: {effort}"
+        assert shown in chat_text(reasoning_effort=effort) and chat_text(reasoning_effort=effort).endswith(plain)
+        assert responses_text(reasoning={"effort": effort}) == chat_text(reasoning_effort=effort)
+    # chat_template_kwargs names it too; the request's own field does not override it.
+    assert "Reasoning: low" in chat_text(reasoning_effort="high", chat_template_kwargs={"reasoning_effort": "low"})

@@ -7,9 +7,9 @@ tokens and result the model's own turn had. Rendered through the server's own pr
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import pytest
+from api_testing import prompt_lease
 
 from portachat.serve.api.calculator_steps import CalculatorStep, split_reply
 from portachat.serve.api.errors import APIError
@@ -44,16 +44,12 @@ def server_output(tok: PortachatChatTokenizer) -> list[dict]:
     return json.loads(json.dumps(output_items(reasoning, answer, [], steps)))
 
 
-def lease(tokenizer) -> SimpleNamespace:
-    """What chat_prompt reads of a model lease: the server's settings and the model's tokenizer."""
-    return SimpleNamespace(settings=SimpleNamespace(max_messages=100), model=SimpleNamespace(tokenizer=tokenizer))
-
 
 def rendered(tokenizer, request: dict, history: list[dict] | None = None) -> list[int]:
     """Prompt ids of a Responses request, the way POST /v1/responses renders them."""
     req = ResponsesRequest.model_validate(request)
     items = normalised_input(req.input)
-    return chat_prompt(lease(tokenizer), as_chat_request(req, chat_messages((history or []) + items, None)))
+    return chat_prompt(prompt_lease(tokenizer), as_chat_request(req, chat_messages((history or []) + items, None)))
 
 
 def expected_prompt(tok: PortachatChatTokenizer) -> list[int]:
