@@ -61,6 +61,21 @@ def test_the_calculator_step_is_shown_apart_from_the_answer_in_every_api(server)
         final = stream.get_final_response()
     assert [i.type for i in final.output] == ["code_interpreter_call", "message"] and final.output_text == ANSWER
 
+    # An Agents SDK agent resends the step (as the code_interpreter_call item it got) on its next turn.
+    from agents import Agent, ModelSettings, Runner, set_tracing_disabled
+    from agents.models.openai_responses import OpenAIResponsesModel
+
+    set_tracing_disabled(True)
+    agent = Agent(name="calculator", model=OpenAIResponsesModel(model="tiny", openai_client=openai.AsyncOpenAI(
+        base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=120)),
+                  model_settings=ModelSettings(temperature=0, max_tokens=40))
+    first = Runner.run_sync(agent, QUESTION)
+    assert first.final_output == ANSWER
+    resent = first.to_input_list()
+    assert [item.get("type") for item in resent][1] == "code_interpreter_call"
+    second = Runner.run_sync(agent, [*resent, {"role": "user", "content": QUESTION}])  # a 400 before
+    assert second.raw_responses[0].usage.input_tokens > first.raw_responses[0].usage.input_tokens
+
 
 def test_the_chat_page_shows_the_step_in_its_own_box(server, browser):  # noqa: F811 - the fixture imported above
     page = browser.new_page()
