@@ -57,12 +57,6 @@ class ChatMessage(BaseModel):
             return self.content
         return "".join(part.text for part in self.content)
 
-    def calculator_parts(self) -> list[dict[str, str]] | None:
-        """The content as parts when a calculator step is among them (they render as its tool tokens), else None."""
-        if isinstance(self.content, list) and any(part.type != "text" for part in self.content):
-            return [{"type": part.type, "text": part.text} for part in self.content]
-        return None
-
 
 class _SamplingFields(BaseModel):
     model_config = ConfigDict(extra="ignore")

@@ -139,6 +139,15 @@ def tool_call_spec(tools: ToolRequest | None, fmt: str | None) -> StructuredSpec
     return StructuredSpec("grammar", "\n".join([start, call, *rules]), param="tool_choice")
 
 
+def _calculator_parts(message: Any) -> list[dict[str, str]] | None:
+    """A message's content as parts when a calculator step is among them (they render as its tool
+    tokens), else None (the content is then one string)."""
+    content = getattr(message, "content", None)
+    if isinstance(content, list) and any(part.type != "text" for part in content):
+        return [{"type": part.type, "text": part.text} for part in content]
+    return None
+
+
 def template_messages(messages: list[Any]) -> list[dict[str, Any]]:
     """OpenAI messages -> the dicts chat templates read (transformers' convention): assistant
     `tool_calls` with `arguments` as a dict, `tool` results with their `tool_call_id` and name, content
@@ -147,7 +156,7 @@ def template_messages(messages: list[Any]) -> list[dict[str, Any]]:
     out = []
     for m in messages:
         role = "system" if m.role == "developer" else m.role
-        item: dict[str, Any] = {"role": role, "content": m.calculator_parts() or m.text()}
+        item: dict[str, Any] = {"role": role, "content": _calculator_parts(m) or m.text()}
         reasoning = next((r for r in (getattr(m, "reasoning_content", None), getattr(m, "reasoning", None))
                           if r is not None), None)
         if reasoning is not None:  # an assistant's earlier reasoning: templates read reasoning_content
