@@ -21,7 +21,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     if args.prompt is not None:  # one question, one answer: scripts and smoke tests
         session = ChatSession(params=params, system=args.system)
         session.messages.append({"role": "user", "content": args.prompt})
-        _text, _ids, reason = stream_reply(served.engine, served.tokenizer, session, sys.stdout)
+        _text, _ids, reason = stream_reply(served.engine, served.tokenizer, session, sys.stdout, line_start=True)
         print()
         return 0 if reason != "error" else 1
     chat_loop(served.engine, served.tokenizer, params, system=args.system)

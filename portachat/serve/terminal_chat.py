@@ -1,4 +1,6 @@
-"""`portachat chat`: a multi-turn chat in the terminal, streamed token by token.
+"""`portachat chat`: a multi-turn chat in the terminal, streamed token by token (the answer apart from
+reasoning and calculator steps: chat_display.py). The conversation keeps each reply as the model wrote
+it, tool calls and results included, so later turns show the model its own steps.
 
 Commands: /clear (forget the conversation), /temperature X, /max-tokens N, /system TEXT, /help,
 /quit. Ctrl-C while the model answers stops that answer (its partial text stays in the
@@ -15,6 +17,8 @@ from typing import Any, TextIO
 from portachat.engine.sampling_params import TEMPERATURE_MAX, SamplingError, SamplingFallback, with_fields
 from portachat.engine.types import EngineError, SamplingParams
 from portachat.i18n import N_, _, gettext
+from portachat.serve.api.reasoning import thinking_of
+from portachat.serve.chat_display import ReplyDisplay
 from portachat.tokenizer.protocol import ChatTokenizer
 
 # `chat`'s own defaults for what neither the flags nor the model's generation_config set: a little
@@ -73,21 +77,6 @@ def reply_parts(tokenizer: ChatTokenizer, ids: list[int]) -> list[dict[str, str]
     return [p for p in parts if p["text"] or p["type"] != "text"]
 
 
-def _with_tool_marks(tokenizer: ChatTokenizer, ids: list[int], text: str) -> str:
-    """A step's text with the calculator's tool tokens shown: "[calculator: 23+58 = 81] ..."."""
-    tools = tokenizer.tool_tokens
-    if tools is None:
-        return text
-    marks = {tools.python_start: "[calculator: ", tools.python_end: "", tools.output_start: " = ",
-             tools.output_end: "] "}
-    plain = [i for i, t in enumerate(ids) if t not in marks]
-    if not plain:
-        return "".join(marks.get(t, "") for t in ids) + text
-    before = "".join(marks[t] for t in ids[: plain[0]])
-    after = "".join(marks[t] for t in ids[plain[-1] + 1 :])
-    return before + text + after
-
-
 def handle_command(line: str, session: ChatSession, out: TextIO) -> bool:
     """Apply a slash command; returns False when the user asked to quit."""
     name, _sep, arg = line.strip().partition(" ")
@@ -123,15 +112,19 @@ def handle_command(line: str, session: ChatSession, out: TextIO) -> bool:
     return True
 
 
-def stream_reply(engine, tokenizer: ChatTokenizer, session: ChatSession, out: TextIO) -> tuple[str, list[int], str]:
-    """Run one assistant turn, printing text as it arrives. Returns (text, ids, finish reason);
-    Ctrl-C aborts the request and returns what was produced so far with reason "abort"."""
+def stream_reply(engine, tokenizer: ChatTokenizer, session: ChatSession, out: TextIO,
+                 line_start: bool = False) -> tuple[str, list[int], str]:
+    """Run one assistant turn, printing it as it arrives: the answer, and apart from it the reasoning
+    and calculator steps (chat_display.py; `line_start`: nothing precedes it on the line). Returns the
+    raw (text, ids, finish reason), tool tokens and reasoning included, for the conversation; Ctrl-C
+    aborts the request and returns what was produced so far with reason "abort"."""
     prompt = tokenizer.render_prompt(session.history())
     room = engine.max_model_len - len(prompt)
     if room < 1:
         raise EngineError(_("the conversation ({tokens} tokens) fills the context window of {window} tokens").format(
             tokens=len(prompt), window=engine.max_model_len), kind="too_long")
     # A reply may use whatever room the context leaves, up to --max-tokens.
+    display = ReplyDisplay(out, tokenizer, thinking_of(tokenizer, prompt), line_start=line_start)
     rid = engine.add_request(prompt, replace(session.params, max_tokens=min(session.params.max_tokens, room)))
     texts: list[str] = []
     ids: list[int] = []
@@ -142,8 +135,7 @@ def stream_reply(engine, tokenizer: ChatTokenizer, session: ChatSession, out: Te
                     continue
                 texts.append(o.text)
                 ids.extend(o.token_ids)
-                out.write(_with_tool_marks(tokenizer, o.token_ids, o.text))
-                out.flush()
+                display.feed(o.text, o.token_ids, last=o.finished)
                 if o.finished:
                     if o.error:
                         out.write(f"\n[error] {o.error}")
@@ -152,6 +144,7 @@ def stream_reply(engine, tokenizer: ChatTokenizer, session: ChatSession, out: Te
         engine.abort(rid)
         while engine.has_unfinished():  # let the engine settle so the next turn starts clean
             engine.step()
+        display.feed("", [], last=True)  # what the splitter held back (a partial tag, an unfinished step)
         out.write(" [stopped]")
         return "".join(texts), ids, "abort"
 

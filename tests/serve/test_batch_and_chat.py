@@ -180,15 +180,6 @@ def test_reply_is_capped_at_the_room_the_context_leaves(served):
     assert reason == "length" and len(prompt) + len(ids) == served.engine.max_model_len
 
 
-def test_tool_calls_are_shown_in_the_stream(served):
-    from portachat.serve.terminal_chat import _with_tool_marks
-
-    t = served.tokenizer.tool_tokens
-    two, five = served.tokenizer.encode("2")[0], served.tokenizer.encode("5")[0]
-    assert _with_tool_marks(served.tokenizer, [t.python_start, two], "2") == "[calculator: 2"
-    assert _with_tool_marks(served.tokenizer, [t.python_end, t.output_start, five, t.output_end], "5") == " = 5] "
-
-
 def test_rows_override_the_flags_and_unset_rows_keep_them(tmp_path, served):
     inp = tmp_path / "in.jsonl"
     inp.write_text('{"prompt": "a", "temperature": 0.9, "stop": "x"}\n{"prompt": "b", "temperature": null}\n',

@@ -8,25 +8,18 @@ from __future__ import annotations
 import anthropic
 import openai
 import pytest
-from api_testing import chat_tokenizer, served_tiny, start_server
-from thinking_model import train_replies
+from api_testing import served_tiny, start_server
+from calculator_model import ANSWER, QUESTION, train_calculator_model
 
 from tests.serve.test_web import browser  # noqa: F401 - the headless Chromium fixture
 
 pytestmark = pytest.mark.slow
 
-QUESTION = "23加58等于多少？"
-ANSWER = "答案：81。"
-
 
 @pytest.fixture(scope="module")
 def server(small_tokenizer):
-    tok = chat_tokenizer(small_tokenizer)
-    tools, end = tok.tool_tokens, small_tokenizer.end_ids[0]
-    reply = [tools.python_start, *tok.encode("23+58"), tools.python_end, tools.output_start, *tok.encode("81"),
-             tools.output_end, *tok.encode(ANSWER), end]
-    rows = [(tok.render_prompt([{"role": "user", "content": QUESTION}]), reply)] * 4
-    running = start_server(served_tiny(tok, model=train_replies(tok.vocab_size, rows, steps=60)))
+    tok, model = train_calculator_model(small_tokenizer)
+    running = start_server(served_tiny(tok, model=model))
     yield running
     running.stop()
 

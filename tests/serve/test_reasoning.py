@@ -86,6 +86,9 @@ class _Ours:
     def decode(self, ids: list[int]) -> str:
         return "".join(self.chars[i - 10] for i in ids if i >= 10)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.decode([token_id]).encode()
+
 
 def test_calculator_steps_leave_the_answer_clean():
     tok, t = _Ours(), _Ours.tool_tokens

@@ -11,6 +11,7 @@ reasoning (reasoning.py) on the text that is left."""
 
 from __future__ import annotations
 
+import codecs
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +28,11 @@ class CalculatorStep:
 
 
 class CalculatorSplitter:
-    """Per output: (answer text, finished steps). Outputs without tool tokens pass their text through."""
+    """Per output: (answer text, finished steps). Outputs without tool tokens pass their text through.
+
+    An output with tool tokens (several tokens at once: the forced result, speculative decoding) has
+    its answer decoded here from the ids, through a UTF-8 decoder kept in step with the engine's: a
+    character split across outputs is held, as the engine's text holds it, and comes out once."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tools = getattr(tokenizer, "tool_tokens", None)
@@ -36,9 +41,15 @@ class CalculatorSplitter:
         self.state = "answer"  # answer | expression | called | result
         self.expression: list[int] = []
         self.result: list[int] = []
+        self.answer_bytes = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def _answer(self, run: list[int]) -> str:
+        return self.answer_bytes.decode(b"".join(self.tokenizer.token_bytes(t) for t in run))
 
     def feed(self, text: str, token_ids: list[int]) -> tuple[str, list[CalculatorStep]]:
         if self.state == "answer" and not self.ids.intersection(token_ids):
+            if self.tools is not None:
+                self._answer(token_ids)  # the engine's text is the answer; only the held bytes matter
             return text, []
         t, decode = self.tools, self.tokenizer.decode
         answer, run, steps = "", [], []
@@ -48,7 +59,8 @@ class CalculatorSplitter:
                 self.state = "answer"
             if self.state == "answer":
                 if token == t.python_start:
-                    answer, run = answer + decode(run), []
+                    answer, run = answer + self._answer(run), []
+                    self.answer_bytes.reset()  # half a character before a call never completes
                     self.state, self.expression = "expression", []
                 else:
                     run.append(token)
@@ -64,7 +76,7 @@ class CalculatorSplitter:
                 self.state = "answer"
             else:
                 self.result.append(token)
-        return answer + decode(run), steps
+        return answer + self._answer(run), steps
 
     def finish(self) -> list[CalculatorStep]:
         """A step the reply ended inside (cut by max_tokens, or a refused expression at the end)."""
