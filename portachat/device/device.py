@@ -15,6 +15,7 @@ from portachat.device.dist import apply_env_defaults, dist_env, env_status
 from portachat.device.errors import DeviceError
 from portachat.device.flops import PeakFlops
 from portachat.device.fused_attention import select_backend as select_attention_backend
+from portachat.device.fused_attention import select_packed as select_packed_attention
 from portachat.device.memory import MemoryStats
 from portachat.device.policy import (
     DIST_TIMEOUT_ENV,
@@ -28,6 +29,7 @@ from portachat.device.policy import (
     decide_dist_timeout,
     decide_dtype,
     decide_fused_optimizer,
+    decide_packed_attention,
     decide_tf32,
     fp8_support,
     npu_env_defaults,
@@ -79,6 +81,7 @@ class Device:
             "tf32": decide_tf32(facts),
         }
         d = self.decisions
+        d["packed_attention"] = decide_packed_attention(facts, d["attention"], d["compile"], attention)
         self.dtype_name: str = d["dtype"].value
         self.dtype: torch.dtype = DTYPES[self.dtype_name]
         self.dtype_reason: str = d["dtype"].reason
@@ -92,6 +95,8 @@ class Device:
         self.compile_reason: str = d["compile"].reason
         self.attention_backend: str = d["attention"].value
         self.attention_reason: str = d["attention"].reason
+        self.packed_attention: str = d["packed_attention"].value  # policy.PACKED_ATTENTION
+        self.packed_attention_reason: str = d["packed_attention"].reason
         self.fused_optimizer: bool = bool(d["fused_optimizer"].value)
         self.fused_optimizer_reason: str = d["fused_optimizer"].reason
         self.dist_backend: str = d["collective"].value
@@ -343,6 +348,8 @@ class Device:
             "compile_reason": self.compile_reason,
             "attention_backend": self.attention_backend,
             "attention_reason": self.attention_reason,
+            "packed_attention": self.packed_attention,
+            "packed_attention_reason": self.packed_attention_reason,
             "fused_optimizer": self.fused_optimizer,
             "fused_optimizer_reason": self.fused_optimizer_reason,
             "tf32": self.tf32,
@@ -428,6 +435,7 @@ def get_device(kind: str | None = None, dtype: str | None = None, compile: bool 
             _CACHE[key].apply_math_settings()
         dev = _CACHE[key]
         select_attention_backend(dev.attention_backend)
+        select_packed_attention(dev.packed_attention)
         return dev
 
 

@@ -1,6 +1,7 @@
-"""Vendor fused attention kernels, behind the device layer: which family runs (chosen by get_device())
-and the Ascend kernel itself (`torch_npu.npu_fusion_attention`, per torch_npu's API reference).
-portachat.ops.attention asks this module; nothing else names a vendor kernel."""
+"""Vendor fused attention kernels, behind the device layer: which family runs (chosen by get_device()),
+how packed rows' document-masked attention runs (policy.decide_packed_attention, also chosen by
+get_device()) and the Ascend kernel itself (`torch_npu.npu_fusion_attention`, per torch_npu's API
+reference). portachat.ops.attention asks this module; nothing else names a vendor kernel."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 import torch
 
 _backend = "sdpa"
+_packed = "dense_mask"  # policy.PACKED_ATTENTION
 _FUSION_DTYPES = (torch.float16, torch.bfloat16)
 _CAUSAL_MASK_SIZE = 2048  # npu_fusion_attention's compressed causal masks are 2048 x 2048
 _LEFT_UP_CAUSAL = 2  # sparse_mode: causal aligned to the top-left corner, like SDPA's is_causal
@@ -24,6 +26,16 @@ def select_backend(name: str) -> None:
 
 def current_backend() -> str:
     return _backend
+
+
+def select_packed(name: str) -> None:
+    """Called by get_device(): how packed rows attend (policy.PACKED_ATTENTION)."""
+    global _packed
+    _packed = name
+
+
+def packed_choice() -> str:
+    return _packed
 
 
 def fused_applies(q: torch.Tensor, attn_mask: torch.Tensor | None) -> bool:

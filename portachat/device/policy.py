@@ -15,6 +15,10 @@ from portachat.device.probe import ProbeResult
 from portachat.i18n import N_, _, gettext
 
 ATTENTION_BACKENDS = ("sdpa", "npu_fusion_attention")
+# How packed rows (several conversations back to back, positions restarting) attend: "flex" = compiled
+# flex_attention with a document block mask (blocks wholly outside a conversation are skipped), or
+# "dense_mask" = a boolean [B, 1, T, T] block-diagonal causal mask handed to attention().
+PACKED_ATTENTION = ("flex", "dense_mask")
 DIST_BACKENDS = {"cuda": "nccl", "rocm": "nccl", "dcu": "nccl", "npu": "hccl", "xpu": "xccl", "cpu": "gloo"}
 
 # bf16 on HIP: torch.cuda.is_bf16_supported() answers True on every HIP device, so keep our own list.
@@ -235,6 +239,33 @@ def decide_attention(p: ProbeResult, requested: str | None = None) -> Decision:
         "cpu": N_("SDPA (fused flash kernel on CPU)"),
     }
     return Decision("sdpa", gettext(reasons[p.kind]))
+
+
+def decide_packed_attention(p: ProbeResult, attention: Decision, compile: Decision,
+                            requested: str | None = None) -> Decision:  # fmt: skip
+    """How packed rows' document-masked attention runs (PACKED_ATTENTION), given the attention family
+    and the compile decision already made for this device; `requested` = PORTACHAT_ATTENTION, whose
+    "sdpa" keeps every fast path off."""
+    if requested is not None and requested.strip().lower() == "sdpa":
+        return Decision("dense_mask", _("SDPA with the packed rows' block-diagonal mask: requested "
+                                        "(PORTACHAT_ATTENTION=sdpa)"))
+    if attention.value == "npu_fusion_attention":
+        # Its varlen form (TND layout, actual_seq_qlen) wants the cumulative lengths as host integers:
+        # a device-to-host copy every forward, and untested on hardware here; the mask form is tested.
+        return Decision("dense_mask", _("npu_fusion_attention with the packed rows' block-diagonal mask "
+                                        "(its varlen TND form is not used)"))
+    if p.kind != "cuda":
+        return Decision("dense_mask", _("{kind}: SDPA with the packed rows' block-diagonal mask (flex_attention's "
+                                        "fused kernel is used on CUDA only)").format(kind=p.kind))
+    if not p.flex_attention:
+        return Decision("dense_mask", _("SDPA with the packed rows' block-diagonal mask: this torch has no "
+                                        "flex_attention (torch >= 2.5)"))
+    if compile.value != "inductor":
+        # flex_attention without torch.compile materializes every score: slower than SDPA with the mask.
+        return Decision("dense_mask", _("SDPA with the packed rows' block-diagonal mask: flex_attention needs "
+                                        "torch.compile ({reason})").format(reason=compile.reason))
+    return Decision("flex", _("compiled flex_attention with a document block mask: blocks across conversations "
+                              "are skipped (PORTACHAT_ATTENTION=sdpa turns it off)"))
 
 
 def npu_fusion_supported(soc_name: str) -> bool:

@@ -106,6 +106,7 @@ class ProbeResult:
     attention_kernels: tuple[
         str, ...
     ] = ()  # vendor fused-attention entry points found, e.g. npu_fusion_attention
+    flex_attention: bool = False  # torch.nn.attention.flex_attention exists (torch >= 2.5)
     # CPU facts (kind "cpu"): ISA flags, usable cores, clock, and the measured bf16 autocast speed-up.
     cpu_flags: tuple[str, ...] = ()
     cpu_vendor: str | None = None  # "AuthenticAMD", "GenuineIntel", "ARM", ...
@@ -309,6 +310,7 @@ def probe(kind: str | None = None, before_device_init: Callable[[str], None] | N
         transfer_to_npu_imported="torch_npu.contrib.transfer_to_npu" in sys.modules,
         macos_version=(platform.mac_ver()[0] or None) if sys.platform == "darwin" else None,
         triton_available=importlib.util.find_spec("triton") is not None,
+        flex_attention=importlib.util.find_spec("torch.nn.attention.flex_attention") is not None,
         fused_optimizer_devices=fused,
         default_dist_backend=default_backend,
         vendor_clis=clis,

@@ -19,7 +19,7 @@ from torch import nn
 from portachat.model.config import GPTConfig
 from portachat.model.layer_ops import decoder_layer
 from portachat.model.loss import chunked_cross_entropy, loss_chunk_size
-from portachat.ops.attention import attention, packed_causal_mask
+from portachat.ops.attention import AttentionMask, attention, packed_attention_mask
 
 
 class RMSNorm(nn.Module):
@@ -121,7 +121,7 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+                attn_mask: AttentionMask | None = None) -> torch.Tensor:
         """x [B, T, C] -> the same after this layer (model/layer_ops.py's contract), causal attention
         within each row, or within each sequence of a packed row (`attn_mask`)."""
         return decoder_layer(SequenceOps((self,), cos, sin, attn_mask), 0, x)
@@ -167,7 +167,7 @@ class SequenceOps(ModuleOps):
     sequence itself (ops/attention.py: causal, or `attn_mask` for packed rows)."""
 
     def __init__(self, blocks: Sequence[Block], cos: torch.Tensor, sin: torch.Tensor,
-                 attn_mask: torch.Tensor | None) -> None:  # fmt: skip
+                 attn_mask: AttentionMask | None) -> None:  # fmt: skip
         super().__init__(blocks)
         self.cos, self.sin, self.attn_mask = cos, sin, attn_mask
 
@@ -291,7 +291,8 @@ class GPT(nn.Module):
 
         `positions` [B, T]: each token's position within its own sequence, for rows that pack several
         sequences back to back (positions restart where one begins): rotary uses them, and attention
-        stays inside each sequence (the device layer's mask). None = one sequence per row."""
+        stays inside each sequence (the mask in the form the device layer chose: ops/attention.py's
+        packed_attention_mask). None = one sequence per row."""
         T = idx.size(1)
         cos, sin = self._rotary(T)
         mask = None
@@ -299,7 +300,7 @@ class GPT(nn.Module):
             cos, sin = cos[None, None, :T], sin[None, None, :T]
         else:  # a position never exceeds its index, so the tables for T cover them
             cos, sin = cos[positions][:, None], sin[positions][:, None]
-            mask = packed_causal_mask(positions)
+            mask = packed_attention_mask(positions)
         x = self.model.embed_tokens(idx)
         # Rotate q and k in the dtype they are computed in (autocast's, else the weights'), so all of
         # q, k, v reach attention in one dtype.

@@ -6,17 +6,24 @@ kernels per device. Where the device layer selected a vendor's fused kernel and 
 turns it off), that kernel runs instead.
 
 Packed rows (several sequences back to back in one row, positions restarting at each) attend only
-within their own sequence: `packed_causal_mask(positions)` builds the block-diagonal causal mask
-once per forward, in the form `attention()` takes (a vendor kernel gets it as its own convention),
-so model code never builds a kernel's mask.
+within their own sequence: `packed_attention_mask(positions)` builds their mask once per forward, in
+the form the device layer chose (policy.decide_packed_attention): a flex_attention `BlockMask` over
+per-token document ids where compiled flex runs (blocks across sequences are skipped, not computed
+and masked), else the dense block-diagonal causal mask of `packed_causal_mask` (a vendor kernel gets
+it as its own convention). `attention()` runs whichever it is given, so model code never builds a
+kernel's mask.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
-from portachat.device.fused_attention import fused_applies, npu_fusion
+from portachat.device.fused_attention import fused_applies, npu_fusion, packed_choice
+
+AttentionMask = torch.Tensor | BlockMask  # a boolean mask (True = attend) or flex_attention's block mask
+_compiled_flex = []  # torch.compile(flex_attention), made on first use: the fused kernel exists only compiled
 
 
 def attention(
@@ -25,19 +32,63 @@ def attention(
     v: torch.Tensor,
     *,
     is_causal: bool,
-    attn_mask: torch.Tensor | None = None,
+    attn_mask: AttentionMask | None = None,
 ) -> torch.Tensor:
     """Scaled dot-product attention on [B, H, T, D] tensors; k/v may have fewer (grouped) heads.
 
-    `attn_mask` is a boolean mask (True = attend) broadcastable to [B, H, Tq, Tk]; when given,
-    `is_causal` must be False (the mask already encodes causality).
+    `attn_mask` is a boolean mask (True = attend) broadcastable to [B, H, Tq, Tk], or a flex_attention
+    `BlockMask` (from `packed_attention_mask`); when given, `is_causal` must be False (the mask already
+    encodes causality).
     """
+    enable_gqa = k.size(1) != q.size(1)
+    if isinstance(attn_mask, BlockMask):
+        return _flex()(q, k, v, block_mask=attn_mask, enable_gqa=enable_gqa)
     if fused_applies(q, attn_mask):
         return npu_fusion(q, k, v, is_causal=is_causal, attn_mask=attn_mask)
-    enable_gqa = k.size(1) != q.size(1)
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, is_causal=is_causal, enable_gqa=enable_gqa
     )
+
+
+def _flex():
+    """flex_attention compiled where the device layer chose it; inside a model torch.compile is already
+    tracing, the plain function (the outer compile fuses it; compiling again within would not nest).
+    Elsewhere (a BlockMask built by hand, as tests do on a CPU) the eager reference implementation."""
+    if packed_choice() != "flex" or torch.compiler.is_compiling():
+        return flex_attention
+    if not _compiled_flex:
+        _compiled_flex.append(torch.compile(flex_attention))
+    return _compiled_flex[0]
+
+
+def packed_attention_mask(positions: torch.Tensor) -> AttentionMask:
+    """The mask of packed rows in the form the device layer chose for them: a `BlockMask` over document
+    ids for compiled flex_attention, else `packed_causal_mask(positions)`. Built once per forward."""
+    if packed_choice() == "flex":
+        return document_block_mask(document_ids(positions))
+    return packed_causal_mask(positions)
+
+
+def document_ids(positions: torch.Tensor) -> torch.Tensor:
+    """Per-token sequence numbers [B, T] (1, 2, ... along each row) for per-token positions [B, T] that
+    restart (do not grow) where a new sequence begins. Padding after a row's last sequence continues
+    its positions, so it joins that sequence."""
+    if positions.dim() != 2:
+        raise ValueError(f"positions must be [batch, time], got shape {tuple(positions.shape)}")
+    starts = torch.ones_like(positions, dtype=torch.bool)
+    starts[:, 1:] = positions[:, 1:] <= positions[:, :-1]
+    return starts.cumsum(dim=1)
+
+
+def document_block_mask(documents: torch.Tensor) -> BlockMask:
+    """flex_attention's block mask for document ids [B, T]: a token attends to itself and the tokens
+    before it in its own document only (the same rule as `packed_causal_mask`)."""
+
+    def same_document_causal(b: torch.Tensor, _h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        return (documents[b, q] == documents[b, kv]) & (q >= kv)
+
+    B, T = documents.shape
+    return create_block_mask(same_document_causal, B, None, T, T, device=documents.device)
 
 
 def packed_causal_mask(positions: torch.Tensor) -> torch.Tensor:
@@ -45,11 +96,7 @@ def packed_causal_mask(positions: torch.Tensor) -> torch.Tensor:
     [B, T] that restart (do not grow) where a new sequence begins. A token attends to itself and the
     tokens before it in its own sequence only; padding after a row's last sequence continues its
     positions, so it joins that sequence and, coming last, is never attended to by a real token."""
-    if positions.dim() != 2:
-        raise ValueError(f"positions must be [batch, time], got shape {tuple(positions.shape)}")
-    starts = torch.ones_like(positions, dtype=torch.bool)
-    starts[:, 1:] = positions[:, 1:] <= positions[:, :-1]
-    segment = starts.cumsum(dim=1)
+    segment = document_ids(positions)
     T = positions.size(1)
     causal = torch.ones(T, T, dtype=torch.bool, device=positions.device).tril()
     return (segment[:, :, None] == segment[:, None, :]).logical_and_(causal)[:, None]

@@ -32,7 +32,7 @@ from portachat.i18n import N_, _, gettext
 from portachat.i18n.width import display_width, ljust
 from portachat.storage import hubs
 
-DECISIONS = ("dtype", "compile", "attention", "collective", "fused_optimizer", "dist_timeout")
+DECISIONS = ("dtype", "compile", "attention", "packed_attention", "collective", "fused_optimizer", "dist_timeout")
 
 
 def _matmul_tflops(dev: Device) -> float:

@@ -224,3 +224,16 @@ def test_align_benchmark_reports_held_out_accuracy_before_and_after(tmp_path):
     assert 0 <= record["accuracy_before"] <= 1 and 0 <= record["accuracy_after"] <= 1
     assert record["steps"] == 1 and (tmp_path / "heldout.jsonl").is_file()
     assert record["pairs"] > 0 and 0 <= record["named_one_of_two_after"] <= 1
+
+
+def test_packed_attention_benchmark_prints_a_ratio_and_agrees_with_its_peer():
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "packed_attention.py"), "--batch-size", "2", "--seq-len", "64",
+         "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--layers", "2", "--mean-conversation", "20",
+         "--steps", "2", "--warmup", "1", "--json"],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    record = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert record["ratio"] > 0 and record["conversations"] > 2
+    assert record["path"] == "dense_mask" and record["max_abs_diff"] < 1e-5  # fp32 on a CPU: the same mask

@@ -18,6 +18,7 @@ def h100(**kw) -> ProbeResult:
         torch_version="2.9.0+cu128",
         cuda_version="12.8",
         triton_available=True,
+        flex_attention=True,
         fused_optimizer_devices=FUSED,
         default_dist_backend="nccl",
     )
@@ -58,6 +59,7 @@ def hip(kind: str, arch: str, name: str = "", **kw) -> ProbeResult:
         torch_version="2.9.0",
         hip_version="6.3",
         triton_available=True,
+        flex_attention=True,
         fused_optimizer_devices=FUSED,
         default_dist_backend="nccl",
     )
@@ -100,6 +102,7 @@ def cpu(**kw) -> ProbeResult:
         names=["cpu"],
         total_memory=[256 * 2**30],
         torch_version="2.9.0",
+        flex_attention=True,
         fused_optimizer_devices=FUSED,
         default_dist_backend="gloo",
     )

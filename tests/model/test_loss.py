@@ -7,9 +7,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from gpt_testing import randomized, tiny_config
+from torch.nn.attention.flex_attention import flex_attention
 
+from portachat.device.fused_attention import packed_choice, select_packed
 from portachat.model import GPT
 from portachat.model.loss import chunked_cross_entropy, loss_chunk_size
+from portachat.ops import attention as attention_ops
 
 
 def _whole_logits_loss(model: GPT, idx, targets, weights=None, reduction="sum"):
@@ -157,6 +160,32 @@ def test_no_token_attends_across_a_packed_boundary():
         after = model.hidden_states(changed, positions)
     assert not torch.allclose(before[0, :12], after[0, :12])  # A itself changes
     assert torch.equal(before[0, 12:], after[0, 12:])  # B and C do not move at all
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_packed_losses_are_the_same_through_flex_attention(monkeypatch):
+    """Where the device layer chose flex, the model hands attention a document block mask: the losses
+    are the dense mask's. Eager flex stands in for the compiled one (compiling on a CPU takes minutes;
+    flex has no CPU backward, so forward only)."""
+    calls = []
+
+    def eager_flex(*args, **kwargs):
+        calls.append(type(kwargs["block_mask"]).__name__)
+        return flex_attention(*args, **kwargs)
+
+    monkeypatch.setattr(attention_ops, "_compiled_flex", [eager_flex])
+    model = randomized(GPT(tiny_config(max_seq_len=256)), std=0.2)
+    ids, targets, positions = _packed(_conversations(lengths=(70, 45, 30)))  # 145 tokens: two flex blocks
+    before = packed_choice()
+    with torch.no_grad():
+        dense = model(ids, targets, loss_reduction="none", positions=positions)[0]
+        try:
+            select_packed("flex")
+            flex = model(ids, targets, loss_reduction="none", positions=positions)[0]
+        finally:
+            select_packed(before)
+    assert calls == ["BlockMask"] * model.config.n_layer
+    torch.testing.assert_close(flex, dense, atol=1e-5, rtol=1e-5)
 
 
 def test_the_fused_path_keeps_nothing_of_vocabulary_size_for_the_backward():

@@ -8,9 +8,26 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from portachat.device.fused_attention import current_backend, fusion_eligible, npu_fusion, select_backend
-from portachat.ops.attention import attention
+from portachat.device.fused_attention import (
+    current_backend,
+    fusion_eligible,
+    npu_fusion,
+    packed_choice,
+    select_backend,
+    select_packed,
+)
+from portachat.ops import attention as attention_ops
+from portachat.ops.attention import (
+    attention,
+    document_block_mask,
+    document_ids,
+    packed_attention_mask,
+    packed_causal_mask,
+)
+
+EAGER_FLEX = "ignore:flex_attention called without torch.compile"  # the reference path, on purpose
 
 
 def _reference_fusion(
@@ -93,8 +110,6 @@ def test_backend_selection_leaves_cpu_tensors_on_sdpa():
 
 
 def test_packed_causal_mask_keeps_each_sequence_to_itself():
-    from portachat.ops.attention import packed_causal_mask
-
     positions = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5, 6, 7, 8]])
     mask = packed_causal_mask(positions)
     assert mask.shape == (2, 1, 9, 9) and mask.dtype == torch.bool
@@ -107,3 +122,44 @@ def test_packed_causal_mask_keeps_each_sequence_to_itself():
     # Through attention() (True = attend): a row of one sequence is exactly is_causal.
     torch.testing.assert_close(attention(q, k, v, is_causal=False, attn_mask=mask)[1],
                                attention(q, k, v, is_causal=True)[1])
+
+
+def _packed_positions():
+    """Two rows of 150 tokens (more than flex's 128-token blocks): three sequences, the last one's
+    padding continuing its positions; and one sequence with a short one after it."""
+    return torch.tensor([list(range(60)) + list(range(50)) + list(range(40)), list(range(130)) + list(range(20))])
+
+
+def test_document_ids_number_the_sequences_of_each_row():
+    assert document_ids(torch.tensor([[0, 1, 2, 0, 1, 0, 0, 1], [0, 1, 2, 3, 4, 5, 6, 7]])).tolist() == [
+        [1, 1, 1, 2, 2, 3, 4, 4], [1, 1, 1, 1, 1, 1, 1, 1]]
+    with pytest.raises(ValueError, match="batch, time"):
+        document_ids(torch.arange(4))
+
+
+@pytest.mark.filterwarnings(EAGER_FLEX)
+def test_flex_attention_with_the_document_block_mask_equals_sdpa_with_the_dense_mask():
+    positions = _packed_positions()
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 4, 150, 16, generator=g)
+    k, v = torch.randn(2, 2, 150, 16, generator=g), torch.randn(2, 2, 150, 16, generator=g)  # grouped heads
+    dense = attention(q, k, v, is_causal=False, attn_mask=packed_causal_mask(positions))
+    flex = attention(q, k, v, is_causal=False, attn_mask=document_block_mask(document_ids(positions)))
+    torch.testing.assert_close(flex, dense, atol=1e-5, rtol=1e-5)
+    # and it is not plain causal attention: the first row's later sequences see nothing before them
+    assert not torch.allclose(flex[0, :, 60:], attention(q, k, v, is_causal=True)[0, :, 60:], atol=1e-3)
+
+
+def test_packed_rows_get_their_mask_in_the_form_the_device_layer_chose():
+    positions = _packed_positions()
+    before = packed_choice()
+    try:
+        select_packed("flex")
+        block = packed_attention_mask(positions)
+        assert isinstance(block, BlockMask) and block.shape == (2, 1, 150, 150)
+        assert attention_ops._flex() is not flex_attention  # compiled where chosen (compiling waits for a call)
+        select_packed("dense_mask")
+        assert torch.equal(packed_attention_mask(positions), packed_causal_mask(positions))
+        assert attention_ops._flex() is flex_attention  # a hand-built BlockMask elsewhere: the eager reference
+    finally:
+        select_packed(before)

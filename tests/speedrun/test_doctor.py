@@ -38,6 +38,8 @@ def test_doctor_json_on_cpu_is_healthy(monkeypatch, tmp_path):
     dtype = report["decisions"]["dtype"]
     assert dtype["value"] in ("fp32", "bf16") and "CPU" in dtype["reason"]
     assert report["decisions"]["collective"]["value"] == "gloo"
+    packed = report["decisions"]["packed_attention"]  # how packed conversations attend, and why
+    assert packed["value"] == "dense_mask" and "block-diagonal mask" in packed["reason"]
     assert report["probes"]["matmul_tflops"] > 0
     assert report["probes"]["h2d_gbps"] > 0 and "host" in report["probes"]["h2d_note"]
     assert report["probes"]["peak_flops"]["value"] > 0
