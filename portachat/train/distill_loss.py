@@ -24,7 +24,10 @@ would let the student put mass anywhere outside them for free.
 
 Memory: the student's logits exist a chunk of supervised positions at a time (model/loss.py's chunk
 size), and under activation checkpointing when there are several chunks, so the fp32
-[tokens x vocabulary] tensor never exists whole.
+[tokens x vocabulary] tensor never exists whole. A whole-vocabulary teacher in this process gives its
+final hidden states at the supervised positions ([N x d], small) and its head: its log-probabilities are
+computed in the same chunk loop, without gradients, and recomputed with the student's chunk in the
+backward, so no teacher tensor of [N x vocabulary] exists either (top-k targets are [N x k]: kept).
 """
 
 from __future__ import annotations
@@ -65,14 +68,30 @@ class DistillLoss:
 
 @dataclass
 class TeacherTargets:
-    """The teacher's log-probabilities at temperature τ for N supervised positions: over the whole
-    vocabulary (ids None, logprobs [N, V]) or its top k (ids [N, k] int64, logprobs [N, k])."""
+    """The teacher's side for N supervised positions, in one of two forms:
+      - log-probabilities at temperature τ: over the whole vocabulary (ids None, logprobs [N, V]) or its
+        top k (ids [N, k] int64, logprobs [N, k]);
+      - its final hidden states (hidden [N, d]) and output head, from which `resolved` computes those
+        log-probabilities a chunk of rows at a time (an in-process teacher: [N, V] never exists whole)."""
 
-    logprobs: torch.Tensor
+    logprobs: torch.Tensor | None = None
     ids: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
+    head: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def rows(self, start: int, stop: int) -> TeacherTargets:
-        return TeacherTargets(self.logprobs[start:stop], None if self.ids is None else self.ids[start:stop])
+        def cut(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[start:stop]
+
+        return TeacherTargets(cut(self.logprobs), cut(self.ids), cut(self.hidden), self.head)
+
+    def resolved(self, temperature: float, top_k: int | None) -> TeacherTargets:
+        """The log-probability form (this one, or the head run on the hidden states, without gradients).
+        Call it on a chunk of rows: on all N at once it is the [N, V] tensor the hidden form avoids."""
+        if self.hidden is None:
+            return self
+        with torch.no_grad():
+            return teacher_targets(self.head(self.hidden), temperature, top_k)
 
 
 def generalized_jsd(student: torch.Tensor, teacher: torch.Tensor, beta: float) -> torch.Tensor:
@@ -114,6 +133,7 @@ def teacher_targets(logits: torch.Tensor, temperature: float, top_k: int | None)
 def token_divergence(student_logits: torch.Tensor, teacher: TeacherTargets, loss: DistillLoss) -> torch.Tensor:
     """τ² · D_β per position [N] for student logits [N, V] against the teacher's targets."""
     student = F.log_softmax(student_logits.float() / loss.temperature, dim=-1)
+    teacher = teacher.resolved(loss.temperature, loss.top_k)
     if teacher.ids is None:
         div = generalized_jsd(student, teacher.logprobs.float(), loss.beta)
     else:
@@ -135,19 +155,19 @@ def distill_loss_sum(hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.
                      labels: torch.Tensor, ce_weights: torch.Tensor | None, loss: DistillLoss, chunk: int
                      ) -> torch.Tensor:  # fmt: skip
     """Σ over N supervised positions of the per-token loss, from the student's hidden states [N, C] and
-    output head, `chunk` positions at a time (recomputed in backward when there are several)."""
+    output head, `chunk` positions at a time (recomputed in backward when there are several). A teacher
+    given as hidden states runs its head inside the same chunk (and its recomputation): only its [N, d]
+    hidden states are held for the backward, never its [N, V] log-probabilities."""
     n = hidden.size(0)
     recompute = n > chunk and torch.is_grad_enabled()
     total = hidden.new_zeros((), dtype=torch.float32)
 
-    def piece(h: torch.Tensor, lab: torch.Tensor, w: torch.Tensor | None, t_lp: torch.Tensor,
-              t_ids: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
-        return token_loss(head(h), TeacherTargets(t_lp, t_ids), lab, w, loss).sum()
+    def piece(h: torch.Tensor, lab: torch.Tensor, w: torch.Tensor | None, t: TeacherTargets) -> torch.Tensor:
+        return token_loss(head(h), t, lab, w, loss).sum()
 
     for start in range(0, n, chunk):
         stop = start + chunk
-        t = teacher.rows(start, stop)
         args = (hidden[start:stop], labels[start:stop], None if ce_weights is None else ce_weights[start:stop],
-                t.logprobs, t.ids)
+                teacher.rows(start, stop))
         total = total + (checkpoint(piece, *args, use_reentrant=False) if recompute else piece(*args))
     return total

@@ -24,9 +24,11 @@ import torch
 import torch.distributed as dist
 
 from portachat.data.batch import Batch
+from portachat.data.chat_loader import Bucket
 from portachat.data.prompt_data import PromptRow, load_prompts
 from portachat.device import Device
 from portachat.device.inference import training_engine_dtype
+from portachat.device.shapes import pad_bucket, row_bucket
 from portachat.i18n import _
 from portachat.model import GPT
 from portachat.model.source import PORTACHAT, resolve
@@ -114,8 +116,10 @@ class GroupStream:
     """Stream s of n: prompts s, s+n, ... ; each batch = prompts_per_batch groups of G replies."""
 
     def __init__(self, rows: list[PromptRow], scorer: GroupScorer, stats: RolloutStats, opts: RLOptions,
-                 prompts_per_batch: int, pad_id: int, stream: int, num_streams: int, seed: int) -> None:
+                 prompts_per_batch: int, pad_id: int, stream: int, num_streams: int, seed: int, max_len: int,
+                 bucket: Bucket = pad_bucket) -> None:  # fmt: skip
         self.rows, self.scorer, self.stats, self.opts = rows, scorer, stats, opts
+        self.max_len, self.bucket = max_len, bucket
         self.prompts_per_batch, self.pad_id, self.seed, self.stream = prompts_per_batch, pad_id, seed, stream
         self.mine = list(range(stream % len(rows), len(rows), num_streams)) or [stream % len(rows)]
         self.index = 0
@@ -129,7 +133,7 @@ class GroupStream:
         self.stats.add(rewards, [sum(r.mask) for r in replies])
         adv = group_advantages(rewards, self.opts.normalize_std).flatten().tolist()
         self.scorer.sampler.sleep()  # the KV cache's memory is the trainer's until the next batch
-        return rollout_batch(prompts, replies, adv, self.pad_id)
+        return rollout_batch(prompts, replies, adv, self.pad_id, self.max_len, self.bucket)
 
     def state_dict(self) -> dict:
         return {"index": self.index, "count": len(self.rows)}
@@ -229,7 +233,8 @@ def run_grpo(opts: RLOptions, dev: Device | None = None, print_fn=print) -> Trai
         return {**stats.read(), **scorer.read_means(dev), "kv_freed_bytes": float(sampler.freed_bytes)}
 
     stage = Stage(
-        make_stream=lambda s, n: GroupStream(train_rows, scorer, stats, opts, prompts_per_batch, pad, s, n, cfg.seed),
+        make_stream=lambda s, n: GroupStream(train_rows, scorer, stats, opts, prompts_per_batch, pad, s, n, cfg.seed,
+                                             cfg.max_seq_len, row_bucket(dev.type, dev.compile)),
         loss=GRPOLoss(opts.epsilon, opts.epsilon_high, opts.beta, reference, reference_is_base=opts.lora is not None),
         evaluators=[heldout_reward_evaluator(heldout, scorer, dev, opts.max_new_tokens)] if heldout else [],
         step_metrics=step_metrics,

@@ -29,8 +29,10 @@ from portachat.data.chat_data import (
     synthetic_conversations,
     synthetic_heldout,
 )
+from portachat.data.chat_loader import Bucket
 from portachat.data.synthetic.tasks import TASKS, task_examples
 from portachat.device import Device
+from portachat.device.shapes import pad_bucket, row_bucket
 from portachat.i18n import _
 from portachat.model import GPT
 from portachat.model.model_dir import read_meta
@@ -79,15 +81,16 @@ class RLOptions:
 
 
 def rollout_batch(prompts: Sequence[list[int]], replies: Sequence[Reply], advantages: Sequence[float], pad_id: int,
-                  multiple: int = 32) -> Batch:
+                  max_len: int, bucket: Bucket = pad_bucket) -> Batch:
     """Rows of prompt + reply; only the model-sampled reply tokens are targets, weighted by their advantage.
-    Rows are padded to a multiple of `multiple` tokens, so a compiled model sees few distinct shapes."""
+    Rows are padded to the device's bucket (`bucket(longest row's inputs, max_len)`, device/shapes.py, as
+    the chat loaders' batches are), so a compiled model sees the few shapes the device was tuned for."""
     rows = [list(p) + r.token_ids for p, r in zip(prompts, replies, strict=True)]
-    width = max(2, max(len(r) for r in rows))
-    width = 1 + multiple * -(-(width - 1) // multiple)
-    inputs = torch.full((len(rows), width - 1), pad_id, dtype=torch.long)
-    targets = torch.full((len(rows), width - 1), -1, dtype=torch.long)
-    weights = torch.zeros((len(rows), width - 1), dtype=torch.float32)
+    longest = max(1, max(len(r) for r in rows) - 1)  # input positions: a row's last token is only a target
+    width = max(longest, bucket(longest, max_len))  # a row is never cut, even one past max_len
+    inputs = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    targets = torch.full((len(rows), width), -1, dtype=torch.long)
+    weights = torch.zeros((len(rows), width), dtype=torch.float32)
     for i, (prompt, reply, adv) in enumerate(zip(prompts, replies, advantages, strict=True)):
         row = rows[i]
         inputs[i, : len(row) - 1] = torch.tensor(row[:-1], dtype=torch.long)
@@ -143,9 +146,10 @@ class RolloutStream:
     """Stream s of n: prompts s, s+n, ... of the task list; each batch = prompts_per_batch x G rollouts."""
 
     def __init__(self, tasks: list[Conversation], tokenizer: Tokenizer, sampler: RolloutEngine, stats: RolloutStats,
-                 opts: RLOptions, prompts_per_batch: int, stream: int, num_streams: int, seed: int) -> None:
+                 opts: RLOptions, prompts_per_batch: int, stream: int, num_streams: int, seed: int, max_len: int,
+                 bucket: Bucket = pad_bucket) -> None:  # fmt: skip
         self.tasks, self.tokenizer, self.sampler, self.stats, self.opts = tasks, tokenizer, sampler, stats, opts
-        self.prompts_per_batch, self.seed = prompts_per_batch, seed
+        self.prompts_per_batch, self.seed, self.max_len, self.bucket = prompts_per_batch, seed, max_len, bucket
         self.mine = list(range(stream % len(tasks), len(tasks), num_streams)) or [stream % len(tasks)]
         self.stream = stream
         self.index = 0  # prompts read so far (wraps around the share)
@@ -177,7 +181,7 @@ class RolloutStream:
                 break
         chosen = (informative + flat)[: self.prompts_per_batch]
         return rollout_batch([p for c in chosen for p in c[0]], [r for c in chosen for r in c[1]],
-                             [a for c in chosen for a in c[2]], self.tokenizer.bos_id)
+                             [a for c in chosen for a in c[2]], self.tokenizer.bos_id, self.max_len, self.bucket)
 
     def state_dict(self) -> dict:
         return {"index": self.index, "count": len(self.tasks)}
@@ -297,7 +301,7 @@ def run_rl(opts: RLOptions, dev: Device | None = None, print_fn=print) -> TrainR
                                                     opts.max_new_tokens, name="heldout_accuracy", sampler=sampler))
     stage = Stage(
         make_stream=lambda s, n: RolloutStream(tasks, tokenizer, sampler, stats, opts, prompts_per_batch, s, n,
-                                               cfg.seed),
+                                               cfg.seed, cfg.max_seq_len, row_bucket(dev.type, dev.compile)),
         evaluators=evaluators,
         step_metrics=stats.read,
     )

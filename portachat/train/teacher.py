@@ -1,9 +1,10 @@
 """The teacher of a distillation run: what scores each micro-batch's supervised positions.
 
 In process (`InProcessTeacher`): the model runs the batch's rows once (no gradients, eval mode, in
-the dtype it was loaded in) and gives its log-probabilities at the loss's temperature: the whole
-vocabulary, or its top k (distill_loss.py says how the rest is handled), a chunk of positions at a
-time, so its fp32 [tokens x vocabulary] logits never exist whole either.
+the dtype it was loaded in). For the whole vocabulary it gives its final hidden states at the
+supervised positions and its head, and the loss computes its log-probabilities a chunk at a time next
+to the student's (distill_loss.py); for its top k (distill_loss.py says how the rest is handled) it
+finds them a chunk of positions at a time. Its fp32 [tokens x vocabulary] logits never exist whole.
 
 Remote (`RemoteTeacher`, `--teacher http://HOST:PORT`): a `portachat serve` or vLLM server, or any
 OpenAI-compatible server that returns prompt log-probabilities in vLLM's `prompt_logprobs` layout (`POST /v1/completions` with the row's token ids as
@@ -26,7 +27,7 @@ from portachat.i18n import _
 from portachat.model import GPT
 from portachat.model.loss import loss_chunk_size
 from portachat.train.accumulation import TrainingError
-from portachat.train.distill_loss import DistillLoss, TeacherTargets, teacher_targets
+from portachat.train.distill_loss import DistillLoss, TeacherTargets
 
 
 def supervised_indices(batch: Batch) -> torch.Tensor:
@@ -47,14 +48,16 @@ class InProcessTeacher:
 
     @torch.no_grad()
     def targets(self, batch: Batch, loss: DistillLoss) -> TeacherTargets:
+        """The whole vocabulary: the final hidden states at the supervised positions and the head (the loss
+        runs it a chunk at a time). Top k: the k log-probabilities and ids, found a chunk at a time."""
         hidden = self.model.hidden_states(batch.inputs, batch.positions)
         picked = hidden.reshape(-1, hidden.size(-1)).index_select(0, supervised_indices(batch))
-        pieces = [teacher_targets(self.model.lm_head(picked[s : s + self.chunk]), loss.temperature, loss.top_k)
-                  for s in range(0, picked.size(0), self.chunk)]
-        if not pieces:
-            return teacher_targets(self.model.lm_head(picked), loss.temperature, loss.top_k)
-        ids = None if pieces[0].ids is None else torch.cat([p.ids for p in pieces])
-        return TeacherTargets(torch.cat([p.logprobs for p in pieces]), ids)
+        whole = TeacherTargets(hidden=picked, head=self.model.lm_head)
+        if loss.top_k is None or loss.top_k >= self.model.config.vocab_size:
+            return whole
+        pieces = [whole.rows(s, s + self.chunk).resolved(loss.temperature, loss.top_k)
+                  for s in range(0, picked.size(0), self.chunk)] or [whole.resolved(loss.temperature, loss.top_k)]
+        return TeacherTargets(torch.cat([p.logprobs for p in pieces]), torch.cat([p.ids for p in pieces]))
 
 
 def check_shared_vocabulary(teacher: GPT, teacher_tokenizer: Any, teacher_name: str, student: GPT,

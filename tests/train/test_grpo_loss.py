@@ -6,12 +6,16 @@ from __future__ import annotations
 from collections import defaultdict
 from types import SimpleNamespace
 
+import pytest
 import torch
+import torch.nn.functional as F
 
+import portachat.model.gpt as gpt_module
 from portachat.data.batch import Batch
 from portachat.model import GPT, GPTConfig
-from portachat.train.grpo_loss import GRPOLoss, clipped_token_loss, k3_kl
+from portachat.train.grpo_loss import GRPOLoss, clipped_token_loss, k3_kl, token_logprobs
 from portachat.train.trainer import token_loss
+from tests.model.gpt_testing import randomized, tiny_config
 
 torch.manual_seed(0)
 LOGP = torch.randn(3, 5) * 0.5 - 1.0
@@ -110,3 +114,24 @@ def test_kl_term_pulls_toward_the_reference():
         loss.backward()
         opt.step()
     assert losses[0] > 0 and losses[-1] < losses[0] * 0.8, losses
+
+
+@pytest.mark.parametrize("chunk", [None, 5])  # the model's own chunk size (one chunk here), or several
+@pytest.mark.parametrize("host_indices", [False, True])  # supervised positions found by the loss, or given
+def test_token_logprobs_equal_a_full_log_softmax_values_and_gradients(monkeypatch, chunk, host_indices):
+    if chunk is not None:
+        monkeypatch.setattr(gpt_module, "loss_chunk_size", lambda _vocab: chunk)
+    batch = rollout_like_batch()
+    if host_indices:
+        batch.supervised = (batch.targets.reshape(-1) >= 0).nonzero().squeeze(1)
+    chunked, whole = (randomized(GPT(tiny_config(vocab_size=64)), seed=4, std=0.2).train() for _ in range(2))
+    ours = token_logprobs(chunked, batch)
+    mask = batch.targets >= 0
+    full = F.log_softmax(whole.lm_head(whole.hidden_states(batch.inputs)).float(), dim=-1)
+    theirs = full.gather(-1, batch.targets.clamp(min=0)[..., None]).squeeze(-1) * mask
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
+    assert (ours[~mask] == 0).all()
+    (ours * batch.weights).sum().backward()  # the policy gradient's shape: advantage-weighted log-probs
+    (theirs * batch.weights).sum().backward()
+    for (name, a), b in zip(chunked.named_parameters(), whole.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=0, msg=name)

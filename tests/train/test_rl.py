@@ -10,6 +10,7 @@ import torch
 from portachat.checkpoint import save_checkpoint, stage_dir
 from portachat.data.synthetic.tasks import TASKS, task_examples
 from portachat.device import get_device
+from portachat.device.shapes import row_bucket
 from portachat.model import GPT, GPTConfig
 from portachat.tokenizer import render_for_completion
 from portachat.train.rl import (
@@ -56,12 +57,25 @@ def test_tool_outputs_are_never_targets(small_tokenizer):
     assert tool_mask(tok, bogus) == [1] * len(bogus)
 
     prompt = render_for_completion(tok, [{"role": "user", "content": "What is 12*34?"}])
-    batch = rollout_batch([prompt], [Reply(reply, mask, "")], [0.5], tok.bos_id)
+    batch = rollout_batch([prompt], [Reply(reply, mask, "")], [0.5], tok.bos_id, max_len=96)
     targets = batch.targets[0].tolist()
     assert targets[: len(prompt) - 1] == [-1] * (len(prompt) - 1)  # the prompt is not trained on
     assert [t for t in targets if t >= 0] == [t for t, m in zip(reply, mask, strict=True) if m]
     assert batch.num_supervised() == sum(mask)
     assert torch.all(batch.weights == 0.5)
+
+
+def test_rollout_rows_are_padded_to_the_devices_bucket():
+    prompts = [[1] * 30, [1] * 70]
+    replies = [Reply([2] * 5, [1] * 5, ""), Reply([2, 3], [1, 1], "")]  # the longest row: 72 tokens, 71 inputs
+    eager_cpu, compiled = row_bucket("cpu", False), row_bucket("cuda", True)
+    for bucket, max_len, width in ((eager_cpu, 512, 80), (compiled, 512, 128), (compiled, 100, 100),
+                                   (compiled, 60, 71)):  # fine, coarse, capped at max_len, never cut below a row
+        batch = rollout_batch(prompts, replies, [1.0, -1.0], pad_id=0, max_len=max_len, bucket=bucket)
+        assert batch.inputs.shape == batch.targets.shape == batch.weights.shape == (2, width)
+        assert batch.targets[1, 69:71].tolist() == [2, 3] and (batch.targets[1, 71:] == -1).all()
+        assert batch.targets[0, 29:34].tolist() == [2] * 5 and batch.num_supervised() == 7
+        assert batch.lengths == (34, 71)
 
 
 def test_policy_gradient_moves_probability_toward_rewarded_replies(small_tokenizer):
@@ -73,7 +87,7 @@ def test_policy_gradient_moves_probability_toward_rewarded_replies(small_tokeniz
     replies = [Reply(good, [1] * len(good), "yes"), Reply(bad, [1] * len(bad), "no way")]
     before = [logprob_of(model, prompt, r.token_ids) for r in replies]
     adv = group_advantages(torch.tensor([[1.0, 0.0]])).flatten().tolist()
-    batch = rollout_batch([prompt, prompt], replies, adv, tok.bos_id)
+    batch = rollout_batch([prompt, prompt], replies, adv, tok.bos_id, max_len=96)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     for _ in range(3):
         opt.zero_grad()
