@@ -15,11 +15,13 @@ import openai
 import pytest
 from api_testing import chat_tokenizer, served_tiny
 
+from portachat.engine import SamplingParams
 from portachat.engine.loading import LoadOptions, load_served_model
 from portachat.serve.api import ServerSettings, create_app
 from portachat.serve.api.batch_lines import output_record
 from portachat.serve.api.batch_store import BatchJob, BatchStore
 from portachat.serve.api.server import serve_in_thread
+from portachat.serve.batch import run_batch
 from portachat.serve.registry import ModelRegistry, ModelSpec
 from tests.minilm import minilm_dir
 
@@ -270,3 +272,38 @@ def test_a_job_past_its_window_expires_keeping_the_answers_it_has(tokenizer):
         assert [r["custom_id"] for r in lines_of(client, done.output_file_id)] == ["req-1"]
     finally:
         server.stop()
+
+
+def test_portachat_generate_answers_a_batch_file_as_v1_batches_does(tokenizer, tmp_path):
+    """One file of batch lines, through /v1/batches and through `portachat generate`'s runner on the same
+    tiny model: every line's status and greedy content agree (one code path: batch_lines.run_line)."""
+    rows = [chat_line(i, max_tokens=4) for i in range(5)]
+    rows[2]["body"]["max_tokens"] = 10_000  # a 400 on both sides
+    rows[3]["body"].update(stop=["e"], max_tokens=6)
+    server = start(tokenizer)
+    try:
+        client = client_for(server)
+        done = wait_done(client, client.batches.create(input_file_id=upload(client, rows), endpoint=ENDPOINT,
+                                                       completion_window="24h").id)
+        served_lines = lines_of(client, done.output_file_id) + lines_of(client, done.error_file_id)
+    finally:
+        server.stop()
+    inp, out = tmp_path / "batch.jsonl", tmp_path / "out.jsonl"
+    inp.write_bytes(jsonl(rows))
+    summary = run_batch(served_tiny(tokenizer), inp, out, SamplingParams(max_tokens=99))
+    assert (summary.written, summary.failed) == (5, 1)
+    generated = [json.loads(raw) for raw in out.read_text(encoding="utf-8").splitlines()]
+
+    def answers(lines: list[dict]) -> dict[str, tuple[int, str]]:
+        out = {}
+        for line in lines:
+            response = line["response"]
+            body = response["body"]
+            what = body["choices"][0]["message"]["content"] if "choices" in body else body["error"]["code"]
+            out[line["custom_id"]] = (response["status_code"], what)
+        return out
+
+    assert answers(generated) == answers(served_lines)
+    assert answers(generated)["req-2"] == (400, "context_length_exceeded")
+    assert len({content for status, content in answers(generated).values() if status == 200}) > 1  # prompts matter
+    assert all(line["id"].startswith("batch_req_") and line["error"] is None for line in generated)
