@@ -26,7 +26,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if output_path.resolve() == input_path.resolve():
         raise BatchInputError(_("--output must differ from --input (the output is appended to)"))
 
-    def load() -> ServedModel:
+    def load() -> ServedModel:  # called once `batch` (below) has passed its checks
         print("[portachat] " + _("loading {model} ...").format(model=args.model), file=sys.stderr, flush=True)
         served = load_served_model(load_options(args), embedding_models=batch.embeds)
         print(f"[portachat] {served.description}", file=sys.stderr, flush=True)
@@ -34,12 +34,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     app = local_app(ServerSettings(served_model_name=args.model), load)
     batch = read_input(input_path, app)  # every line checked before the model loads
-    bar = tqdm(total=len(batch.lines), unit="row", file=sys.stderr, dynamic_ncols=True)
+    bars: list = []  # the bar starts with the first answer, below the loading messages
 
-    def progress(done: int, _total: int, tokens: int, seconds: float) -> None:
-        bar.n = done
-        bar.set_postfix_str(f"{tokens / max(seconds, 1e-9):.1f} tok/s")
-        bar.refresh()
+    def progress(done: int, total: int, tokens: int, seconds: float) -> None:
+        if not bars:
+            bars.append(tqdm(total=total, unit="row", file=sys.stderr, dynamic_ncols=True))
+        bars[0].n = done
+        bars[0].set_postfix_str(f"{tokens / max(seconds, 1e-9):.1f} tok/s")
+        bars[0].refresh()
 
     try:
         summary = generate_file(
@@ -47,7 +49,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             max_in_flight=min(args.max_num_seqs * 2, args.max_num_seqs + args.max_waiting), progress=progress,
         )
     finally:
-        bar.close()
+        for bar in bars:
+            bar.close()
     rate = summary.completion_tokens / max(summary.seconds, 1e-9)
     print(
         "[portachat] " + _("{written} rows written to {path} ({skipped} already done), "

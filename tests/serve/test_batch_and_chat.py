@@ -178,6 +178,34 @@ def test_reply_parts_rebuild_tool_calls(served):
     assert reply_parts(tok, tok.encode("plain")) == "plain"
 
 
+def test_generate_command_takes_an_openai_batch_file(tmp_path, checkpoint, capsys):
+    """In process (the slow test below runs the CLI itself): an OpenAI batch file, urls mixed, gets
+    OpenAI's output lines; a bad line refuses the file with exit 1, naming the line, nothing written."""
+    from portachat.cli import main
+
+    inp, out = tmp_path / "batch.jsonl", tmp_path / "out.jsonl"
+    _write_rows(inp, [{"custom_id": "c", "method": "POST", "url": "/v1/completions",
+                       "body": {"model": "gpt-4o-mini", "prompt": "Once upon"}},
+                      {"custom_id": "m", "method": "POST", "url": "/v1/chat/completions",
+                       "body": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}}])
+    engine = ["--model", str(checkpoint), "--device", "cpu", "--dtype", "fp32", "--compile", "0", "--max-num-seqs", "4",
+              "--kv-cache-gb", "0.05"]
+    assert main(["generate", *engine, "--input", str(inp), "--output", str(out), "--max-tokens", "3"]) == 0
+    answers = {r["custom_id"]: r["response"] for r in map(json.loads, out.read_text(encoding="utf-8").splitlines())}
+    assert {k: r["status_code"] for k, r in answers.items()} == {"c": 200, "m": 200}
+    assert answers["c"]["body"]["usage"]["completion_tokens"] <= 3 and answers["m"]["body"]["object"] == "chat.completion"
+    assert answers["c"]["body"]["model"] == str(checkpoint)  # runs on --model, whatever a line names
+    assert "2 rows written" in capsys.readouterr().err
+
+    bad, bad_out = tmp_path / "bad.jsonl", tmp_path / "bad_out.jsonl"
+    bad.write_text(inp.read_text(encoding="utf-8") + '{"custom_id": "x", "method": "GET", "url": "/v1/completions", '
+                   '"body": {"prompt": "x"}}\n', encoding="utf-8")
+    assert main(["generate", *engine, "--input", str(bad), "--output", str(bad_out)]) == 1
+    err = capsys.readouterr().err
+    assert f"{bad}:3: Only method POST is supported" in err and "loading" not in err  # refused before loading
+    assert not bad_out.exists()
+
+
 @pytest.mark.slow
 def test_generate_and_chat_commands(tmp_path, checkpoint):
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"

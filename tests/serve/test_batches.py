@@ -222,7 +222,7 @@ def test_a_graceful_stop_mid_batch_leaves_it_to_resume_with_each_id_once(tokeniz
         server.stop()
 
 
-def test_completions_and_embeddings_batches(tokenizer):
+def test_completions_and_embeddings_batches(tokenizer, tmp_path):
     minilm = load_served_model(LoadOptions(model=str(minilm_dir()), device="cpu", dtype="fp32"), embedding_models=True)
     models = {"tiny": lambda: served_tiny(tokenizer), "minilm": lambda: minilm}
     registry = ModelRegistry([ModelSpec(n, "", pinned=True) for n in models], lambda spec: models[spec.name]())
@@ -253,6 +253,13 @@ def test_completions_and_embeddings_batches(tokenizer):
         assert line["response"]["body"]["choices"][0]["text"] == direct.choices[0].text
     finally:
         server.stop()
+    inp, out = tmp_path / "embed.jsonl", tmp_path / "out.jsonl"  # the same embedding lines through `generate`
+    inp.write_bytes(jsonl([{"custom_id": t, "method": "POST", "url": "/v1/embeddings", "body": {"model": "minilm",
+                                                                                                "input": t}}
+                           for t in texts]))
+    run_batch(minilm, inp, out, SamplingParams())
+    local = {r["custom_id"]: r["response"]["body"] for r in map(json.loads, out.read_text().splitlines())}
+    assert local["a queen"]["data"][0]["embedding"] == pytest.approx(got["a queen"]["data"][0]["embedding"])
 
 
 def test_a_job_past_its_window_expires_keeping_the_answers_it_has(tokenizer):

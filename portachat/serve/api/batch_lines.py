@@ -1,8 +1,8 @@
 """A batch's input lines: read and checked before any runs (OpenAI's format, one request a line:
 `{"custom_id", "method": "POST", "url", "body"}`), then each run through the very route handler an
 interactive request of that endpoint goes through, so a line's answer is what the same request sent
-over HTTP would get. The lines, the resume by id and the durable output are `portachat generate`'s
-(serve/jsonl_rows.py)."""
+over HTTP would get. `portachat generate` checks and runs its lines with these same functions
+(serve/batch.py); the resume by id and the durable output are shared too (serve/jsonl_rows.py)."""
 
 from __future__ import annotations
 
