@@ -252,14 +252,15 @@ def test_tool_calls_are_shown_in_the_stream(served):
 def test_rows_override_the_flags_and_unset_rows_keep_them(tmp_path):
     inp = tmp_path / "in.jsonl"
     inp.write_text('{"prompt": "a", "temperature": 0.9, "stop": "x", "model": "elsewhere"}\n'
-                   '{"prompt": "b", "temperature": null}\n{"id": 7, "messages": [{"role": "user", "content": "c"}]}\n',
+                   '{"prompt": "b", "temperature": null}\n{"id": 7, "messages": [{"role": "user", "content": "c\u2028d"}]}\n',
                    encoding="utf-8")
     app = local_app(ServerSettings(served_model_name="m"), loader=lambda: None)  # checked before any model loads
     batch = read_input(inp, app)
     assert batch.format == "rows" and [line.custom_id for line in batch.lines] == ["1", "2", "7"]
     assert [line.endpoint for line in batch.lines] == ["/v1/completions", "/v1/completions", "/v1/chat/completions"]
     flags = SamplingParams(max_tokens=7, temperature=0.2, top_k=5)
-    first, second, _third = (json.loads(with_flags(line, flags)) for line in batch.lines)
+    first, second, third = (json.loads(with_flags(line, flags)) for line in batch.lines)
+    assert third["messages"][0]["content"] == "c\u2028d"  # a raw line separator inside a string splits no line
     assert (first["temperature"], first["stop"], first["top_k"], "model" in first) == (0.9, "x", 5, False)
     assert (second["temperature"], second["top_k"], second["prompt"]) == (0.2, 5, "b")
     embedding = BatchLine(1, "e", b'{"input": "x"}', "/v1/embeddings")

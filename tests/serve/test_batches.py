@@ -106,6 +106,8 @@ def test_a_bad_line_fails_the_batch_naming_its_line_and_runs_nothing(tokenizer):
     try:
         client = client_for(server)
         rows: list = [chat_line(i) for i in range(12)]
+        rows[1]["body"]["temperature"] = 5  # ranges and constraints are checked up front too
+        rows[2]["body"]["guided_choice"] = []
         rows[3] = "{not json"
         rows[6]["body"]["temperature"] = "hot"
         rows[8]["url"] = "/v1/embeddings"
@@ -116,7 +118,9 @@ def test_a_bad_line_fails_the_batch_naming_its_line_and_runs_nothing(tokenizer):
         assert done.status == "failed" and done.failed_at and done.output_file_id is None
         assert done.request_counts.total == done.request_counts.completed == 0
         errors = {e.line: e for e in done.errors.data}
-        assert sorted(errors) == [4, 7, 9, 11, 12]  # 1-based lines of the file
+        assert sorted(errors) == [2, 3, 4, 7, 9, 11, 12]  # 1-based lines of the file
+        assert errors[2].param == "body.temperature" and "from 0 to 2" in errors[2].message
+        assert errors[3].param.startswith("body.guided_choice")
         assert errors[4].code == "invalid_json_line" and errors[9].code == "mismatched_endpoint"
         assert errors[7].param == "body.temperature" and errors[11].code == "duplicate_custom_id"
         assert errors[12].code == "model_not_found"
