@@ -1,46 +1,73 @@
-"""Batch inference over a JSONL file: `portachat generate --input prompts.jsonl --output out.jsonl`.
+"""Batch inference over a JSONL file: `portachat generate --input in.jsonl --output out.jsonl`.
 
-Every input row is a prompt (`{"prompt": "..."}`, continued as plain text) or a conversation
-(`{"messages": [...]}`, answered as the assistant), with an optional `id` and optional per-row
-sampling fields (max_tokens, temperature, top_p, top_k, seed, stop) and an optional output
-constraint in the server's spellings (`response_format`, `structured_outputs`, `guided_json`, ...).
-All rows go through one engine, so they are batched continuously.
+The input is one of two formats, told apart by its first line:
 
-The output is written one row at a time (append + flush + fsync), so an interrupted run keeps
-every finished row; running the same command again skips the rows already in the output and
-repairs a last line cut short by a crash (serve/jsonl_rows.py, which the server's /v1/batches
-shares).
+- OpenAI's batch input, what POST /v1/batches takes: `{"custom_id", "method": "POST", "url", "body"}`
+  with url /v1/chat/completions, /v1/completions or /v1/embeddings (a file may mix them). Each line's
+  answer is written in OpenAI's output shape, `{"id", "custom_id", "response": {"status_code",
+  "request_id", "body"}, "error"}`, errors included (their status_code says so).
+- generate's own rows: `{"prompt": TEXT}` (a /v1/completions request) or `{"messages": [...]}` (a
+  /v1/chat/completions request), with an optional `id` and any other field of that request
+  (max_tokens, temperature, stop, response_format, ...). Output: `{id, output, finish_reason,
+  prompt_tokens, completion_tokens}`, plus `error` when the request failed.
+
+Either way it is the /v1/batches code path: every line is checked before anything runs by the
+checks a batch's lines get (api/batch_lines.read_lines; a bad line refuses the file, naming each
+bad line), then each runs through the route handler an HTTP request of its endpoint would
+(batch_lines.run_line), in this process (api/local.py). A line's "model" is not used: every line
+runs on the model the command loaded. The command's sampling flags stand for the fields a line
+leaves unset; --max-tokens bounds a reply whose line sets no max_tokens (capped at the room the
+context leaves).
+
+The output is written one line at a time (append + flush + fsync), so an interrupted run keeps
+every finished line; running the same command again skips the ids already in the output and
+repairs a last line cut short by a crash (serve/jsonl_rows.py).
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from portachat.engine.sampling_params import SamplingError, SamplingFallback, with_fields
-from portachat.engine.structured import StructuredError
-from portachat.engine.structured.fields import structured_spec
-from portachat.engine.types import EngineError, SamplingParams
+from portachat.engine.sampling_params import SamplingFallback
+from portachat.engine.served import ServedModel
+from portachat.engine.types import SamplingParams
 from portachat.i18n import _
-from portachat.serve.jsonl_rows import BatchInputError, RowWriter, done_ids, json_lines
-from portachat.tokenizer.protocol import ChatTokenizer
+from portachat.serve.api.batch_lines import BatchLine, output_record, read_lines, run_line
+from portachat.serve.api.local import LOCAL_OWNER, LocalApp, local_app, running
+from portachat.serve.api.state import ServerSettings
+from portachat.serve.jsonl_rows import BatchInputError, RowWriter, done_ids
 
-ROW_PARAMS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
-
-# `generate`'s own defaults for what neither a row, the flags nor the model's generation_config
+# `generate`'s own defaults for what neither a line, the flags nor the model's generation_config
 # set: greedy, so a batch run is reproducible unless it asks for sampling.
 GENERATE_FALLBACK = SamplingFallback(temperature=0.0, max_tokens=256)
 
+OPENAI_LINES, ROWS = "openai", "rows"
+CHAT, COMPLETIONS, EMBEDDINGS = "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
+FLAG_FIELDS = ("temperature", "top_p", "top_k", "seed")  # what the flags fill where a line leaves it unset
+BATCH_KEYS = ("custom_id", "url", "body")  # a line with any of these is an OpenAI batch line
+
+Progress = Callable[[int, int, int, float], None]  # (done, total, completion tokens, seconds)
+
 
 @dataclass
-class BatchRow:
-    line: int  # 1-based line number in the input
-    row_id: str
-    prompt_ids: list[int]
-    params: SamplingParams
+class BatchInput:
+    format: str  # OPENAI_LINES or ROWS
+    lines: list[BatchLine]
+
+    @property
+    def key(self) -> str:
+        """The output's field naming a line (resume skips the lines already there)."""
+        return "custom_id" if self.format == OPENAI_LINES else "id"
+
+    @property
+    def embeds(self) -> bool:
+        return any(line.endpoint == EMBEDDINGS for line in self.lines)
 
 
 @dataclass
@@ -48,136 +75,151 @@ class BatchSummary:
     total: int
     skipped: int  # already in the output from an earlier run
     written: int
+    failed: int  # written with an error status (a context overflow, a template that refused the messages, ...)
     completion_tokens: int
     seconds: float
 
 
-def read_rows(
-    path: Path, tokenizer: ChatTokenizer, defaults: SamplingParams, prepend_bos: bool = False
-) -> list[BatchRow]:
-    """Parse and validate the whole input before anything runs: a bad line 9000 should not cost
-    an hour of generation first."""
-    rows: list[BatchRow] = []
-    seen: set[str] = set()
-    with open(path, encoding="utf-8") as f:
-        for n, obj in json_lines(f, str(path)):
-            rows.append(_parse_row(obj, n, path, tokenizer, defaults, prepend_bos))
-            if rows[-1].row_id in seen:
-                raise BatchInputError(_("{where}: id {id} repeats an earlier row; ids must be unique").format(
-                    where=f"{path}:{n}", id=repr(rows[-1].row_id)))
-            seen.add(rows[-1].row_id)
-    if not rows:
-        raise BatchInputError(_("{path} has no rows: expected one JSON object per line with 'prompt' or "
-                                "'messages'").format(path=path))
-    return rows
+def input_format(data: bytes) -> str:
+    """OPENAI_LINES when the first non-blank line is a JSON object with custom_id, url or body; else ROWS
+    (a first line that is not JSON is reported by the checks)."""
+    for raw in data.split(b"\n"):
+        if raw.strip():
+            try:
+                first = json.loads(raw)
+            except (ValueError, RecursionError):
+                return ROWS
+            return OPENAI_LINES if isinstance(first, dict) and any(k in first for k in BATCH_KEYS) else ROWS
+    return ROWS
 
 
-def _parse_row(
-    obj: Any, n: int, path: Path, tokenizer: ChatTokenizer, defaults: SamplingParams, prepend_bos: bool
-) -> BatchRow:
-    where = f"{path}:{n}"
+def row_request(n: int, obj: Any) -> Any:
+    """generate's row -> the request line it stands for: a prompt is a completion, messages a chat."""
     if not isinstance(obj, dict):
-        raise BatchInputError(_("{where}: expected a JSON object, got {type}").format(
-            where=where, type=type(obj).__name__))
-    row_id = str(obj.get("id", n))
+        return obj  # the line check says what is wrong
     if "messages" in obj:
-        try:
-            prompt_ids = tokenizer.render_prompt(obj["messages"])
-        except (ValueError, TypeError, KeyError) as exc:
-            raise BatchInputError(_("{where}: bad 'messages': {error}").format(where=where, error=exc)) from None
+        url = CHAT
     elif isinstance(obj.get("prompt"), str) and obj["prompt"]:
-        # Our own models were pretrained on BOS-led documents; existing models' tokenizers decide themselves.
-        bos = [tokenizer.bos_id] if prepend_bos and tokenizer.bos_id is not None else []
-        prompt_ids = bos + tokenizer.encode(obj["prompt"])
+        url = COMPLETIONS
     else:
-        raise BatchInputError(_("{where}: each row needs a non-empty 'prompt' string or a 'messages' list").format(
-            where=where))
-    try:
-        constraint = structured_spec(obj)
-    except StructuredError as exc:
-        raise BatchInputError(_("{where}: {error}").format(where=where, error=exc)) from None
-    try:  # the row's fields over the command's (flags > the model's generation_config > GENERATE_FALLBACK)
-        params = with_fields(defaults, {k: obj[k] for k in ROW_PARAMS if k in obj})
-    except SamplingError as exc:
-        raise BatchInputError(_("{where}: {error}").format(where=where, error=exc)) from None
-    if constraint is not None:
-        params = replace(params, structured=constraint)
-    return BatchRow(line=n, row_id=row_id, prompt_ids=prompt_ids, params=params)
+        reason = _("each row needs a non-empty 'prompt' string or a 'messages' list (or the file holds OpenAI "
+                   "batch lines: custom_id, method, url, body)")
+        raise BatchInputError(reason, line=n, reason=reason)
+    body = {k: v for k, v in obj.items() if k != "id"}
+    return {"custom_id": str(obj.get("id", n)), "method": "POST", "url": url, "body": body}
 
 
-def run_batch(
-    engine,
-    tokenizer: ChatTokenizer,
-    input_path: Path,
-    output_path: Path,
-    defaults: SamplingParams,
-    max_in_flight: int = 64,
-    prepend_bos: bool = False,
-    progress: Callable[[int, int, int, float], None] | None = None,
-) -> BatchSummary:
-    """Generate every row of `input_path` not yet in `output_path`.
+def _local_request(fmt: str) -> Callable[[int, Any], Any]:
+    def to_request(n: int, obj: Any) -> Any:
+        if fmt == ROWS:
+            obj = row_request(n, obj)
+        if isinstance(obj, dict) and isinstance(obj.get("body"), dict) and "model" in obj["body"]:
+            obj = {**obj, "body": {k: v for k, v in obj["body"].items() if k != "model"}}  # runs on --model
+        return obj
 
-    `engine` is an LLMEngine; `progress(done, total, completion_tokens, seconds)` is called as rows finish.
-    """
-    rows = read_rows(input_path, tokenizer, defaults, prepend_bos)
-    done = done_ids(output_path)
-    todo: Iterator[BatchRow] = iter([r for r in rows if r.row_id not in done])
-    skipped = sum(1 for r in rows if r.row_id in done)
+    return to_request
+
+
+def read_input(path: Path, app: LocalApp) -> BatchInput:
+    """Every line checked before anything runs (a bad line 9000 should not cost an hour of
+    generation first); BatchInputError naming each bad line (`path:line: what`)."""
+    data = path.read_bytes()
+    if not data.strip():
+        raise BatchInputError(_("{path} has no rows: expected one JSON object per line, {{\"prompt\": ...}} or "
+                                "{{\"messages\": [...]}}, or OpenAI batch lines {{\"custom_id\", \"method\", \"url\", "
+                                "\"body\"}}").format(path=path))
+    fmt = input_format(data)
+    lines, errors = read_lines(data, None, app.server, where=str(path), to_request=_local_request(fmt),
+                               max_lines=None)
+    if errors:
+        located = [_("{where}: {error}").format(where=f"{path}:{e['line']}" if e["line"] else str(path),
+                                                 error=e["message"]) for e in errors]
+        raise BatchInputError("\n".join(located), line=errors[0]["line"])
+    return BatchInput(fmt, lines)
+
+
+def with_flags(line: BatchLine, defaults: SamplingParams) -> bytes:
+    """The line's body with the command's sampling values in the fields it leaves unset (None = unset)."""
+    if line.endpoint == EMBEDDINGS:
+        return line.body
+    body = json.loads(line.body)
+    for name in FLAG_FIELDS:
+        value = getattr(defaults, name)
+        if body.get(name) is None and value is not None:
+            body[name] = value
+    return json.dumps(body, ensure_ascii=False).encode()
+
+
+def row_record(line: BatchLine, status: int, body: Any) -> dict[str, Any]:
+    """A row's answer in generate's own output shape (the first choice)."""
+    record: dict[str, Any] = {"id": line.custom_id, "output": "", "finish_reason": "error", "prompt_tokens": 0,
+                              "completion_tokens": 0}
+    if not 200 <= status < 300:
+        error = body.get("error") if isinstance(body, dict) else None
+        record["error"] = error.get("message") if isinstance(error, dict) else str(body)
+        return record
+    choice, usage = body["choices"][0], body["usage"]
+    message = choice.get("message") or {}
+    record.update(output=choice["text"] if "text" in choice else message.get("content") or "",
+                  finish_reason=choice["finish_reason"], prompt_tokens=usage["prompt_tokens"],
+                  completion_tokens=usage["completion_tokens"])
+    for name in ("reasoning_content", "tool_calls"):  # a thinking model's reasoning, parsed tool calls
+        if message.get(name):
+            record[name] = message[name]
+    return record
+
+
+async def run_lines(app: LocalApp, batch: BatchInput, output_path: Path, defaults: SamplingParams,
+                    max_in_flight: int = 64, progress: Progress | None = None) -> BatchSummary:
+    """Run every line not yet in `output_path` through its route (the model running: api/local.running)."""
+    done = done_ids(output_path, batch.key)
+    todo = [line for line in batch.lines if line.custom_id not in done]
+    skipped = len(batch.lines) - len(todo)
+    summary = BatchSummary(len(batch.lines), skipped, 0, 0, 0, 0.0)
+    slots = asyncio.Semaphore(max_in_flight)
     writer = RowWriter(output_path)
-    in_flight: dict[str, tuple[BatchRow, list[str], list[int]]] = {}
-    written = tokens = 0
     t0 = time.perf_counter()
-    exhausted = False
+
+    async def one(line: BatchLine) -> None:
+        async with slots:
+            status, body = await run_line(app, line.endpoint, LOCAL_OWNER, True, with_flags(line, defaults))
+        ok = 200 <= status < 300
+        writer.write(output_record(line.custom_id, status, body) if batch.format == OPENAI_LINES
+                     else row_record(line, status, body))
+        summary.written += 1
+        summary.failed += not ok
+        usage = body.get("usage") if ok and isinstance(body, dict) else None
+        summary.completion_tokens += (usage or {}).get("completion_tokens", 0)
+        if progress is not None:
+            progress(skipped + summary.written, summary.total, summary.completion_tokens, time.perf_counter() - t0)
+
     try:
-        while True:
-            while not exhausted and len(in_flight) < max_in_flight:
-                row = next(todo, None)
-                if row is None:
-                    exhausted = True
-                    break
-                # Replies are capped at the room the context leaves (a prompt that fills it fails below).
-                room = engine.max_model_len - len(row.prompt_ids)
-                params = replace(row.params, max_tokens=max(1, min(row.params.max_tokens, room)))
-                try:
-                    rid = engine.add_request(row.prompt_ids, params, request_id=f"row-{row.row_id}")
-                except EngineError as exc:
-                    if exc.kind == "queue_full":  # come back after a step frees room
-                        todo = _prepend(row, todo)
-                        break
-                    raise BatchInputError(_("{where}: {error}").format(
-                        where=f"{input_path}:{row.line}", error=exc)) from None
-                in_flight[rid] = (row, [], [])
-            if not in_flight:
-                break
-            for out in engine.step():
-                if out.request_id not in in_flight:
-                    continue
-                row, texts, ids = in_flight[out.request_id]
-                texts.append(out.text)
-                ids.extend(out.token_ids)
-                if out.finished:
-                    del in_flight[out.request_id]
-                    record = {
-                        "id": row.row_id,
-                        "output": "".join(texts),
-                        "finish_reason": out.finish_reason,
-                        "prompt_tokens": len(row.prompt_ids),
-                        "completion_tokens": len(ids),
-                    }
-                    if out.error:
-                        record["error"] = out.error
-                    writer.write(record)
-                    written += 1
-                    tokens += len(ids)
-                    if progress is not None:
-                        progress(skipped + written, len(rows), tokens, time.perf_counter() - t0)
+        await asyncio.gather(*(one(line) for line in todo))
     finally:
-        for rid in list(in_flight):
-            engine.abort(rid)
         writer.close()
-    return BatchSummary(len(rows), skipped, written, tokens, time.perf_counter() - t0)
+        summary.seconds = time.perf_counter() - t0
+    return summary
 
 
-def _prepend(row: BatchRow, rest: Iterator[BatchRow]) -> Iterator[BatchRow]:
-    yield row
-    yield from rest
+def generate_file(app: LocalApp, batch: BatchInput, output_path: Path,
+                  params_for: Callable[[ServedModel], SamplingParams], max_in_flight: int = 64,
+                  progress: Progress | None = None) -> BatchSummary:
+    """Load the app's model, run the lines, stop the engine. `params_for(model)`: the command's sampling
+    values over the model's generation_config (its max_tokens bounds the replies of lines that set none)."""
+
+    async def main() -> BatchSummary:
+        async with running(app):
+            server = app.server
+            defaults = params_for(server.registry.get(server.model_name).served)
+            server.settings.max_tokens_default = defaults.max_tokens
+            return await run_lines(app, batch, output_path, defaults, max_in_flight, progress)
+
+    return asyncio.run(main())
+
+
+def run_batch(served: ServedModel, input_path: Path, output_path: Path, defaults: SamplingParams,
+              max_in_flight: int = 64, progress: Progress | None = None) -> BatchSummary:
+    """`portachat generate` over a model already loaded: check `input_path`, run what `output_path` lacks."""
+    app = local_app(ServerSettings(served_model_name="portachat"), lambda: served)
+    batch = read_input(input_path, app)
+    return generate_file(app, batch, output_path, lambda _model: defaults, max_in_flight, progress)

@@ -16,11 +16,12 @@ from portachat.i18n import _
 
 
 class BatchInputError(ValueError):
-    """An input row that cannot be run; the message names the line."""
+    """An input row that cannot be run; the message names the line, `reason` says what is wrong without it."""
 
-    def __init__(self, message: str, line: int | None = None) -> None:
+    def __init__(self, message: str, line: int | None = None, reason: str | None = None) -> None:
         super().__init__(message)
         self.line = line
+        self.reason = reason
 
 
 def json_line(raw: str, where: str, n: int) -> Any:
@@ -31,7 +32,8 @@ def json_line(raw: str, where: str, n: int) -> Any:
         error = exc.msg
     except RecursionError:  # arrays nested thousands deep
         error = "nested too deeply"
-    raise BatchInputError(_("{where}: not valid JSON ({error})").format(where=f"{where}:{n}", error=error), line=n)
+    reason = _("not valid JSON ({error})").format(error=error)
+    raise BatchInputError(_("{where}: {error}").format(where=f"{where}:{n}", error=reason), line=n, reason=reason)
 
 
 def json_lines(lines: Iterable[str], where: str) -> Iterator[tuple[int, Any]]:

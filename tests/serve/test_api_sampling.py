@@ -257,11 +257,13 @@ def test_unset_fields_take_the_models_generation_config_then_openais_defaults():
     from portachat.model.load import GenerationDefaults
     from portachat.serve.api.protocol import ChatCompletionRequest
     from portachat.serve.api.request_params import sampling_params
+    from portachat.serve.api.state import ServerSettings
 
-    def params(defaults: GenerationDefaults, **fields):
+    def params(defaults: GenerationDefaults, max_tokens_default: int | None = None, **fields):
         model = SimpleNamespace(max_model_len=64, tokenizer=SimpleNamespace(vocab_size=100), generation_defaults=defaults)
         req = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "x"}], **fields})
-        return sampling_params(SimpleNamespace(model=model, adapter=None), req, 10, "messages")
+        lease = SimpleNamespace(model=model, adapter=None, settings=ServerSettings(max_tokens_default=max_tokens_default))
+        return sampling_params(lease, req, 10, "messages")
 
     authors = GenerationDefaults(temperature=0.3, top_p=0.9, top_k=40, repetition_penalty=1.1)
     got = params(authors)
@@ -270,3 +272,6 @@ def test_unset_fields_take_the_models_generation_config_then_openais_defaults():
     assert (got.temperature, got.top_p, got.top_k, got.max_tokens) == (0.8, 0.9, 0, 5)
     got = params(GenerationDefaults())
     assert (got.temperature, got.top_p, got.top_k, got.repetition_penalty) == (1.0, 1.0, 0, 1.0)
+    # A default for an unset max_tokens (`portachat generate --max-tokens`) is capped at the room left.
+    assert [params(authors, default).max_tokens for default in (20, 100)] == [20, 54]
+    assert params(authors, 20, max_tokens=30).max_tokens == 30

@@ -15,11 +15,13 @@ import openai
 import pytest
 from api_testing import chat_tokenizer, served_tiny
 
+from portachat.engine import SamplingParams
 from portachat.engine.loading import LoadOptions, load_served_model
 from portachat.serve.api import ServerSettings, create_app
 from portachat.serve.api.batch_lines import output_record
 from portachat.serve.api.batch_store import BatchJob, BatchStore
 from portachat.serve.api.server import serve_in_thread
+from portachat.serve.batch import run_batch
 from portachat.serve.registry import ModelRegistry, ModelSpec
 from tests.minilm import minilm_dir
 
@@ -104,6 +106,8 @@ def test_a_bad_line_fails_the_batch_naming_its_line_and_runs_nothing(tokenizer):
     try:
         client = client_for(server)
         rows: list = [chat_line(i) for i in range(12)]
+        rows[1]["body"]["temperature"] = 5  # ranges and constraints are checked up front too
+        rows[2]["body"]["guided_choice"] = []
         rows[3] = "{not json"
         rows[6]["body"]["temperature"] = "hot"
         rows[8]["url"] = "/v1/embeddings"
@@ -114,7 +118,9 @@ def test_a_bad_line_fails_the_batch_naming_its_line_and_runs_nothing(tokenizer):
         assert done.status == "failed" and done.failed_at and done.output_file_id is None
         assert done.request_counts.total == done.request_counts.completed == 0
         errors = {e.line: e for e in done.errors.data}
-        assert sorted(errors) == [4, 7, 9, 11, 12]  # 1-based lines of the file
+        assert sorted(errors) == [2, 3, 4, 7, 9, 11, 12]  # 1-based lines of the file
+        assert errors[2].param == "body.temperature" and "from 0 to 2" in errors[2].message
+        assert errors[3].param.startswith("body.guided_choice")
         assert errors[4].code == "invalid_json_line" and errors[9].code == "mismatched_endpoint"
         assert errors[7].param == "body.temperature" and errors[11].code == "duplicate_custom_id"
         assert errors[12].code == "model_not_found"
@@ -220,7 +226,7 @@ def test_a_graceful_stop_mid_batch_leaves_it_to_resume_with_each_id_once(tokeniz
         server.stop()
 
 
-def test_completions_and_embeddings_batches(tokenizer):
+def test_completions_and_embeddings_batches(tokenizer, tmp_path):
     minilm = load_served_model(LoadOptions(model=str(minilm_dir()), device="cpu", dtype="fp32"), embedding_models=True)
     models = {"tiny": lambda: served_tiny(tokenizer), "minilm": lambda: minilm}
     registry = ModelRegistry([ModelSpec(n, "", pinned=True) for n in models], lambda spec: models[spec.name]())
@@ -251,6 +257,13 @@ def test_completions_and_embeddings_batches(tokenizer):
         assert line["response"]["body"]["choices"][0]["text"] == direct.choices[0].text
     finally:
         server.stop()
+    inp, out = tmp_path / "embed.jsonl", tmp_path / "out.jsonl"  # the same embedding lines through `generate`
+    inp.write_bytes(jsonl([{"custom_id": t, "method": "POST", "url": "/v1/embeddings", "body": {"model": "minilm",
+                                                                                                "input": t}}
+                           for t in texts]))
+    run_batch(minilm, inp, out, SamplingParams())
+    local = {r["custom_id"]: r["response"]["body"] for r in map(json.loads, out.read_text().splitlines())}
+    assert local["a queen"]["data"][0]["embedding"] == pytest.approx(got["a queen"]["data"][0]["embedding"])
 
 
 def test_a_job_past_its_window_expires_keeping_the_answers_it_has(tokenizer):
@@ -270,3 +283,38 @@ def test_a_job_past_its_window_expires_keeping_the_answers_it_has(tokenizer):
         assert [r["custom_id"] for r in lines_of(client, done.output_file_id)] == ["req-1"]
     finally:
         server.stop()
+
+
+def test_portachat_generate_answers_a_batch_file_as_v1_batches_does(tokenizer, tmp_path):
+    """One file of batch lines, through /v1/batches and through `portachat generate`'s runner on the same
+    tiny model: every line's status and greedy content agree (one code path: batch_lines.run_line)."""
+    rows = [chat_line(i, max_tokens=4) for i in range(5)]
+    rows[2]["body"]["max_tokens"] = 10_000  # a 400 on both sides
+    rows[3]["body"].update(stop=["e"], max_tokens=6)
+    server = start(tokenizer)
+    try:
+        client = client_for(server)
+        done = wait_done(client, client.batches.create(input_file_id=upload(client, rows), endpoint=ENDPOINT,
+                                                       completion_window="24h").id)
+        served_lines = lines_of(client, done.output_file_id) + lines_of(client, done.error_file_id)
+    finally:
+        server.stop()
+    inp, out = tmp_path / "batch.jsonl", tmp_path / "out.jsonl"
+    inp.write_bytes(jsonl(rows))
+    summary = run_batch(served_tiny(tokenizer), inp, out, SamplingParams(max_tokens=99))
+    assert (summary.written, summary.failed) == (5, 1)
+    generated = [json.loads(raw) for raw in out.read_text(encoding="utf-8").splitlines()]
+
+    def answers(lines: list[dict]) -> dict[str, tuple[int, str]]:
+        out = {}
+        for line in lines:
+            response = line["response"]
+            body = response["body"]
+            what = body["choices"][0]["message"]["content"] if "choices" in body else body["error"]["code"]
+            out[line["custom_id"]] = (response["status_code"], what)
+        return out
+
+    assert answers(generated) == answers(served_lines)
+    assert answers(generated)["req-2"] == (400, "context_length_exceeded")
+    assert len({content for status, content in answers(generated).values() if status == 200}) > 1  # prompts matter
+    assert all(line["id"].startswith("batch_req_") and line["error"] is None for line in generated)

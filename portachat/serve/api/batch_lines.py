@@ -1,8 +1,8 @@
 """A batch's input lines: read and checked before any runs (OpenAI's format, one request a line:
 `{"custom_id", "method": "POST", "url", "body"}`), then each run through the very route handler an
 interactive request of that endpoint goes through, so a line's answer is what the same request sent
-over HTTP would get. The lines, the resume by id and the durable output are `portachat generate`'s
-(serve/jsonl_rows.py)."""
+over HTTP would get. `portachat generate` checks and runs its lines with these same functions
+(serve/batch.py); the resume by id and the durable output are shared too (serve/jsonl_rows.py)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from portachat.serve.api.completions import chat_completions, completions
 from portachat.serve.api.embeddings import EmbeddingRequest, embeddings
 from portachat.serve.api.errors import APIError, api_error_response, error_response
 from portachat.serve.api.protocol import ChatCompletionRequest, CompletionRequest, check_supported, parse_body
+from portachat.serve.api.request_params import check_sampling, output_constraint
 from portachat.serve.api.state import ServerState
 from portachat.serve.jsonl_rows import BatchInputError, json_line
 
@@ -39,6 +40,7 @@ class BatchLine:
     line: int  # 1-based, in the input file
     custom_id: str
     body: bytes  # the request body, as JSON
+    endpoint: str  # the line's url: one of HANDLERS
 
 
 def _error(line: int, message: str, code: str = "invalid_request", param: str | None = None) -> dict[str, Any]:
@@ -46,8 +48,9 @@ def _error(line: int, message: str, code: str = "invalid_request", param: str | 
 
 
 def check_body(body: Any, endpoint: str, server: ServerState) -> None:
-    """What the route itself would refuse before running the request (APIError): the body's fields,
-    options the server does not implement, the model name. Streaming has no place in a batch."""
+    """What the route itself would refuse before running the request (APIError) and can tell without
+    the model: the body's fields, the sampling fields' ranges, the output constraint, options the
+    server does not implement, the model name. Streaming has no place in a batch."""
     _handler, model = HANDLERS[endpoint]
     req = parse_body(json.dumps(body).encode(), model)
     if getattr(req, "stream", False):
@@ -55,11 +58,19 @@ def check_body(body: Any, endpoint: str, server: ServerState) -> None:
                        param="body.stream")
     if isinstance(req, ChatCompletionRequest | CompletionRequest):
         check_supported(req)
+        check_sampling(req)
+        output_constraint(req)
     server.resolve(req.model)
 
 
-def read_lines(data: bytes, endpoint: str, server: ServerState) -> tuple[list[BatchLine], list[dict[str, Any]]]:
-    """Every line checked: the requests to run, or the errors (each naming its line) that fail the batch."""
+def read_lines(data: bytes, endpoint: str | None, server: ServerState, where: str = "input",
+               to_request: Callable[[int, Any], Any] | None = None,
+               max_lines: int | None = MAX_LINES) -> tuple[list[BatchLine], list[dict[str, Any]]]:
+    """Every line checked: the requests to run, or the errors (each naming its line) that fail the batch.
+
+    `endpoint`: the batch's, which every line's url must be; None: each line names its own (one of
+    HANDLERS). `to_request(n, obj)` turns another format's parsed line into a request line first
+    (`portachat generate`'s rows); its BatchInputError is that line's error. `max_lines`: None = no limit."""
     lines: list[BatchLine] = []
     errors: list[dict[str, Any]] = []
     seen: set[str] = set()
@@ -67,32 +78,39 @@ def read_lines(data: bytes, endpoint: str, server: ServerState) -> tuple[list[Ba
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         return [], [_error(0, _("The input file is not UTF-8 text ({error}).").format(error=exc), "invalid_file")]
-    for n, raw in enumerate(text.splitlines(), start=1):
+    # split("\n"), not splitlines(): a JSON string may hold U+2028 and other line separators unescaped.
+    for n, raw in enumerate(text.split("\n"), start=1):
         if len(errors) >= MAX_REPORTED_ERRORS:
             break
         if not raw.strip():
             continue
         try:
-            obj = json_line(raw, "input", n)
+            obj = json_line(raw, where, n)
         except BatchInputError as exc:
-            errors.append(_error(n, str(exc), "invalid_json_line"))
+            errors.append(_error(n, exc.reason or str(exc), "invalid_json_line"))
             continue
+        if to_request is not None:
+            try:
+                obj = to_request(n, obj)
+            except BatchInputError as exc:
+                errors.append(_error(n, exc.reason or str(exc), "invalid_request"))
+                continue
         problem = _check_line(obj, endpoint, seen, server)
         if problem is not None:
             errors.append(_error(n, *problem))
             continue
         seen.add(obj["custom_id"])
-        lines.append(BatchLine(n, obj["custom_id"], json.dumps(obj["body"], ensure_ascii=False).encode()))
+        lines.append(BatchLine(n, obj["custom_id"], json.dumps(obj["body"], ensure_ascii=False).encode(), obj["url"]))
     if not lines and not errors:
         errors.append(_error(0, _("The input file has no requests: send one JSON object a line with custom_id, "
                                   "method, url and body."), "empty_file"))
-    if len(lines) > MAX_LINES:
+    if max_lines is not None and len(lines) > max_lines:
         errors.append(_error(0, _("The input file has {count} requests; a batch takes at most {limit}: split it.").format(
-            count=len(lines), limit=MAX_LINES), "too_many_requests"))
+            count=len(lines), limit=max_lines), "too_many_requests"))
     return lines, errors
 
 
-def _check_line(obj: Any, endpoint: str, seen: set[str], server: ServerState) -> tuple[str, str, str | None] | None:
+def _check_line(obj: Any, endpoint: str | None, seen: set[str], server: ServerState) -> tuple[str, str, str | None] | None:
     """(message, code, param) of what is wrong with one parsed line, None when it can run."""
     if not isinstance(obj, dict):
         return _("Expected a JSON object, got {type}.").format(type=type(obj).__name__), "invalid_request", None
@@ -106,14 +124,17 @@ def _check_line(obj: Any, endpoint: str, seen: set[str], server: ServerState) ->
     if obj.get("method", "POST") != "POST":
         return _("Only method POST is supported (got {method}).").format(method=repr(obj.get("method"))), \
             "invalid_method", "method"
-    if obj.get("url") != endpoint:
+    if endpoint is None and obj.get("url") not in HANDLERS:
+        return _("The url {url} is not an endpoint a batch runs ({endpoints}).").format(
+            url=repr(obj.get("url")), endpoints=", ".join(HANDLERS)), "invalid_url", "url"
+    if endpoint is not None and obj.get("url") != endpoint:
         return _("The url {url} differs from the batch's endpoint {endpoint}: every line must call the batch's "
                  "endpoint.").format(url=repr(obj.get("url")), endpoint=endpoint), "mismatched_endpoint", "url"
     if not isinstance(obj.get("body"), dict):
         return _("Missing required parameter: 'body' (the request, a JSON object)."), "missing_required_parameter", \
             "body"
     try:
-        check_body(obj["body"], endpoint, server)
+        check_body(obj["body"], obj["url"], server)
     except APIError as exc:
         param = f"body.{exc.param}" if exc.param and not exc.param.startswith("body.") else exc.param
         return exc.message, exc.code or "invalid_request", param

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.concurrency import run_in_threadpool
 
-from portachat.engine.sampling_params import SamplingError, SamplingFallback
+from portachat.engine.sampling_params import SamplingError, SamplingFallback, with_fields
 from portachat.engine.structured import StructuredError, StructuredSpec
 from portachat.engine.structured.fields import structured_spec
 from portachat.engine.types import EngineError, SamplingParams
@@ -13,7 +15,8 @@ from portachat.serve.api.protocol import ChatCompletionRequest, CompletionReques
 from portachat.serve.api.state import ModelLease
 
 # What a field neither the request nor the model's generation_config sets becomes: OpenAI's
-# defaults (temperature 1). An unset max_tokens is the room the context leaves, as in vLLM.
+# defaults (temperature 1). An unset max_tokens is the room the context leaves, as in vLLM (capped at
+# ServerSettings.max_tokens_default where one is set: `portachat generate`'s --max-tokens).
 OPENAI_FALLBACK = SamplingFallback(temperature=1.0)
 
 
@@ -25,32 +28,55 @@ def sampling_params(state: ModelLease, req: ChatCompletionRequest | CompletionRe
         raise APIError(400, f"This model's maximum context length is {limit} tokens, but the {prompt_param} "
                             f"has {prompt_len} tokens. Shorten the {prompt_param}.",
                        param=prompt_param, code="context_length_exceeded")
-    max_tokens = req.max_tokens
-    param = "max_tokens"
-    if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
-        max_tokens, param = req.max_completion_tokens, "max_completion_tokens"
-    if max_tokens is None:
-        max_tokens = limit - prompt_len  # as vLLM: whatever room the context leaves
+    max_tokens, param = requested_max_tokens(req)
+    if max_tokens is None:  # as vLLM: whatever room the context leaves (at most the server's default, if any)
+        max_tokens = limit - prompt_len
+        if state.settings.max_tokens_default is not None:
+            max_tokens = min(max_tokens, state.settings.max_tokens_default)
     elif prompt_len + max_tokens > limit:
         raise APIError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
                             f"{prompt_len + max_tokens} tokens ({prompt_len} in the {prompt_param}, {max_tokens} "
                             f"for the completion). Reduce the {prompt_param} or {param} (at most "
                             f"{limit - prompt_len} here).", param=param, code="context_length_exceeded")
+    fields = {**request_fields(req), "max_tokens": max_tokens, "adapter": state.adapter}
+    try:
+        return SamplingParams.from_request(fields, state.model.generation_defaults, OPENAI_FALLBACK,
+                                           vocab_size=state.model.tokenizer.vocab_size)
+    except SamplingError as exc:
+        raise APIError(400, str(exc), param=param if exc.param == "max_tokens" else exc.param,
+                       code="invalid_value") from None
+
+
+def requested_max_tokens(req: ChatCompletionRequest | CompletionRequest) -> tuple[int | None, str]:
+    """The reply's length the request asks for (None: unset) and the field it came from."""
+    if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
+        return req.max_completion_tokens, "max_completion_tokens"
+    return req.max_tokens, "max_tokens"
+
+
+def request_fields(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
+    """The request's sampling fields but max_tokens, as SamplingParams names them (None: unset)."""
     if isinstance(req, ChatCompletionRequest):
         logprobs, top_logprobs = bool(req.logprobs), (req.top_logprobs or 0) if req.logprobs else 0
     else:
         logprobs, top_logprobs = req.logprobs is not None, req.logprobs or 0
-    fields = {
-        "max_tokens": max_tokens, "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
+    return {
+        "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
         "seed": req.seed, "stop": req.stop_list(), "stop_token_ids": list(req.stop_token_ids or []),
         "ignore_eos": req.ignore_eos, "repetition_penalty": req.repetition_penalty,
         "presence_penalty": req.presence_penalty, "frequency_penalty": req.frequency_penalty,
-        "logprobs": logprobs, "top_logprobs": top_logprobs, "logit_bias": logit_bias(req), "adapter": state.adapter,
+        "logprobs": logprobs, "top_logprobs": top_logprobs, "logit_bias": logit_bias(req),
         "priority": req.priority,
     }
+
+
+def check_sampling(req: ChatCompletionRequest | CompletionRequest) -> None:
+    """The sampling fields' types and ranges without a model at hand (a batch checks its lines before any
+    runs): the checks `sampling_params` makes, less those that need the model (context, vocabulary)."""
+    max_tokens, param = requested_max_tokens(req)
+    fields = {**request_fields(req), "max_tokens": max_tokens}
     try:
-        return SamplingParams.from_request(fields, state.model.generation_defaults, OPENAI_FALLBACK,
-                                           vocab_size=state.model.tokenizer.vocab_size)
+        with_fields(SamplingParams(), fields)
     except SamplingError as exc:
         raise APIError(400, str(exc), param=param if exc.param == "max_tokens" else exc.param,
                        code="invalid_value") from None

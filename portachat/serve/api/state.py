@@ -36,6 +36,9 @@ class ServerSettings:
     embedding_model: str | None = None  # document search's model (default: the first embedding model registered)
     docs_max_bytes: int = 8 * 2**30  # document store quota: uploads + chunks + vectors (--docs-max-bytes)
     docs_max_files: int = 10_000  # uploaded files kept at once (--docs-max-files)
+    # A request that sets no max_tokens gets the room its prompt leaves, at most this many; None: the room
+    # (vLLM's rule). `portachat generate` sets its --max-tokens here.
+    max_tokens_default: int | None = None
 
     @property
     def has_keys(self) -> bool:
