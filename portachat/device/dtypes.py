@@ -16,6 +16,7 @@ DTYPE_ALIASES = {
     "32": "fp32",
     "16": "fp16",
 }
+DTYPE_NAMES: dict[torch.dtype, str] = {dtype: name for name, dtype in DTYPES.items()}  # torch.bfloat16 -> "bf16"
 DTYPE_BYTES = {name: DTYPES[name].itemsize for name in ("fp32", "bf16", "fp16")}
 # KV-cache storage dtypes (the engine's --kv-cache-dtype); int8/fp8 add one fp32 scale per token and head.
 FLOAT_KV = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -32,9 +33,8 @@ def canonical_dtype_name(name: str) -> str | None:
 
 def dtype_name(dtype: torch.dtype) -> str:
     """torch.bfloat16 -> "bf16": the short name of a compute dtype (ValueError for any other)."""
-    for name, value in DTYPES.items():
-        if value == dtype:
-            return name
+    if dtype in DTYPE_NAMES:
+        return DTYPE_NAMES[dtype]
     raise ValueError(f"{dtype} is not a compute dtype; use one of fp32, bf16, fp16")
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from portachat.device.dtypes import DTYPE_NAMES
 from portachat.storage.paths import portachat_home
 
 T = 1e12
@@ -81,7 +82,6 @@ PEAK_TABLE: tuple[PeakEntry, ...] = (
     PeakEntry(r"910_93|910C", 376 * T, 376 * T, None),  # per die, as torch_npu exposes one device per die
     PeakEntry(r"910(A|Pro|Premium)|Ascend910$", None, 256 * T, None),
 )
-DTYPE_KEYS = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
 # Arm cores by /proc/cpuinfo "implementer:part": fp32 FLOP per cycle per core = 128-bit FMA pipes x 4 lanes
@@ -191,7 +191,7 @@ def at_least(peak: PeakFlops, sustained: float | None, what: str) -> PeakFlops:
 
 def table_peak(device_name: str, dtype: torch.dtype) -> float | None:
     """Published dense peak for this device and dtype, or None when the table does not know it."""
-    key = DTYPE_KEYS.get(dtype)
+    key = DTYPE_NAMES.get(dtype)
     if key is None:
         return None
     for entry in PEAK_TABLE:
@@ -229,7 +229,7 @@ def measure_matmul_flops(
 
 
 def calibration_key(device_name: str, dtype: torch.dtype) -> str:
-    return f"{device_name}|{DTYPE_KEYS.get(dtype, str(dtype))}|torch {torch.__version__}"
+    return f"{device_name}|{DTYPE_NAMES.get(dtype, str(dtype))}|torch {torch.__version__}"
 
 
 def calibration_path() -> Path:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from portachat.device.dtypes import DTYPES
 from portachat.i18n import _
 from portachat.model.config import ConfigError, GPTConfig, check_rope_scaling
 
@@ -52,8 +53,8 @@ def exportable(cfg: GPTConfig) -> tuple[bool, str]:
 
 
 def _dtype_name(dtype: str | torch.dtype) -> str:
-    name = str(dtype).removeprefix("torch.")
-    if name not in ("float32", "bfloat16", "float16"):
+    name = str(dtype).removeprefix("torch.")  # HF's torch_dtype spelling
+    if name not in {str(t).removeprefix("torch.") for t in DTYPES.values()}:
         raise UnsupportedConfigError(_("checkpoint dtype must be float32, bfloat16 or float16, got {dtype}").format(
             dtype=repr(dtype)))
     return name

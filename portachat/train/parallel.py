@@ -25,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 from portachat.checkpoint.sharded import full_model, is_sharded, load_weights
 from portachat.device import Device
 from portachat.device.dist import share_from_rank0
+from portachat.device.dtypes import DTYPE_NAMES
 from portachat.i18n import _
 from portachat.model import GPT, GPTConfig
 from portachat.model.estimate import TrainingSetup, estimate_training
@@ -33,7 +34,6 @@ __all__ = ["choose_parallel", "decide_parallel", "full_model", "grad_sync_paused
            "shard_model", "share_from_rank0"]
 
 FSDP_CHOICES = ("auto", "on", "off")
-DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def replicated_peak_bytes(cfg: GPTConfig, device_batch_size: int, seq_len: int, dtype: torch.dtype, world: int) -> int:

@@ -27,7 +27,8 @@ def test_aliases_and_refusals():
 
 def test_no_other_module_spells_a_name_to_torch_dtype_table():
     # A second table drifts (one file once lacked fp16); everything outside the table asks it.
-    pair = re.compile(r'"(bf16|fp16|fp32)"\s*:\s*torch\.(bfloat16|float16|float32)|"torch\.(bfloat16|float16|float32)"\s*:')
+    pair = re.compile(r'"(bf16|fp16|fp32)"\s*:\s*torch\.(bfloat16|float16|float32)|"torch\.(bfloat16|float16|float32)"\s*:'
+                      r'|torch\.(bfloat16|float16|float32)\s*:\s*"(bf16|fp16|fp32)"')
     offenders = [str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")
                  if path.name != "dtypes.py" and pair.search(path.read_text(encoding="utf-8"))]
     assert offenders == [], offenders
