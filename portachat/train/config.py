@@ -6,8 +6,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from portachat.i18n import _
-from portachat.train.accumulation import TrainingError, grad_accum_steps
+from portachat.train.accumulation import grad_accum_steps
 from portachat.train.optim import OptimConfig
 
 
@@ -47,22 +46,9 @@ class TrainConfig:
         return self.tokens_per_batch or self.device_batch_size * self.max_seq_len
 
     def grad_accum_steps(self, world_size: int) -> int:
-        if self.tokens_per_batch is None:
-            return grad_accum_steps(self.total_batch_size, self.device_batch_size, self.max_seq_len, world_size)
-        if self.tokens_per_batch < self.max_seq_len:
-            raise TrainingError(
-                _("--tokens-per-batch {budget} is below --max-seq-len {seq}: a micro-batch must hold at least one "
-                  "whole row. Raise --tokens-per-batch or lower --max-seq-len.").format(
-                    budget=self.tokens_per_batch, seq=self.max_seq_len))
-        per_step = self.tokens_per_batch * world_size
-        total = self.total_batch_size or per_step
-        if total % per_step:
-            raise TrainingError(
-                _("--total-batch-size {total} is not a multiple of --tokens-per-batch x devices = {budget} x "
-                  "{world} = {per_step}. Use a multiple of {per_step}, e.g. {example}.").format(
-                    total=total, budget=self.tokens_per_batch, world=world_size, per_step=per_step,
-                    example=per_step * max(1, round(total / per_step))))
-        return total // per_step
+        """Micro-batches per optimizer step (train/accumulation.py's rule)."""
+        return grad_accum_steps(self.total_batch_size, self.device_batch_size, self.max_seq_len, world_size,
+                                self.tokens_per_batch)
 
 
 @dataclass

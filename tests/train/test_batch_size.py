@@ -124,3 +124,13 @@ def test_device_batch_size_auto_probes_the_rows_the_data_really_has():
     short, _ = auto_device_batch_size(cfg, 64, dev, None, memory_limit=5 * 2**20, row_len=16, say=said.append)
     assert short > full  # rows of 16 real tokens: more of them fit than rows of 64
     assert any("16 tokens" in m for m in said)
+
+
+def test_a_token_budget_counts_micro_batches_by_the_budget_under_the_same_rule():
+    # --tokens-per-batch: a micro-batch is the budget, not rows x sequence; exact or refused as without it.
+    assert grad_accum_steps(8192, 99, 512, world_size=2, tokens_per_batch=1024) == 4
+    assert grad_accum_steps(None, 99, 512, tokens_per_batch=1024) == 1
+    with pytest.raises(TrainingError, match="multiple of --tokens-per-batch"):
+        grad_accum_steps(3000, 4, 512, tokens_per_batch=1024)
+    with pytest.raises(TrainingError, match="below --max-seq-len"):
+        grad_accum_steps(8192, 4, 512, tokens_per_batch=256)
