@@ -58,13 +58,14 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return found is not None and found.rule.startswith("Out of memory")
 
 
-def measure_peak(run: Callable[[], None], dev: Device, resident_bytes: int = 0) -> int:
+def measure_peak(run: Callable[[], None], dev: Device, resident_bytes: int = 0, collect_garbage: bool = True) -> int:
     """Peak bytes of live tensors while `run()` runs training steps (it frees what it made when it returns).
 
     Accelerators report their allocator's high-water mark, which counts what was already resident (a
     loaded model); on CPU a dispatch-mode counter tracks every tensor `run` creates (the process RSS would
     include the allocator's and libraries' own memory), plus `resident_bytes` for the tensors that were
-    there before and stay."""
+    there before and stay. `collect_garbage`: run a full garbage collection after (a caller whose steps
+    leave no tensor in a reference cycle may skip its cost; a failed probe is always collected)."""
     tracker = None if dev.allocator_tracks_peaks else LiveTensorBytes()
     if tracker is None:
         dev.synchronize()
@@ -84,7 +85,7 @@ def measure_peak(run: Callable[[], None], dev: Device, resident_bytes: int = 0) 
     finally:
         if tracker is not None:
             tracker.__exit__(None, None, None)
-        cleanup(dev)
+        cleanup(dev, collect_garbage)
 
 
 def measure_training_peak(
@@ -118,8 +119,9 @@ def measure_training_peak(
     return measure_peak(run, dev)
 
 
-def cleanup(dev: Device) -> None:
-    gc.collect()
+def cleanup(dev: Device, collect_garbage: bool = True) -> None:
+    if collect_garbage:
+        gc.collect()
     dev.empty_cache()
 
 

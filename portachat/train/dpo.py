@@ -255,8 +255,8 @@ def run_dpo(opts: DPOOptions, dev: Device | None = None, print_fn=print) -> Trai
     cfg = resolve_finetune_batch_size(
         cfg, model, dev, env, say, lambda: longest_pair_row(train_pairs, base, cfg.max_seq_len, bucket, rows),
         most=len(train_pairs), make_batch=lambda b, w: probe_pairs(b, w, model.config.vocab_size, cached), loss=probe,
-        describe=_("probing pairs (a chosen and a rejected row) of {n} tokens each: the data's longest, padded "
-                   "(--max-seq-len {seq_len})"),
+        describe=_("--device-batch-size auto probes pairs (a chosen and a rejected row) of {n} tokens each: the "
+                   "data's longest, padded (--max-seq-len {seq_len})"),
         chosen=_("--device-batch-size auto: {batch} pairs (twice as many rows) per device, {accum} accumulation "
                  "step(s)"))
     B = int(cfg.device_batch_size)  # pairs per micro-batch: 2B rows
