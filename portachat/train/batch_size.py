@@ -2,10 +2,11 @@
 by running real steps.
 
 Each probe (measure_training_peak: a model trained from scratch; train/finetune_batch.py: a loaded
-model as fine-tuning, DPO or distillation trains it) builds the model and its real optimizers, runs forward + backward + optimizer steps at one
-batch size and records the peak memory; an out-of-memory error from any vendor (recognised by the
-diagnosis table) or a peak above the limit times a safety margin means "does not fit". Batch sizes
-double until one fails, then a binary search narrows the gap. Everything is freed between probes.
+model as fine-tuning, DPO or distillation trains it) runs forward + backward + optimizer steps of the
+model and its real optimizers at one batch size and records the peak memory; an out-of-memory error
+from any vendor (recognised by the diagnosis table) or a peak above the limit times a safety margin
+means "does not fit". Batch sizes double until one fails, then a binary search (search_batch_size)
+narrows the gap. Everything is freed between probes.
 """
 
 from __future__ import annotations

@@ -295,7 +295,9 @@ def run_distill(opts: DistillOptions, dev: Device | None = None, print_fn=print)
     in_process = isinstance(teacher, InProcessTeacher)
     probe = DistillHook(model, teacher if in_process else ProbeTeacher(model.config.vocab_size), loss)
     data = plan_chat_data(STAGE, split, base, cfg, dev, env, lr, False, opts.num_epochs, opts.num_iterations, say,
-                          loss=probe, resident=[teacher.model] if in_process else [])
+                          loss=probe, resident=[teacher.model] if in_process else [],
+                          describe=_("--device-batch-size auto probes rows of {n} tokens, the teacher's forward "
+                                     "included: the data's longest, padded (--max-seq-len {seq_len})"))
     cfg, train_convs, val_convs, described, bucket, lengths = (
         data.cfg, data.train, data.val, data.described, data.bucket, data.lengths)
     B, T, pad = cfg.device_batch_size, cfg.max_seq_len, pad_id(base.tokenizer)

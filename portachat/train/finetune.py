@@ -331,11 +331,11 @@ class ChatDataPlan:
 def plan_chat_data(stage: str, split: ChatOptions, base: BaseModel, cfg: TrainConfig, dev: Device, env: DistEnv,
                    lr: float, pack: bool, num_epochs: float, num_iterations: int | None,
                    say: Callable[[str], None], loss: LossHook = token_loss,
-                   resident: Sequence[torch.nn.Module] = ()) -> ChatDataPlan:
+                   resident: Sequence[torch.nn.Module] = (), describe: str | None = None) -> ChatDataPlan:
     """Split the conversations, warn about rows whose prompt leaves no reply token, settle
     `--device-batch-size auto` (base.model probed as it trains, with the stage's `loss` and the `resident`
-    modules it keeps in memory, on the data's widest rows) and plan the steps: what sft/mid and
-    distillation do before they build their streams."""
+    modules it keeps in memory, on the data's widest rows; `describe`: the line saying so) and plan the
+    steps: what sft/mid and distillation do before they build their streams."""
     train_convs, val_convs, described = split_conversations(split, cfg.seed)
     say(f"[portachat] {stage}: " + _("{n} training conversations from {source}, {held_out} held out; "
                                      "AdamW lr {lr}").format(
@@ -353,7 +353,7 @@ def plan_chat_data(stage: str, split: ChatOptions, base: BaseModel, cfg: TrainCo
         cfg, base.model, dev, env, say, lambda: longest_chat_row(train_convs, base.render, cfg.max_seq_len, bucket, pack,
                                                                  lengths),
         most=len(train_convs), make_batch=lambda b, w: probe_rows(b, w, vocab, packed=pack), loss=loss,
-        resident=resident)
+        resident=resident, describe=describe)
     streams = env.world_size * cfg.grad_accum_steps(env.world_size)
     cfg = replace(cfg, num_iterations=num_iterations or plan_iterations(
         train_convs, base.render, cfg, pack, num_epochs, streams, bucket, lengths))

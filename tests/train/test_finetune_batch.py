@@ -13,7 +13,7 @@ import torch
 from portachat.device import DistEnv, get_device
 from portachat.device.memory import MemoryStats
 from portachat.device.shapes import row_bucket
-from portachat.train.distill import DistillOptions, run_distill
+from portachat.train.distill import DistillHook, DistillOptions, run_distill
 from portachat.train.distill_loss import DistillLoss
 from portachat.train.dpo import DPOOptions, run_dpo
 from portachat.train.finetune import FinetuneOptions, load_base, run_finetune
@@ -21,10 +21,12 @@ from portachat.train.finetune_batch import (
     finetune_peak,
     longest_chat_row,
     probe_rows,
+    resident_bytes,
     resolve_finetune_batch_size,
 )
 from portachat.train.hooks import token_loss
 from portachat.train.lora import LoraOptions, add_lora
+from portachat.train.teacher import InProcessTeacher
 from portachat.train.trainer import TrainConfig
 from tests.model.hf_families import make_hf_dir
 from tests.train.test_dpo import write_prefs
@@ -92,7 +94,7 @@ def test_distill_auto_probes_with_the_teachers_forward(tmp_path, base_dir, small
                           train=TrainConfig(run="kd", runs_root=str(tmp_path / "runs"), device_batch_size="auto",
                                             eval_every=0, log_every=1))
     batch = picked(lines, run_distill(opts, dev=small_device, print_fn=lines.append), most=16)
-    assert 1 <= batch < 16
+    assert 1 <= batch < 16 and any("the teacher's forward included" in line for line in lines)
 
 
 def conversations(words: int, n: int = 16) -> list[dict]:
@@ -153,3 +155,13 @@ def test_the_probe_leaves_the_model_as_it_found_it(base_dir):
     assert all(p.grad is None for p in model.parameters())
     for name, value in model.state_dict().items():
         assert torch.equal(value, before[name]), name
+
+
+def test_the_distillation_probe_counts_the_teacher(base_dir):
+    dev = get_device("cpu", dtype="fp32", compile=False)
+    teacher = InProcessTeacher(load_base(base_dir, dev).model, "teacher")
+    student = load_base(base_dir, dev).model
+    rows = lambda: probe_rows(4, 32, student.config.vocab_size)  # noqa: E731
+    alone = finetune_peak(student, rows, token_loss, dev, False)
+    taught = finetune_peak(student, rows, DistillHook(student, teacher, DistillLoss()), dev, False, [teacher.model])
+    assert taught >= alone + resident_bytes(teacher.model)  # its weights stay beside the student's, and it runs
