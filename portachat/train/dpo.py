@@ -258,7 +258,7 @@ def run_dpo(opts: DPOOptions, dev: Device | None = None, print_fn=print) -> Trai
         describe=_("--device-batch-size auto probes pairs (a chosen and a rejected row) of {n} tokens each: the "
                    "data's longest, padded (--max-seq-len {seq_len})"),
         chosen=_("--device-batch-size auto: {batch} pairs (twice as many rows) per device, {accum} accumulation "
-                 "step(s)"))
+                 "step(s)"), rows_per_example=2)
     B = int(cfg.device_batch_size)  # pairs per micro-batch: 2B rows
     train_ref = val_ref = None
     if cached:  # before any step: the initial weights (adapter off) are the reference

@@ -26,6 +26,7 @@ from portachat.data.batch import Batch
 from portachat.data.chat_data import Conversation
 from portachat.data.chat_loader import Bucket, Render
 from portachat.device import Device, DistEnv
+from portachat.device.policy import auto_batch_max_positions
 from portachat.i18n import _
 from portachat.train.accumulation import TrainingError
 from portachat.train.activation_checkpointing import apply_activation_checkpointing
@@ -112,13 +113,15 @@ def resolve_finetune_batch_size(cfg: TrainConfig, model: nn.Module, dev: Device,
                                 say: Callable[[str], None], width: Callable[[], int], most: int,
                                 make_batch: MakeBatch | None = None, loss: LossHook = token_loss,
                                 resident: Sequence[nn.Module] = (), describe: str | None = None,
-                                chosen: str | None = None, memory_limit: int | None = None) -> TrainConfig:
+                                chosen: str | None = None, memory_limit: int | None = None,
+                                rows_per_example: int = 1) -> TrainConfig:
     """`--device-batch-size auto` for a loaded model: the largest batch whose probe (finetune_peak) fits the
-    device's memory (`memory_limit` if given), at most `most` (the examples there are), dividing
-    --total-batch-size; the same on every rank. `width()`: the data's widest padded row; `make_batch`:
-    the stage's probe batch (default: rows of token_loss's kind); `describe`/`chosen`: the lines saying
-    what is probed ({n}, {seq_len}) and what was picked ({batch}, {accum}) where the stage counts other
-    than rows. With --tokens-per-batch nothing is probed: the budget bounds each micro-batch."""
+    device's memory (`memory_limit` if given), at most `most` (the examples there are) and the device
+    layer's cap on a micro-batch's positions, dividing --total-batch-size; the same on every rank.
+    `width()`: the data's widest padded row; `make_batch`: the stage's probe batch (default: rows of
+    token_loss's kind) of `rows_per_example` rows an example; `describe`/`chosen`: the lines saying what
+    is probed ({n}, {seq_len}) and what was picked ({batch}, {accum}) where the stage counts other than
+    rows. With --tokens-per-batch nothing is probed: the budget bounds each micro-batch."""
     vocab = model.config.vocab_size
     rows = make_batch or (lambda b, w: probe_rows(b, w, vocab))
 
@@ -127,10 +130,18 @@ def resolve_finetune_batch_size(cfg: TrainConfig, model: nn.Module, dev: Device,
         line = describe or _("--device-batch-size auto probes rows of {n} tokens: the data's longest, padded "
                              "(--max-seq-len {seq_len})")
         say("[portachat] " + line.format(n=n, seq_len=cfg.max_seq_len))
+        cap = min(max(1, most), 1024)
+        positions = auto_batch_max_positions(dev.type)
+        if positions is not None and positions // (n * rows_per_example) < cap:
+            cap = max(1, positions // (n * rows_per_example))
+            say("[portachat] " + _("--device-batch-size auto: at most {cap} on a {device} ({positions} positions a "
+                                   "micro-batch: its throughput stops growing there, and each probe is a real step); "
+                                   "give a number to go further").format(cap=cap, device=dev.type,
+                                                                         positions=f"{positions:,}"))
         found, batch, _accum = batch_for_budget(
             lambda b: finetune_peak(model, lambda: rows(b, n), loss, dev, cfg.activation_checkpointing, resident),
             cfg.max_seq_len, dev, cfg.total_batch_size, env.world_size, memory_limit,
-            lambda m: say("[portachat] " + m), max_batch_size=max(1, most))
+            lambda m: say("[portachat] " + m), max_batch_size=cap)
         if batch == 0:
             raise TrainingError(_(
                 "--device-batch-size auto: not even 1 fits in {gib} GiB with rows of {n} tokens (the model, its "

@@ -165,3 +165,17 @@ def test_the_distillation_probe_counts_the_teacher(base_dir):
     alone = finetune_peak(student, rows, token_loss, dev, False)
     taught = finetune_peak(student, rows, DistillHook(student, teacher, DistillLoss()), dev, False, [teacher.model])
     assert taught >= alone + resident_bytes(teacher.model)  # its weights stay beside the student's, and it runs
+
+
+def test_a_cpu_caps_the_positions_of_an_auto_micro_batch(base_dir, monkeypatch):
+    from portachat.device import policy
+
+    monkeypatch.setattr(policy, "AUTO_BATCH_CPU_POSITIONS", 128)  # 4 rows of 32 (the real cap: 4,096 positions)
+    dev = get_device("cpu", dtype="fp32", compile=False)
+    model = load_base(base_dir, dev).model
+    said: list[str] = []
+    cfg = TrainConfig(device_batch_size="auto", max_seq_len=32)
+    out = resolve_finetune_batch_size(cfg, model, dev, ONE, said.append, lambda: 32, most=16, memory_limit=2**30)
+    assert out.device_batch_size == 4 and any("at most 4 on a cpu" in line for line in said)
+    probed = [int(m[1]) for m in map(PROBE.search, said) if m]
+    assert max(probed) == 4  # memory would hold all 16: the cap, not a failed probe, stopped the search
