@@ -383,3 +383,14 @@ def finetune_activation_checkpointing(device_type: str) -> bool:
     machine's memory (a laptop's 8-16 GB) is what the first fine-tuning example runs out of, for about a
     third of the memory at ~35% more time; not on accelerators, whose batch size is sized to their memory."""
     return device_type == "cpu"
+
+
+AUTO_BATCH_CPU_POSITIONS = 4096
+
+
+def auto_batch_max_positions(device_type: str) -> int | None:
+    """The most padded positions `--device-batch-size auto` gives a micro-batch of a loaded model: on a CPU,
+    4,096 (its throughput stops growing long before its memory runs out, and each probe is a real step:
+    searching up to what the machine's memory holds would take longer than the training); None on
+    accelerators, where memory is what bounds the batch."""
+    return AUTO_BATCH_CPU_POSITIONS if device_type == "cpu" else None

@@ -16,6 +16,7 @@ shared Trainer like every stage's. Optimizer, checkpoints (an HF directory, or a
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -39,7 +40,7 @@ from portachat.model.source import resolve
 from portachat.tokenizer import Tokenizer
 from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
 from portachat.train.chat_stage import ChatOptions
-from portachat.train.distill_loss import DistillLoss, distill_loss_sum
+from portachat.train.distill_loss import DistillLoss, TeacherTargets, distill_loss_sum
 from portachat.train.engine_copy import engine_weights
 from portachat.train.finetune import (
     FULL_LR,
@@ -215,6 +216,20 @@ class OnPolicyStream:
         self.count, self.index = int(state["count"]), int(state["index"])
 
 
+class ProbeTeacher:
+    """A remote teacher's answer without asking it, for the batch-size probe: top-k log-probabilities of
+    every supervised position (what a server sends back is all it costs this device)."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+
+    def targets(self, batch: Batch, loss: DistillLoss) -> TeacherTargets:
+        n, k = supervised_indices(batch).numel(), loss.top_k or self.vocab_size
+        device = batch.inputs.device
+        ids = torch.randint(0, self.vocab_size, (n, k), device=device) if loss.top_k else None
+        return TeacherTargets(torch.full((n, k), -math.log(k), device=device), ids)
+
+
 # ----------------------------------------------------------------------------- the stage
 
 
@@ -273,12 +288,16 @@ def run_distill(opts: DistillOptions, dev: Device | None = None, print_fn=print)
     ac = opts.activation_checkpointing
     cfg = replace(cfg, max_seq_len=opts.max_seq_len or min(model.config.max_seq_len, 2048),
                   activation_checkpointing=finetune_activation_checkpointing(dev.type) if ac is None else ac)
-    if cfg.device_batch_size == "auto":
-        raise TrainingError(_("--device-batch-size auto is not available for distillation yet: give a number of rows"))
     lr = opts.lr if opts.lr is not None else (LORA_LR if opts.lora else FULL_LR)
 
     split = ChatOptions(stage="sft", data=opts.data, max_conversations=opts.max_conversations, eval_examples=0)
-    data = plan_chat_data(STAGE, split, base, cfg, dev, env, lr, False, opts.num_epochs, opts.num_iterations, say)
+    # `--device-batch-size auto` probes the teacher's forward too (a remote one's answer takes only its top k)
+    in_process = isinstance(teacher, InProcessTeacher)
+    probe = DistillHook(model, teacher if in_process else ProbeTeacher(model.config.vocab_size), loss)
+    data = plan_chat_data(STAGE, split, base, cfg, dev, env, lr, False, opts.num_epochs, opts.num_iterations, say,
+                          loss=probe, resident=[teacher.model] if in_process else [],
+                          describe=_("--device-batch-size auto probes rows of {n} tokens, the teacher's forward "
+                                     "included: the data's longest, padded (--max-seq-len {seq_len})"))
     cfg, train_convs, val_convs, described, bucket, lengths = (
         data.cfg, data.train, data.val, data.described, data.bucket, data.lengths)
     B, T, pad = cfg.device_batch_size, cfg.max_seq_len, pad_id(base.tokenizer)

@@ -17,12 +17,13 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from portachat.data.batch import Batch
 from portachat.data.preference_data import (
     PreferenceBatch,
     PreferenceLoader,
@@ -43,6 +44,7 @@ from portachat.train.finetune import (
     load_base,
     pad_id,
 )
+from portachat.train.finetune_batch import probe_rows, resolve_finetune_batch_size
 from portachat.train.lora import LoraOptions, adapters_disabled, add_lora
 from portachat.train.preference_loss import (
     DEFAULT_BETA,
@@ -197,6 +199,25 @@ def _drop_untrainable(pairs: list[PreferencePair], base: Any, seq_len: int, say:
     return kept
 
 
+def longest_pair_row(pairs: Sequence[PreferencePair], base: Any, seq_len: int, bucket: Callable[[int, int], int],
+                     rows: dict[int, Any]) -> int:
+    """The widest batch the pairs make: their longest chosen or rejected row's bucket. Every pair rendered
+    goes into `rows`, the cache the stage's loaders share."""
+    longest = 1
+    for i, pair in enumerate(pairs):
+        if i not in rows:
+            rows[i] = pair_rows(pair, base.render, base.prompt, seq_len + 1)
+        longest = max(longest, *(min(len(ids), seq_len + 1) - 1 for ids, _mask in rows[i]))
+    return bucket(longest, seq_len)
+
+
+def probe_pairs(pairs: int, width: int, vocab_size: int, cached: bool) -> PreferenceBatch:
+    """`pairs` pairs of probe rows (finetune_batch.probe_rows), with cached reference log-probs if the stage has them."""
+    rows = probe_rows(2 * pairs, width, vocab_size)
+    return PreferenceBatch(**{f.name: getattr(rows, f.name) for f in fields(Batch)}, pair_index=torch.arange(pairs),
+                           ref_logps=torch.zeros(2 * pairs) if cached else None)
+
+
 def run_dpo(opts: DPOOptions, dev: Device | None = None, print_fn=print) -> TrainResult:
     """Align `opts.init` on preference pairs (full or LoRA) and return the final checkpoint."""
     if opts.loss not in LOSSES:
@@ -209,9 +230,6 @@ def run_dpo(opts: DPOOptions, dev: Device | None = None, print_fn=print) -> Trai
     if not opts.data:
         raise TrainingError(_("train dpo needs --data: a jsonl/parquet file of preference pairs (prompt, chosen, "
                               "rejected). Make one from the model's own answers with `portachat train prefs`."))
-    if opts.train.device_batch_size == "auto":
-        raise TrainingError(_("--device-batch-size auto is not available for preference training: give a number "
-                              "of pairs per device"))
     start = begin_stage(STAGE, opts.train, dev, print_fn, resume=opts.resume, overwrite=opts.overwrite)
     dev, env, say, cfg, path, resume_from = start.dev, start.env, start.say, start.cfg, start.path, start.resume_from
     base = load_base(opts.init, dev)
@@ -222,22 +240,32 @@ def run_dpo(opts: DPOOptions, dev: Device | None = None, print_fn=print) -> Trai
     train_pairs, val_pairs = split_pairs(pairs, opts.val_pairs, cfg.seed)
     train_pairs = _drop_untrainable(train_pairs, base, cfg.max_seq_len, say)
     bucket = row_bucket(dev.type, dev.compile)
-    B = int(cfg.device_batch_size)  # pairs per micro-batch: 2B rows
     needs_ref = opts.loss in NEEDS_REFERENCE
     cached = needs_ref and (opts.lora is None or opts.reference == "cache")
     if opts.reference == "live" and opts.lora is None and needs_ref:
         raise TrainingError(_("--reference live needs --lora-rank (the reference is the model with its adapter off); "
                               "full fine-tuning uses --reference cache"))
+    if opts.lora is not None:  # before `auto` probes the model as it trains (the cached reference runs it off)
+        add_lora(model, opts.lora)
+    ac = opts.activation_checkpointing
+    cfg = replace(cfg, activation_checkpointing=finetune_activation_checkpointing(dev.type) if ac is None else ac)
+    rows: dict[int, Any] = {}  # rendered pairs, shared by every stream of this process
+    probe = PreferenceObjective(opts.loss, beta, opts.gamma, model, PreferenceMetrics(dev.torch_device,
+                                                                                      dev.accumulate_dtype))
+    cfg = resolve_finetune_batch_size(
+        cfg, model, dev, env, say, lambda: longest_pair_row(train_pairs, base, cfg.max_seq_len, bucket, rows),
+        most=len(train_pairs), make_batch=lambda b, w: probe_pairs(b, w, model.config.vocab_size, cached), loss=probe,
+        describe=_("--device-batch-size auto probes pairs (a chosen and a rejected row) of {n} tokens each: the "
+                   "data's longest, padded (--max-seq-len {seq_len})"),
+        chosen=_("--device-batch-size auto: {batch} pairs (twice as many rows) per device, {accum} accumulation "
+                 "step(s)"), rows_per_example=2)
+    B = int(cfg.device_batch_size)  # pairs per micro-batch: 2B rows
     train_ref = val_ref = None
-    if cached:  # before LoRA exists and before any step: the initial weights are the reference
+    if cached:  # before any step: the initial weights (adapter off) are the reference
         say(f"[portachat] {STAGE}: " + _("reference log-probs of {n} pairs computed once (no second model in "
                                          "memory)").format(n=len(train_pairs) + len(val_pairs)))
         train_ref = reference_logps(model, train_pairs, base, cfg.max_seq_len, B, dev, bucket)
         val_ref = reference_logps(model, val_pairs, base, cfg.max_seq_len, B, dev, bucket) if val_pairs else None
-    if opts.lora is not None:
-        add_lora(model, opts.lora)
-    ac = opts.activation_checkpointing
-    cfg = replace(cfg, activation_checkpointing=finetune_activation_checkpointing(dev.type) if ac is None else ac)
     lr = opts.lr if opts.lr is not None else (LORA_LR if opts.lora else DPO_FULL_LR)
     streams = env.world_size * cfg.grad_accum_steps(env.world_size)
     cfg = replace(cfg, num_iterations=opts.num_iterations or max(
@@ -252,7 +280,6 @@ def run_dpo(opts: DPOOptions, dev: Device | None = None, print_fn=print) -> Trai
     metrics = PreferenceMetrics(dev.torch_device, dev.accumulate_dtype)
     objective = PreferenceObjective(opts.loss, beta, opts.gamma, model, metrics)
     pad = pad_id(base.tokenizer)
-    rows: dict[int, Any] = {}  # rendered pairs, shared by every stream of this process
     evaluators = []
     if val_pairs:
         evaluators.append(preference_evaluator(objective, val_pairs, base, cfg.max_seq_len, B, dev, bucket, val_ref))

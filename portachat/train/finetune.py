@@ -50,6 +50,9 @@ from portachat.tokenizer.template_masks import render_template_conversation, ren
 from portachat.train.chat_eval import is_correct
 from portachat.train.chat_stage import ChatOptions, split_conversations
 from portachat.train.engine_copy import engine_weights
+from portachat.train.finetune_batch import longest_chat_row, probe_rows, resolve_finetune_batch_size
+from portachat.train.finetune_optim import finetune_optimizer
+from portachat.train.hooks import LossHook, token_loss
 from portachat.train.lora import (
     LoraOptions,
     adapter_state_dict,
@@ -211,19 +214,6 @@ def answer_evaluator(convs: Sequence[Conversation], base: BaseModel, dev: Device
 # ----------------------------------------------------------------------------- the trainer
 
 
-def finetune_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, fused: bool) -> torch.optim.Optimizer:
-    """AdamW over the trainable parameters only (all of them, or the LoRA adapter's)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        raise TrainingError(_("nothing to train: every parameter is frozen"))
-    kwargs = dict(fused=True) if fused else dict(foreach=True)
-    opt = torch.optim.AdamW([dict(params=params, lr=lr)], betas=(0.9, 0.999), eps=1e-8, weight_decay=weight_decay,
-                            **kwargs)
-    for group in opt.param_groups:
-        group["initial_lr"] = group["lr"]
-    return opt
-
-
 class FinetuneTrainer(Trainer):
     """The shared Trainer with fine-tuning's optimizer, and adapter-only checkpoints for LoRA."""
 
@@ -340,9 +330,12 @@ class ChatDataPlan:
 
 def plan_chat_data(stage: str, split: ChatOptions, base: BaseModel, cfg: TrainConfig, dev: Device, env: DistEnv,
                    lr: float, pack: bool, num_epochs: float, num_iterations: int | None,
-                   say: Callable[[str], None]) -> ChatDataPlan:
-    """Split the conversations, warn about rows whose prompt leaves no reply token, and plan the steps:
-    what sft/mid and distillation do before they build their streams."""
+                   say: Callable[[str], None], loss: LossHook = token_loss,
+                   resident: Sequence[torch.nn.Module] = (), describe: str | None = None) -> ChatDataPlan:
+    """Split the conversations, warn about rows whose prompt leaves no reply token, settle
+    `--device-batch-size auto` (base.model probed as it trains, with the stage's `loss` and the `resident`
+    modules it keeps in memory, on the data's widest rows; `describe`: the line saying so) and plan the
+    steps: what sft/mid and distillation do before they build their streams."""
     train_convs, val_convs, described = split_conversations(split, cfg.seed)
     say(f"[portachat] {stage}: " + _("{n} training conversations from {source}, {held_out} held out; "
                                      "AdamW lr {lr}").format(
@@ -353,9 +346,15 @@ def plan_chat_data(stage: str, split: ChatOptions, base: BaseModel, cfg: TrainCo
         say("[portachat] " + _("WARNING: {n} of {sampled} sampled conversations have no reply token within "
                                "--max-seq-len {seq_len} (the prompt fills the row); they teach nothing. Raise "
                                "--max-seq-len.").format(n=unsupervised, sampled=len(sample), seq_len=cfg.max_seq_len))
-    streams = env.world_size * cfg.grad_accum_steps(env.world_size)
     bucket = row_bucket(dev.type, dev.compile)
     lengths: dict[int, int] = {}
+    vocab = base.model.config.vocab_size
+    cfg = resolve_finetune_batch_size(
+        cfg, base.model, dev, env, say, lambda: longest_chat_row(train_convs, base.render, cfg.max_seq_len, bucket, pack,
+                                                                 lengths),
+        most=len(train_convs), make_batch=lambda b, w: probe_rows(b, w, vocab, packed=pack), loss=loss,
+        resident=resident, describe=describe)
+    streams = env.world_size * cfg.grad_accum_steps(env.world_size)
     cfg = replace(cfg, num_iterations=num_iterations or plan_iterations(
         train_convs, base.render, cfg, pack, num_epochs, streams, bucket, lengths))
     return ChatDataPlan(cfg, list(train_convs), list(val_convs), described, bucket, lengths)
@@ -385,9 +384,6 @@ def run_finetune(opts: FinetuneOptions, dev: Device | None = None, print_fn=prin
         say(f"[portachat] {opts.stage}: " + _(
             "activation checkpointing on (fine-tuning's default on a {device}: about a third of the memory for ~35% "
             "more time; --no-activation-checkpointing turns it off)").format(device=dev.type))
-    if cfg.device_batch_size == "auto":  # its probe trains every weight with Muon: not what fine-tuning runs
-        raise TrainingError(_("--device-batch-size auto is not available for fine-tuning an existing model yet: give "
-                              "a number of rows, or --tokens-per-batch N to bound each micro-batch by tokens"))
     lr = opts.lr if opts.lr is not None else (LORA_LR if opts.lora else FULL_LR)
     pack = opts.pack if opts.pack is not None else opts.stage == "mid"
 
