@@ -1,26 +1,25 @@
 """`portachat export hf`: a serving directory for transformers / vLLM / vllm-ascend.
 
-The same HF layout as our checkpoints, minus everything only training needs: weights in bf16 or
-fp16 (config.json's torch_dtype says which), no trainer_state/, and a portachat.json that keeps
-only what the loader checks (tokenizer fingerprint) plus where the export came from.
+The same HF layout as our checkpoints, written by the same writer (model_dir.save_model_files),
+minus everything only training needs: weights in bf16 or fp16 (config.json's torch_dtype says
+which), no trainer_state/, and a portachat.json that keeps only what the loader checks (tokenizer
+fingerprint) plus where the export came from. generation_config.json keeps the checkpoint's
+sampling defaults, so transformers and vLLM sample as `portachat serve` does.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from safetensors.torch import save_file
 
 from portachat.device.dtypes import DTYPES
 from portachat.export.errors import ExportError
 from portachat.export.source import check_output_free, load_exportable
 from portachat.i18n import _
-from portachat.model.hf import generation_config, to_hf_config
-from portachat.model.model_dir import FORMAT_VERSION, META, WEIGHTS
-from portachat.storage.atomic import atomic_directory
+from portachat.model.hf import FAMILIES
+from portachat.model.hf_dir import read_json
+from portachat.model.model_dir import save_model_files
+from portachat.storage.atomic import CheckpointError, atomic_directory
 
 # Serving widths only: an fp32 export doubles the files for no serving gain.
 HF_DTYPES = {name: DTYPES[name] for name in ("bf16", "fp16")}
@@ -34,10 +33,6 @@ class HFExport:
     weight_bytes: int
 
 
-def _write_json(path: Path, obj: Any) -> None:
-    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-
-
 def export_hf(model_path: str | Path, output: str | Path, dtype: str = "bf16") -> HFExport:
     """Write the serving directory for the checkpoint at `model_path` to `output` (atomically)."""
     if dtype not in HF_DTYPES:
@@ -46,30 +41,19 @@ def export_hf(model_path: str | Path, output: str | Path, dtype: str = "bf16") -
     output = Path(output).expanduser()
     check_output_free(output)
     loaded = load_exportable(model_path)
-    model, tokenizer, cfg = loaded.model, loaded.tokenizer, loaded.model.config
-    torch_dtype = HF_DTYPES[dtype]
-    state = {k: v.detach().to(torch_dtype).contiguous() for k, v in model.state_dict().items()}
-    if cfg.tie_embeddings:
-        state.pop("lm_head.weight", None)  # transformers ties it back from embed_tokens
-    hf_config = to_hf_config(cfg, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, dtype=torch_dtype)
-    meta = {
-        "format_version": FORMAT_VERSION,
-        "exported_from": str(loaded.path),
-        "stage": loaded.meta.get("stage"),
-        "step": loaded.meta.get("step"),
-        "tokenizer_fingerprint": tokenizer.fingerprint(),
-        "model_config": cfg.to_dict(),
-        "exportable": True,
-    }
+    model, torch_dtype = loaded.model, HF_DTYPES[dtype]
+    # Provenance only: no metrics, data position or training config (save_model_files adds the
+    # tokenizer fingerprint and model config the loader checks).
+    meta = {"exported_from": str(loaded.path), "stage": loaded.meta.get("stage"), "step": loaded.meta.get("step")}
+    try:
+        generation = read_json(loaded.path / "generation_config.json", required=False)
+    except CheckpointError as exc:
+        raise ExportError(_("cannot read the checkpoint at {path}: {error}").format(path=loaded.path, error=exc)) from exc
     with atomic_directory(output) as tmp:
-        save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
-        _write_json(tmp / "config.json", hf_config)
-        _write_json(tmp / "generation_config.json", generation_config(bos_id=tokenizer.bos_id, eos_id=tokenizer.end_ids))
-        tokenizer.save(tmp, model_max_length=cfg.max_seq_len)
-        _write_json(tmp / META, meta)
+        save_model_files(tmp, model, loaded.tokenizer, meta, generation_defaults=generation, dtype=torch_dtype)
     return HFExport(
         path=output,
         dtype=dtype,
-        architecture=hf_config["architectures"][0],
-        weight_bytes=sum(t.numel() * t.element_size() for t in state.values()),
+        architecture=FAMILIES[model.config.architecture][0],
+        weight_bytes=sum(p.numel() for p in model.parameters()) * torch_dtype.itemsize,  # a tied table once
     )

@@ -25,8 +25,9 @@ from safetensors.torch import load_file
 from torch import nn
 
 from portachat.i18n import _
+from portachat.model.hf import UnsupportedConfigError
+from portachat.model.source import resolve
 from portachat.storage.atomic import CheckpointError
-from portachat.storage.runs import latest_checkpoint
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -98,14 +99,15 @@ def read_adapter(directory: str | Path) -> tuple[LoraOptions, dict[str, Any], di
 
 
 def find_adapter_dir(spec: str | Path) -> Path:
-    """A LoRA adapter directory: given as is, or a LoRA run's stage directory (its latest checkpoint)."""
-
-    path = Path(spec).expanduser()
-    if (path / ADAPTER_CONFIG).is_file():
+    """The LoRA adapter directory `spec` names, found by the one model resolver (`source.resolve`): the
+    adapter directory itself, a LoRA run's stage or run directory or its `latest` pointer file (the
+    checkpoint `latest` points to), or RUN/STAGE under PORTACHAT_HOME."""
+    try:
+        path: Path | None = resolve(spec).path
+    except (CheckpointError, UnsupportedConfigError):
+        path = None  # nothing there, or a plain file: no adapter either way, and the advice below fits
+    if path is not None and (path / ADAPTER_CONFIG).is_file():
         return path
-    latest = latest_checkpoint(path) if path.is_dir() else None
-    if latest is not None and (latest / ADAPTER_CONFIG).is_file():
-        return latest
     raise CheckpointError(_("--lora {spec}: no LoRA adapter there ({config} missing); pass the adapter "
                             "directory or the stage directory of a `train sft --lora-rank R` run").format(
         spec=spec, config=ADAPTER_CONFIG))

@@ -39,20 +39,22 @@ def save_model_files(
     tokenizer: Tokenizer | TemplateChatTokenizer,
     meta: dict[str, Any],
     generation_defaults: dict[str, Any] | None = None,
+    dtype: torch.dtype | None = None,
 ) -> None:
     """Write the HF model directory contents into `directory` (already created, not yet in place).
 
     `tokenizer` is ours, or an imported model's TemplateChatTokenizer (a fine-tuned Llama/Qwen keeps
     its tokenizer and chat template); `generation_defaults` (e.g. temperature, top_p) go into
-    generation_config.json next to the bos/eos ids."""
+    generation_config.json next to the bos/eos ids. `dtype` stores the weights in that width
+    (config.json's torch_dtype says which; `export hf` writes bf16/fp16), else as the model holds them."""
     cfg: GPTConfig = model.config
+    weights_dtype = dtype if dtype is not None else model.model.embed_tokens.weight.dtype
     ok, reason = exportable(cfg)
     if ok:
-        weights_dtype = model.model.embed_tokens.weight.dtype
         hf_config = to_hf_config(cfg, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, dtype=weights_dtype)
     else:  # options outside every HF family: exact for us, refused by transformers by name
         hf_config = own_config_json(cfg, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id)
-    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    state = {k: v.detach().to("cpu", dtype=dtype).contiguous() for k, v in model.state_dict().items()}
     if cfg.tie_embeddings:
         state.pop("lm_head.weight", None)  # transformers re-ties it from embed_tokens
     save_file(state, str(directory / WEIGHTS), metadata={"format": "pt"})

@@ -15,7 +15,6 @@ what the model knows, and LoRA's low-rank A/B pairs are not the matrices Muon's 
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -42,7 +41,7 @@ from portachat.model import GPT
 from portachat.model.load import load_for_inference
 from portachat.model.model_dir import META, save_model_files
 from portachat.model.source import PEFT, PORTACHAT, is_portachat_dir, resolve
-from portachat.storage.atomic import commit_tmp, prepare_tmp
+from portachat.storage.atomic import atomic_directory
 from portachat.tokenizer import Tokenizer, render_conversation
 from portachat.tokenizer.chat import render_for_completion
 from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
@@ -286,13 +285,8 @@ def _json(obj: Any) -> str:
 def write_merged(stage_path: Path, model: GPT, base: BaseModel, meta: dict[str, Any]) -> Path:
     """<stage>/merged/: a plain checkpoint of the same architecture with the adapter folded in (atomic)."""
     final = stage_path / MERGED
-    tmp = prepare_tmp(final)
-    try:
+    with atomic_directory(final) as tmp:  # a full disk says so, and leaves no half-written merged/
         save_model_files(tmp, merge_lora(model), base.tokenizer, meta, generation_defaults=base.generation)
-        commit_tmp(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return final
 
 

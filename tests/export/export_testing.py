@@ -12,7 +12,8 @@ from portachat.model.model_dir import save_model_files
 from portachat.storage.atomic import atomic_directory
 
 
-def make_checkpoint(directory: Path, tokenizer, **overrides) -> tuple[Path, GPT]:
+def make_checkpoint(directory: Path, tokenizer, generation_defaults: dict | None = None,
+                    **overrides) -> tuple[Path, GPT]:
     """One of our checkpoints (random weights in every tensor, scaled like a trained net), saved as training saves it."""
     # head_dim 128 (from_depth's default): transformers' GGUF loader ignores attention.key_length for
     # qwen3 and assumes Qwen3Config's default 128.
@@ -30,5 +31,5 @@ def make_checkpoint(directory: Path, tokenizer, **overrides) -> tuple[Path, GPT]
             else:  # norms around 1, biases around 0
                 p.copy_(torch.randn(p.shape, generator=generator) * 0.1 + (0.0 if "bias" in name else 1.0))
     with atomic_directory(directory) as tmp:
-        save_model_files(tmp, model, tokenizer, {"stage": "sft", "step": 7})
+        save_model_files(tmp, model, tokenizer, {"stage": "sft", "step": 7}, generation_defaults=generation_defaults)
     return directory, model.eval()

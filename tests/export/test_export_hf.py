@@ -72,3 +72,19 @@ def test_bad_inputs_say_what_to_do(tmp_path, checkpoint):
     (tmp_path / "taken").mkdir()
     with pytest.raises(ExportError, match="already exists"):
         export_hf(checkpoint[0], tmp_path / "taken")
+
+
+def test_the_export_keeps_the_checkpoints_generation_defaults(tmp_path, small_tokenizer):
+    from portachat.model.load import load_for_inference
+
+    sampling = {"do_sample": True, "temperature": 0.6, "top_p": 0.9, "top_k": 20, "repetition_penalty": 1.05}
+    path, _ = make_checkpoint(tmp_path / "ckpt", small_tokenizer, generation_defaults=sampling)
+    ours = json.loads((path / "generation_config.json").read_text())
+    assert {k: ours[k] for k in sampling} == sampling
+    out = export_hf(path, tmp_path / "serve").path
+    assert json.loads((out / "generation_config.json").read_text()) == ours
+    assert load_for_inference(out, device="cpu", dtype="bf16").generation == load_for_inference(
+        path, device="cpu", dtype="fp32").generation
+    meta = json.loads((out / "portachat.json").read_text())
+    assert (meta["exported_from"], meta["stage"], meta["step"]) == (str(path), "sft", 7)
+    assert meta["tokenizer_fingerprint"] == small_tokenizer.fingerprint() and "data_position" not in meta

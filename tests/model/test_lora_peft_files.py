@@ -11,8 +11,9 @@ import torch
 from safetensors.torch import save_file
 
 from portachat.model import GPT, GPTConfig
-from portachat.model.lora import load_lora, merge_into
+from portachat.model.lora import find_adapter_dir, load_lora, merge_into
 from portachat.storage.atomic import CheckpointError
+from portachat.storage.runs import set_latest
 from portachat.train.lora import adapter_state_dict
 from tests.lora_files import write_random_adapter
 
@@ -73,3 +74,31 @@ def test_damaged_or_unsupported_adapters_are_refused(tmp_path):
         merge_into(model, load_lora(other))
     with pytest.raises(CheckpointError, match="is not a LoRA adapter"):
         load_lora(tmp_path)
+
+
+def test_find_adapter_dir_follows_the_model_resolver(tmp_path, monkeypatch):
+    """An adapter directory, a LoRA run's stage or run directory, its `latest` file or RUN/STAGE name the
+    checkpoint `latest` points to; anything without an adapter there gets the same advice."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("PORTACHAT_HOME", str(home))
+    run = home / "runs" / "tuned"
+    stage = run / "sft"
+    model = tiny()
+    for step in ("step_00000004", "step_00000008"):
+        write_random_adapter(stage / step, model, rank=2, alpha=2)
+        (stage / step / "portachat.json").write_text("{}")
+    set_latest(stage, stage / "step_00000004")  # `latest`, not the newest step
+    latest = stage / "step_00000004"
+    assert find_adapter_dir(latest) == latest
+    for spec in (stage, stage / "latest", run, "tuned/sft", str(stage)):
+        assert find_adapter_dir(spec) == latest
+
+    full = tmp_path / "full" / "step_00000001"  # a stage whose latest checkpoint is a whole model
+    full.mkdir(parents=True)
+    (full / "portachat.json").write_text("{}")
+    (full / "config.json").write_text("{}")
+    set_latest(full.parent, full)
+    (tmp_path / "notes.txt").write_text("x")
+    for spec in (tmp_path / "missing", tmp_path / "full", tmp_path / "notes.txt", tmp_path / "home"):
+        with pytest.raises(CheckpointError, match=r"--lora .*: no LoRA adapter there \(adapter_config.json missing\)"):
+            find_adapter_dir(spec)

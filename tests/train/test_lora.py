@@ -3,6 +3,7 @@ the adapter is PEFT's format (transformers + peft load it, same logits), --merge
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 
@@ -107,6 +108,26 @@ def test_merged_checkpoint_gives_the_adapters_logits(trained):
     merged = load_for_inference(stage / "merged", device="cpu", dtype=torch.float32)
     assert json.loads((stage / "merged" / "config.json").read_text())["model_type"] == "llama"
     torch.testing.assert_close(logits(merged.model, IDS), logits(with_adapter.model, IDS), atol=1e-4, rtol=0)
+
+
+def test_a_full_disk_while_merging_says_so_and_keeps_the_previous_merged_model(trained, monkeypatch):
+    from types import SimpleNamespace
+
+    import portachat.train.finetune as finetune
+
+    _base, _adapter, stage = trained
+    before = {p.name: p.read_bytes() for p in (stage / "merged").iterdir()}
+
+    def fill_the_disk(directory, *_args, **_kwargs):
+        (directory / "model.safetensors").write_bytes(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(finetune, "merge_lora", lambda model: model)
+    monkeypatch.setattr(finetune, "save_model_files", fill_the_disk)
+    with pytest.raises(CheckpointError, match="disk full while writing checkpoint"):
+        finetune.write_merged(stage, None, SimpleNamespace(tokenizer=None, generation={}), {})
+    assert {p.name: p.read_bytes() for p in (stage / "merged").iterdir()} == before
+    assert not list(stage.glob(".tmp-merged*"))
 
 
 def test_an_adapter_for_another_model_is_refused(trained, tmp_path):

@@ -59,7 +59,7 @@ async def load_lora_adapter(request: Request) -> Response:
                               "served): unload it first with POST /v1/unload_lora_adapter, or pick another "
                               "lora_name.").format(name=req.lora_name), param="lora_name", code="invalid_value")
     try:
-        directory = find_adapter_dir(req.lora_path)
+        directory = await in_daemon_thread(find_adapter_dir, req.lora_path)  # the resolver may read a hub cache
     except CheckpointError as exc:
         raise APIError(400, str(exc), param="lora_path", code="invalid_value") from None
     spec = ModelSpec(req.lora_name, str(directory), base=_base_for(server, directory, req.lora_name))
