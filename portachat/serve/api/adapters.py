@@ -11,6 +11,7 @@ find no such model. Both answer plain text, as vLLM does."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from fastapi import Request
@@ -26,6 +27,7 @@ from portachat.serve.registry import ModelSpec
 from portachat.serve.registry.catalog import adapter_base
 from portachat.serve.registry.registry import LoadFailed, in_daemon_thread
 from portachat.storage.atomic import CheckpointError
+from portachat.storage.paths import portachat_home
 
 
 class LoadAdapter(BaseModel):
@@ -49,6 +51,12 @@ def _base_for(server: ServerState, directory: Any, name: str) -> str:
     return base
 
 
+def _on_this_disk(spec: str) -> bool:
+    """A path on the server's disk, or a run under PORTACHAT_HOME/runs: what a client may name. The model
+    resolver would also download hf:/modelscope: ids, which a request must not be able to start."""
+    return Path(spec).expanduser().exists() or (portachat_home() / "runs" / spec).exists()
+
+
 async def load_lora_adapter(request: Request) -> Response:
     req = parse_body(await request.body(), LoadAdapter)
     server: ServerState = request.app.state.server
@@ -58,8 +66,13 @@ async def load_lora_adapter(request: Request) -> Response:
         raise APIError(400, _("The LoRA adapter '{name}' has already been loaded (a model or adapter of that name is "
                               "served): unload it first with POST /v1/unload_lora_adapter, or pick another "
                               "lora_name.").format(name=req.lora_name), param="lora_name", code="invalid_value")
+    if not _on_this_disk(req.lora_path):
+        raise APIError(400, _("lora_path {path} is not a directory on the server: a request never starts a hub "
+                              "download. Give the adapter's directory (or a run under PORTACHAT_HOME/runs), or "
+                              "download it first and pass the local path.").format(path=req.lora_path),
+                       param="lora_path", code="invalid_value")
     try:
-        directory = await in_daemon_thread(find_adapter_dir, req.lora_path)  # the resolver may read a hub cache
+        directory = await in_daemon_thread(find_adapter_dir, req.lora_path)  # follows `latest` pointers on disk
     except CheckpointError as exc:
         raise APIError(400, str(exc), param="lora_path", code="invalid_value") from None
     spec = ModelSpec(req.lora_name, str(directory), base=_base_for(server, directory, req.lora_name))

@@ -129,6 +129,21 @@ def test_with_keys_only_the_admin_key_adds_or_removes_adapters(tokenizer, adapte
         server.stop()
 
 
+def test_a_request_cannot_start_a_hub_download(tokenizer, adapter, monkeypatch):
+    # The model resolver downloads hf:/modelscope: ids; a client's lora_path must name the server's disk.
+    started = []
+    monkeypatch.setattr("portachat.model.source._hub_download", lambda spec: started.append(spec))
+    server, registry = start(tokenizer, adapter)
+    try:
+        for path in ("hf:someone/adapter", "modelscope:someone/adapter"):
+            r = httpx.post(f"{server.url}/v1/load_lora_adapter", json={"lora_name": "far", "lora_path": path})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "lora_path", r.text
+            assert "not a directory on the server" in r.json()["error"]["message"]
+        assert started == [] and "far" not in registry.entries
+    finally:
+        server.stop()
+
+
 def test_registry_rows_for_adapters_need_a_served_base_and_a_free_name(tokenizer, adapter):
     registry = ModelRegistry([ModelSpec("base", "")], lambda spec: None)
     with pytest.raises(ValueError, match="not a served model"):
