@@ -124,13 +124,18 @@ def _has_words(text: str) -> bool:
 
 def _bare_text(node: ast.AST) -> bool:
     """Whether an expression carries words of its own outside _(): a literal or an f-string with letters
-    beyond a bracketed log prefix (punctuation, rules and values alone are not text)."""
+    beyond a bracketed log prefix (punctuation, rules and values alone are not text), also as a fallback
+    (`a or "text"`) or a branch (`"x" if c else "y"`)."""
     if isinstance(node, ast.JoinedStr):
         return any(isinstance(v, ast.Constant) and _has_words(v.value) for v in node.values)
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return _has_words(node.value)
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
         return _bare_text(node.left) or _bare_text(node.right)
+    if isinstance(node, ast.BoolOp):  # `exc.error or "the engine failed"`: the fallback reaches users
+        return any(_bare_text(v) for v in node.values)
+    if isinstance(node, ast.IfExp):
+        return _bare_text(node.body) or _bare_text(node.orelse)
     return False
 
 
