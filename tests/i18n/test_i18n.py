@@ -205,7 +205,9 @@ def test_the_check_reads_the_message_argument_of_http_and_cli_errors(tmp_path):
                 raise APIError(400, _("usage: "), param="messages", code="context_length_exceeded")
             if x == 11:
                 raise SystemExit(_("usage: ") + str(n))
-            raise LoadFailed(_("usage: "))
+            if x == 12:
+                raise APIError(500, n or "the engine failed on this request")
+            raise LoadFailed(n or _("usage: "))
         '''), encoding="utf-8")
     catalog = tmp_path / "zh.po"
     write_po(catalog, [Entry("usage: ", "用法：")])
@@ -217,6 +219,7 @@ def test_the_check_reads_the_message_argument_of_http_and_cli_errors(tmp_path):
         "pkg/routes.py:15: the message of SystemExit() is not passed through _()",
         "pkg/routes.py:17: the message of ArgumentTypeError() is not passed through _()",
         "pkg/routes.py:19: the message of error_response() is not passed through _()",
+        "pkg/routes.py:29: the message of APIError() is not passed through _()",
     ]
 
 
