@@ -7,8 +7,10 @@ Problems found: a message with no (or a fuzzy) msgstr, a msgstr whose {placehold
 the msgid's (str.format would fail), a non-literal argument (an f-string can never be in the
 catalog), a function that rebinds `_` (e.g. `for _ in ...`) while also calling _(), and text that
 reaches a user without _(): a string literal or f-string given as the message of portachat's own
-exceptions (classes named ...Error defined in the package), of an HTTP error (`APIError`), or of a
-progress line (`say(...)`). A bracketed prefix such as `"[portachat] " + _(...)` is not text.
+exceptions (classes named ...Error defined in the package), of an HTTP error (`APIError`,
+`error_response`, `error_body`), of a CLI exit (`SystemExit`, `argparse.ArgumentTypeError`) or of a
+progress line (`say(...)`). A bracketed prefix such as `"[portachat] " + _(...)` is not text; nor are
+the identifiers given as `param=`, `code=`, `type=`, `kind=` or `name=` (OpenAI's error codes).
 """
 
 from __future__ import annotations
@@ -27,7 +29,11 @@ PACKAGE = Path(__file__).resolve().parents[1]
 MARKERS = {"_": 1, "N_": 1, "ngettext": 2}  # function name -> how many leading literal arguments
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)  # their variables are their own
-USER_FACING_CALLS = {"say", "APIError"}  # besides portachat's own ...Error classes
+USER_FACING_CALLS = {"say", "APIError", "error_response", "error_body", "SystemExit", "ArgumentTypeError"}
+# besides portachat's own ...Error classes. The HTTP error helpers take (status, message, param, code):
+# only their second positional argument is a sentence, the others are numbers and identifiers.
+MESSAGE_POSITION = {"APIError": 1, "error_response": 1, "error_body": 1}
+NOT_MESSAGE_KEYWORDS = {"param", "code", "type", "kind", "name"}  # identifiers clients match on
 _PREFIX = re.compile(r"^\s*\[[\w -]+\]")  # "[portachat] ": a log prefix, not text
 _PLACEHOLDER = re.compile(r"\{[^{}]*\}|%%|%\([^)]*\)[a-z]|%[sdr]")  # %% too: argparse %-formats help
 
@@ -89,13 +95,26 @@ def extract_file(path: Path, root: Path) -> tuple[list[Message], list[str]]:
     return messages, problems
 
 
+def _base_name(node: ast.expr) -> str:
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+
+
 def own_error_classes(root: Path = PACKAGE) -> set[str]:
-    """The exception classes portachat defines (by name): their messages reach users."""
-    names = set()
+    """The exception classes portachat defines (by name): their messages reach users. A class is one
+    when its name ends in Error or it derives from an ...Error / ...Exception / another of them (NoRoom,
+    LoadFailed); private ones (`_Refused`) are caught inside their module and never shown."""
+    bases: dict[str, list[str]] = {}
     for path in root.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ClassDef) and node.name.endswith("Error"):
-                names.add(node.name)
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                bases.setdefault(node.name, []).extend(_base_name(b) for b in node.bases)
+    names = {n for n in bases if n.endswith("Error")}
+    names |= {n for n, bs in bases.items() if any(b.endswith(("Error", "Exception")) for b in bs)}
+    grew = True
+    while grew:  # subclasses of our own exceptions, however deep
+        more = {n for n, bs in bases.items() if n not in names and any(b in names for b in bs)}
+        names |= more
+        grew = bool(more)
     return names
 
 
@@ -105,14 +124,26 @@ def _has_words(text: str) -> bool:
 
 def _bare_text(node: ast.AST) -> bool:
     """Whether an expression carries words of its own outside _(): a literal or an f-string with letters
-    beyond a bracketed log prefix (punctuation, rules and values alone are not text)."""
+    beyond a bracketed log prefix (punctuation, rules and values alone are not text), also as a fallback
+    (`a or "text"`) or a branch (`"x" if c else "y"`)."""
     if isinstance(node, ast.JoinedStr):
         return any(isinstance(v, ast.Constant) and _has_words(v.value) for v in node.values)
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return _has_words(node.value)
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
         return _bare_text(node.left) or _bare_text(node.right)
+    if isinstance(node, ast.BoolOp):  # `exc.error or "the engine failed"`: the fallback reaches users
+        return any(_bare_text(v) for v in node.values)
+    if isinstance(node, ast.IfExp):
+        return _bare_text(node.body) or _bare_text(node.orelse)
     return False
+
+
+def _message_arguments(name: str, call: ast.Call) -> list[ast.expr]:
+    """The arguments of a user-facing call that may carry its message (not its status or codes)."""
+    position = MESSAGE_POSITION.get(name)
+    positional = call.args if position is None else call.args[position:position + 1]
+    return [*positional, *(k.value for k in call.keywords if k.arg not in NOT_MESSAGE_KEYWORDS)]
 
 
 def untranslated_text(path: Path, root: Path, sinks: set[str]) -> list[str]:
@@ -120,13 +151,13 @@ def untranslated_text(path: Path, root: Path, sinks: set[str]) -> list[str]:
     rel = path.relative_to(root.parent) if path.is_relative_to(root.parent) else path
     problems = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
-        if not isinstance(node, ast.Call) or not node.args:
+        if not isinstance(node, ast.Call):
             continue
         func = node.func
         name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
-        if name in sinks and _bare_text(node.args[0]):
-            problems.append(f"{rel}:{node.lineno}: the message of {name}() is not passed through _()")
-    return problems
+        if name in sinks and any(_bare_text(a) for a in _message_arguments(name, node)):
+            problems.append((node.lineno, f"{rel}:{node.lineno}: the message of {name}() is not passed through _()"))
+    return [text for _line, text in sorted(problems)]
 
 
 def extract(paths: list[Path] | None = None, root: Path = PACKAGE) -> tuple[list[Message], list[str]]:

@@ -162,6 +162,67 @@ def test_the_check_finds_error_and_progress_text_that_bypasses_the_catalog(tmp_p
     ]
 
 
+def test_the_check_reads_the_message_argument_of_http_and_cli_errors(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "errors.py").write_text(textwrap.dedent('''\
+        class APIError(Exception):
+            def __init__(self, status, message, param=None, code=None):
+                super().__init__(message)
+
+        class LoadFailed(RuntimeError):
+            pass
+
+        class _Refused(ValueError):
+            pass
+        '''), encoding="utf-8")
+    module = pkg / "routes.py"
+    module.write_text(textwrap.dedent('''\
+        import argparse
+
+        from portachat.i18n import _
+
+        def route(x, n):
+            if x == 1:
+                raise APIError(400, "Bad thing happened here")
+            if x == 2:
+                raise APIError(400, f"bad {x} value here", param="messages")
+            if x == 3:
+                raise APIError(status=400, message="the model is not served")
+            if x == 4:
+                raise LoadFailed(f"loading {x} failed")
+            if x == 5:
+                raise SystemExit("--models-dir is not a directory")
+            if x == 6:
+                raise argparse.ArgumentTypeError(f"{x} is not a number")
+            if x == 7:
+                return error_response(404, "no such file", "file_id", "not_found")
+            if x == 8:
+                raise _Refused("number too large")
+            if x == 9:
+                raise APIError(400, _("usage: "), "messages", "context_length_exceeded")
+            if x == 10:
+                raise APIError(400, _("usage: "), param="messages", code="context_length_exceeded")
+            if x == 11:
+                raise SystemExit(_("usage: ") + str(n))
+            if x == 12:
+                raise APIError(500, n or "the engine failed on this request")
+            raise LoadFailed(n or _("usage: "))
+        '''), encoding="utf-8")
+    catalog = tmp_path / "zh.po"
+    write_po(catalog, [Entry("usage: ", "用法：")])
+    assert check([module], catalog=catalog, root=pkg) == [
+        "pkg/routes.py:7: the message of APIError() is not passed through _()",
+        "pkg/routes.py:9: the message of APIError() is not passed through _()",
+        "pkg/routes.py:11: the message of APIError() is not passed through _()",
+        "pkg/routes.py:13: the message of LoadFailed() is not passed through _()",
+        "pkg/routes.py:15: the message of SystemExit() is not passed through _()",
+        "pkg/routes.py:17: the message of ArgumentTypeError() is not passed through _()",
+        "pkg/routes.py:19: the message of error_response() is not passed through _()",
+        "pkg/routes.py:29: the message of APIError() is not passed through _()",
+    ]
+
+
 def test_help_wraps_chinese_by_display_width():
     from portachat.i18n.argparse_messages import wrap
     from portachat.i18n.width import display_width

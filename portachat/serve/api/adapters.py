@@ -90,7 +90,7 @@ async def load_lora_adapter(request: Request) -> Response:
             await registry.remove_adapter(spec.name)
             raise APIError(400, _("The LoRA adapter at {path} cannot be read: {error}").format(
                 path=req.lora_path, error=exc), param="lora_path", code="invalid_value") from None
-    return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' added successfully.")
+    return PlainTextResponse(_("Success: LoRA adapter '{name}' added successfully.").format(name=req.lora_name))
 
 
 async def unload_lora_adapter(request: Request) -> Response:
@@ -105,7 +105,7 @@ async def unload_lora_adapter(request: Request) -> Response:
                               "restart the server with --allow-unload to allow that.").format(name=req.lora_name),
                        param="lora_name", code="unload_not_allowed")
     await server.registry.remove_adapter(req.lora_name)
-    return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' removed successfully.")
+    return PlainTextResponse(_("Success: LoRA adapter '{name}' removed successfully.").format(name=req.lora_name))
 
 
 ROUTES = [("/v1/load_lora_adapter", load_lora_adapter), ("/v1/unload_lora_adapter", unload_lora_adapter)]

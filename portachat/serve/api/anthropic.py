@@ -16,6 +16,7 @@ from starlette.concurrency import run_in_threadpool
 
 from portachat.engine.async_engine import RequestStream
 from portachat.engine.sampling_params import TEMPERATURE_MAX
+from portachat.i18n import _
 from portachat.serve.api.calculator_steps import ReplySplitter, split_reply, with_steps
 from portachat.serve.api.errors import APIError
 from portachat.serve.api.prompt import check_message_count
@@ -73,12 +74,13 @@ def _text_of(content: Any, where: str) -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise APIError(400, f"{where} must be a string or a list of content blocks.")
+        raise APIError(400, _("{where} must be a string or a list of content blocks.").format(where=where))
     parts = []
     for i, block in enumerate(content):
         if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
             kind = block.get("type") if isinstance(block, dict) else type(block).__name__
-            raise APIError(400, f"{where}[{i}]: only text blocks are supported here (got {kind!r}).")
+            raise APIError(400, _("{where}[{i}]: only text blocks are supported here (got {kind!r}).").format(
+                                  where=where, i=i, kind=kind))
         parts.append(block["text"])
     return "".join(parts)
 
@@ -93,10 +95,12 @@ def template_messages(req: MessagesRequest) -> list[dict[str, Any]]:
     for i, message in enumerate(req.messages):
         role, content = message.get("role"), message.get("content")
         if role not in ("user", "assistant"):
-            raise APIError(400, f"messages[{i}].role must be 'user' or 'assistant' (got {role!r}).")
+            raise APIError(400, _("messages[{i}].role must be 'user' or 'assistant' (got {role!r}).").format(
+                                  i=i, role=role))
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
         if not isinstance(blocks, list):
-            raise APIError(400, f"messages[{i}].content must be a string or a list of content blocks.")
+            raise APIError(400, _("messages[{i}].content must be a string or a list of content blocks.").format(
+                                  i=i))
         text, calls, thoughts = [], [], []
         for j, block in enumerate(blocks):
             kind = block.get("type") if isinstance(block, dict) else None
@@ -116,8 +120,9 @@ def template_messages(req: MessagesRequest) -> list[dict[str, Any]]:
                 out.append({"role": "tool", "tool_call_id": use_id, "name": names.get(use_id, ""),
                             "content": result_text})
             else:
-                raise APIError(400, f"{where}: block type {kind!r} is not supported in a {role} message "
-                                    "(text, tool_use from the assistant, tool_result from the user).")
+                raise APIError(400, _("{where}: block type {kind!r} is not supported in a {role} message "
+                                      "(text, tool_use from the assistant, tool_result from the user).").format(
+                                      where=where, kind=kind, role=role))
         if text or calls or not blocks:
             item: dict[str, Any] = {"role": role, "content": "".join(text)}
             if thoughts:
@@ -126,7 +131,7 @@ def template_messages(req: MessagesRequest) -> list[dict[str, Any]]:
                 item["tool_calls"] = calls
             out.append(item)
     if not req.messages:
-        raise APIError(400, "messages: at least one message is required.")
+        raise APIError(400, _("messages: at least one message is required."))
     return out
 
 
@@ -139,7 +144,8 @@ def _tools(req: MessagesRequest) -> ToolRequest | None:
     if kind == "tool":
         mapped = {"type": "function", "function": {"name": choice.get("name")}}
     elif mapped is None:
-        raise APIError(400, f"tool_choice.type must be auto, any, tool or none (got {kind!r}).")
+        raise APIError(400, _("tool_choice.type must be auto, any, tool or none (got {kind!r}).").format(
+                              kind=kind))
     return tool_request(tools or None, mapped if tools else None, not choice.get("disable_parallel_tool_use", False))
 
 
@@ -179,7 +185,8 @@ async def _answer(request: Request, state: ModelLease, req: MessagesRequest) -> 
         prompt_ids = await run_in_threadpool(lambda: state.model.tokenizer.render_prompt(
             chat_messages, tools.tools if tools else None, **({"template_kwargs": variables} if variables else {})))
     except Exception as exc:  # noqa: BLE001 - the template's or our format's refusal
-        raise APIError(400, f"The conversation cannot be rendered with this model's chat template: {exc}") from None
+        raise APIError(400, _("The conversation cannot be rendered with this model's chat template: {exc}").format(
+                              exc=exc)) from None
     as_openai = ChatCompletionRequest.model_validate({
         "messages": [{"role": "user", "content": ""}], "max_tokens": req.max_tokens, "temperature": req.temperature,
         "top_p": req.top_p, "top_k": req.top_k, "stop": req.stop_sequences or None,
@@ -201,7 +208,7 @@ async def _answer(request: Request, state: ModelLease, req: MessagesRequest) -> 
     finally:
         handle.abort()
     if result.finish_reason == "error":
-        raise APIError(500, result.error or "the engine failed on this request")
+        raise APIError(500, result.error or _("the engine failed on this request"))
     # Calculator steps and reasoning come out first: calls are parsed from the answer alone.
     reasoning, answer, steps = split_reply(state.model.tokenizer, thinking, result.pieces)
     reasoning = with_steps(reasoning, steps)
@@ -271,7 +278,7 @@ async def _stream(state: ModelLease, handle: RequestStream, message_id: str, pro
         if output.finished:
             if output.finish_reason == "error":
                 yield _event("error", {"error": {"type": "api_error",
-                                                 "message": output.error or "the engine failed on this request"}})
+                                                 "message": output.error or _("the engine failed on this request")}})
                 return
             if text_open:
                 yield _event("content_block_stop", {"index": index})

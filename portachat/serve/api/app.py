@@ -129,17 +129,21 @@ def create_app(settings: ServerSettings, loader: Loader | None = None,
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        message = {404: f"No route {request.method} {request.url.path}: see GET /v1/models, POST /v1/chat/completions, "
-                        "POST /v1/completions, POST /v1/messages, POST /v1/responses, POST /v1/embeddings, /v1/files, /v1/vector_stores, "
-                        "GET /health, GET /metrics, GET /openapi.json, GET /.",
-                   405: f"Method {request.method} is not allowed on {request.url.path}."}.get(exc.status_code, str(exc.detail))
+        method, path = request.method, request.url.path
+        message = {404: _("No route {method} {path}: see GET /v1/models, POST /v1/chat/completions, POST "
+                          "/v1/completions, POST /v1/messages, POST /v1/responses, POST /v1/embeddings, /v1/files, "
+                          "/v1/vector_stores, GET /health, GET /metrics, GET /openapi.json, GET /.").format(
+                              method=method, path=path),
+                   405: _("Method {method} is not allowed on {path}.").format(method=method, path=path),
+                   }.get(exc.status_code, str(exc.detail))
         return error_response(exc.status_code, message)
 
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, exc: Exception) -> Response:
         state.metrics.on_http_error(500)
-        return error_response(500, f"Internal server error: {type(exc).__name__}: {exc}. The server keeps running; "
-                                   "rerun `portachat serve` with --debug for the traceback.", code="internal_error")
+        return error_response(500, _("Internal server error: {error_type}: {exc}. The server keeps "
+                                     "running; rerun `portachat serve` with --debug for the traceback.").format(
+                                     error_type=type(exc).__name__, exc=exc), code="internal_error")
 
     @app.get("/health")
     async def health() -> Response:
@@ -167,8 +171,9 @@ def create_app(settings: ServerSettings, loader: Loader | None = None,
                                   "restart the server with --allow-unload to allow that.").format(name=name),
                            param="model", code="unload_not_allowed")
         if not await registry.unload(name):
-            raise APIError(409, f"The model '{name}' has {registry.get(name).in_flight} requests in flight; "
-                                "unload it when they end (or send them with keep_alive 0).", param="model",
+            raise APIError(409, _("The model '{name}' has {in_flight} requests in flight; unload it when "
+                                  "they end (or send them with keep_alive 0).").format(
+                                  name=name, in_flight=registry.get(name).in_flight), param="model",
                            code="model_busy")
         return JSONResponse({"success": True, "model": name, "status": registry.get(name).state})
 
@@ -217,7 +222,8 @@ async def _model_field(request: Request) -> str:
     body = json_body(await request.body() or b"{}")
     name = body.get("model") if isinstance(body, dict) else None
     if not isinstance(name, str) or not name:
-        raise APIError(400, "Missing required parameter: 'model' (a name GET /v1/models lists).", param="model")
+        raise APIError(400, _("Missing required parameter: 'model' (a name GET /v1/models lists)."),
+                       param="model")
     return name
 
 

@@ -162,7 +162,8 @@ async def run_line(app: Any, endpoint: str, owner: str, admin: bool, body: bytes
     except APIError as exc:
         response = api_error_response(exc)
     except Exception as exc:  # noqa: BLE001 - as the app's own handler: one failed request, the batch goes on
-        response = error_response(500, f"Internal server error: {type(exc).__name__}: {exc}", code="internal_error")
+        response = error_response(500, _("Internal server error: {error_type}: {exc}").format(
+                                         error_type=type(exc).__name__, exc=exc), code="internal_error")
     finally:
         never.cancel()
     return response.status_code, json.loads(response.body)

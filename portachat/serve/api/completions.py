@@ -11,6 +11,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from portachat.i18n import _
 from portachat.serve.api.calculator_steps import split_reply, with_steps
 from portachat.serve.api.documents import ground_chat, with_citations
 from portachat.serve.api.errors import APIError
@@ -52,8 +53,9 @@ async def _chat_completions(request: Request, state: ModelLease, req: ChatComple
     constraint = output_constraint(req)
     enforced_calls = tool_call_spec(tools, call_fmt)
     if constraint is not None and enforced_calls is not None:
-        raise APIError(400, f"tool_choice {req.tool_choice!r} and {constraint.param.split('.')[0]} both constrain "
-                            "the reply: send one of them.", param="tool_choice")
+        raise APIError(400, _("tool_choice {tool_choice!r} and {other} both constrain the reply: send one "
+                              "of them.").format(tool_choice=req.tool_choice,
+                                                 other=constraint.param.split('.')[0]), param="tool_choice")
     prompt_ids = await run_in_threadpool(chat_prompt, state, req, tools)
     max_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     params = sampling_params(state, req, len(prompt_ids), "messages")

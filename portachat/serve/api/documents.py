@@ -136,7 +136,8 @@ async def owned_file(request: Request, file_id: str) -> dict:
     row = await _call(doc_store(request).file, file_id)
     if row["owner"] != request_owner(request):
         raise APIError(403, _("The file '{id}' belongs to another API key; each key sees only the files and "
-                              "vector stores it made.").format(id=file_id), param="file_id", code="permission_denied")
+                              "vector stores it made.").format(id=file_id),
+                       param="file_id", code="permission_denied")
     return row
 
 
@@ -171,9 +172,10 @@ def embedding_model_name(server: ServerState) -> str:
     for entry in server.registry.entries.values():
         if _is_embedding_entry(entry):
             return entry.name
-    raise APIError(400, "This server has no embedding model for document search: add one with --model NAME=PATH "
-                        "(e.g. --model minilm=/path/to/all-MiniLM-L6-v2) and, if several, pick it with "
-                        "--embedding-model NAME.", param="embedding_model", code="no_embedding_model")
+    raise APIError(400, _("This server has no embedding model for document search: add one with --model "
+                          "NAME=PATH (e.g. --model minilm=/path/to/all-MiniLM-L6-v2) and, if several, pick "
+                          "it with --embedding-model NAME."),
+                   param="embedding_model", code="no_embedding_model")
 
 
 class EmbeddingLease:
@@ -189,8 +191,9 @@ class EmbeddingLease:
         embedder, queue = lease.embedder, lease.embedding_queue
         if embedder is None or queue is None:
             lease.release()
-            raise APIError(400, f"The model '{name}' does not make embeddings; name an embedding model with "
-                                "--embedding-model.", param="embedding_model", code="model_not_supported")
+            raise APIError(400, _("The model '{name}' does not make embeddings; name an embedding model "
+                                  "with --embedding-model.").format(name=name),
+                           param="embedding_model", code="model_not_supported")
 
         def embed(texts: list[str]):
             return queue.submit([embedder.truncate(embedder.tokenize(t)) for t in texts]).result()
@@ -209,18 +212,20 @@ async def create_file(request: Request) -> Response:
     try:
         form = await request.form()
     except Exception as exc:  # noqa: BLE001 - malformed multipart bodies
-        raise APIError(400, f"Send the file as multipart/form-data with fields 'file' and 'purpose' ({exc}).",
+        raise APIError(400, _("Send the file as multipart/form-data with fields 'file' and 'purpose' "
+                              "({exc}).").format(exc=exc),
                        param="file") from None
     upload = form.get("file")
     if upload is None or isinstance(upload, str):
-        raise APIError(400, "Missing required parameter: 'file' (a multipart file field).", param="file")
+        raise APIError(400, _("Missing required parameter: 'file' (a multipart file field)."), param="file")
     purpose = form.get("purpose")
     if not isinstance(purpose, str) or not purpose:
-        raise APIError(400, "Missing required parameter: 'purpose' (send \"assistants\" for documents).",
+        raise APIError(400, _("Missing required parameter: 'purpose' (send \"assistants\" for documents)."),
                        param="purpose")
     data = await upload.read()
     if not data:
-        raise APIError(400, f"The file '{upload.filename}' is empty.", param="file")
+        raise APIError(400, _("The file '{filename}' is empty.").format(filename=upload.filename),
+                       param="file")
     row = await _call(doc_store(request).add_file, upload.filename or "upload", data, purpose, request_owner(request))
     return JSONResponse(file_object(row))
 
@@ -389,11 +394,12 @@ async def ground_chat(request: Request, req: Any, state: ModelLease) -> list[dic
     try:
         grounding = Grounding.model_validate(raw)
     except ValueError as exc:
-        raise APIError(400, f"Invalid value for 'documents': expected {{\"vector_store_ids\": [..], "
-                            f"\"max_num_results\": N}} ({exc.errors()[0]['msg']}).", param="documents") from None
+        raise APIError(400, _("Invalid value for 'documents': expected {{\"vector_store_ids\": [..], "
+                              "\"max_num_results\": N}} ({msg}).").format(msg=exc.errors()[0]['msg']),
+                       param="documents") from None
     query = next((m.text() for m in reversed(req.messages) if m.role == "user"), "")
     if not query.strip():
-        raise APIError(400, "'documents' needs a user message to search for.", param="messages")
+        raise APIError(400, _("'documents' needs a user message to search for."), param="messages")
     hits = await search_hits(request, grounding.vector_store_ids, query, grounding.max_num_results)
     hits = await run_in_threadpool(_fitting, hits, state)
     if hits:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, StrictInt
 from starlette.concurrency import run_in_threadpool
 
 from portachat.engine.embeddings import Embedder, EmbeddingInputError
+from portachat.i18n import _
 from portachat.serve.api.errors import APIError
 from portachat.serve.api.owner import request_is_admin
 from portachat.serve.api.protocol import parse_body
@@ -38,15 +39,18 @@ def input_ids(embedder: Embedder, value: str | list) -> list[list[int]]:
     if isinstance(value, str):
         value = [value]
     if not value:
-        raise APIError(400, "'input' is empty: send a string, a list of strings, or token ids.", param="input")
+        raise APIError(400, _("'input' is empty: send a string, a list of strings, or token ids."),
+                       param="input")
     if isinstance(value[0], int):
         value = [value]  # one input given as token ids
     if len(value) > MAX_INPUTS:
-        raise APIError(400, f"Too many inputs: {len(value)} (at most {MAX_INPUTS} per request).", param="input")
+        raise APIError(400, _("Too many inputs: {count} (at most {limit} per request).").format(
+                              count=len(value), limit=MAX_INPUTS), param="input")
     out = []
     for i, item in enumerate(value):
         if not item:
-            raise APIError(400, f"Input {i} is empty: every input needs some text or token ids.", param="input")
+            raise APIError(400, _("Input {i} is empty: every input needs some text or token ids.").format(i=i),
+                           param="input")
         out.append(embedder.tokenize(item) if isinstance(item, str) else embedder.with_special_tokens(list(item)))
     return out
 
@@ -69,7 +73,8 @@ async def embeddings(request: Request) -> Response:
 async def _embed(state: ModelLease, req: EmbeddingRequest, arrival: float) -> Response:
     embedder = state.embedder
     if embedder is None:
-        raise APIError(400, f"The model '{state.model_name}' does not make embeddings.", param="model",
+        raise APIError(400, _("The model '{model_name}' does not make embeddings.").format(
+                              model_name=state.model_name), param="model",
                        code="model_not_supported")
     try:
         embedder.check_dimensions(req.dimensions)

@@ -47,10 +47,10 @@ class BodySizeLimit:
 
     def _message(self, upload: bool) -> str:
         if upload:
-            return (f"The file is larger than this server's upload limit of {self.upload_bytes} bytes: start the "
-                    f"server with a larger `portachat serve --max-upload-bytes`.")
-        return (f"The request body is larger than this server's limit of {self.max_bytes} bytes: "
-                f"send a shorter prompt, or start the server with a larger `portachat serve --max-body-bytes`.")
+            return _("The file is larger than this server's upload limit of {limit} bytes: start the server "
+                     "with a larger `portachat serve --max-upload-bytes`.").format(limit=self.upload_bytes)
+        return _("The request body is larger than this server's limit of {limit} bytes: send a shorter prompt, "
+                 "or start the server with a larger `portachat serve --max-body-bytes`.").format(limit=self.max_bytes)
 
     async def __call__(self, scope: Scope, receive, send) -> None:
         if scope["type"] != "http":

@@ -15,8 +15,8 @@ from portachat.serve.api.tool_calls import ToolRequest, template_messages
 def chat_prompt(state: ModelLease, req: ChatCompletionRequest, tools: ToolRequest | None = None) -> list[int]:
     settings = state.settings
     if not req.messages:
-        raise APIError(400, "'messages' is empty: send at least one message, e.g. "
-                            '[{"role": "user", "content": "Hello"}].', param="messages")
+        raise APIError(400, _("'messages' is empty: send at least one message, e.g. [{{\"role\": \"user\", "
+                              "\"content\": \"Hello\"}}]."), param="messages")
     check_message_count(len(req.messages), settings.max_messages)
     messages = template_messages(req.messages)
     check_calculator_parts(messages, state.model.tokenizer)
@@ -25,7 +25,8 @@ def chat_prompt(state: ModelLease, req: ChatCompletionRequest, tools: ToolReques
         return state.model.tokenizer.render_prompt(messages, tools=tools.tools if tools else None,
                                                    **({"template_kwargs": variables} if variables else {}))
     except Exception as exc:  # noqa: BLE001 - a template's raise_exception or our format's checks
-        raise APIError(400, f"The conversation cannot be rendered with this model's chat template: {exc}",
+        raise APIError(400, _("The conversation cannot be rendered with this model's chat template: {exc}").format(
+                              exc=exc),
                        param="messages") from None
 
 
@@ -53,8 +54,9 @@ def completion_prompt(state: ModelLease, req: CompletionRequest) -> list[int]:
     prompt: Any = req.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
         if len(prompt) != 1:
-            raise APIError(400, f"Batched prompts are not supported (got {len(prompt)}): send one request per "
-                                "prompt; the server batches concurrent requests itself.", param="prompt")
+            raise APIError(400, _("Batched prompts are not supported (got {count}): send one request per "
+                                  "prompt; the server batches concurrent requests itself.").format(
+                                  count=len(prompt)), param="prompt")
         prompt = prompt[0]
     tokenizer = state.model.tokenizer
     if isinstance(prompt, str):
@@ -65,8 +67,9 @@ def completion_prompt(state: ModelLease, req: CompletionRequest) -> list[int]:
         ids = list(prompt)
         bad = [t for t in ids if not 0 <= t < tokenizer.vocab_size]
         if bad:
-            raise APIError(400, f"Token id {bad[0]} is outside this model's vocabulary (0..{tokenizer.vocab_size - 1}).",
+            raise APIError(400, _("Token id {token} is outside this model's vocabulary (0..{last}).").format(
+                                  token=bad[0], last=tokenizer.vocab_size - 1),
                            param="prompt")
     if not ids:
-        raise APIError(400, "The prompt is empty: send some text or token ids.", param="prompt")
+        raise APIError(400, _("The prompt is empty: send some text or token ids."), param="prompt")
     return ids

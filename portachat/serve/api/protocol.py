@@ -139,8 +139,9 @@ def json_body(raw: bytes) -> Any:
     try:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise APIError(400, f"The request body is not valid JSON ({exc}). Send a JSON object with "
-                            f"Content-Type: application/json.", code="invalid_json") from None
+        raise APIError(400, _("The request body is not valid JSON ({exc}). Send a JSON object with "
+                              "Content-Type: application/json.").format(exc=exc),
+                       code="invalid_json") from None
     except RecursionError:  # arrays or objects nested thousands deep: the parser's stack runs out
         raise APIError(400, _("The request body nests JSON arrays or objects too deeply to parse: send a flatter "
                               "body."), code="invalid_json") from None
@@ -150,7 +151,8 @@ def parse_body(raw: bytes, model: type[BaseModel]) -> Any:
     """Bytes -> request model, or APIError(400) with a message naming the field and the problem."""
     data = json_body(raw)
     if not isinstance(data, dict):
-        raise APIError(400, f"The request body must be a JSON object, got {type(data).__name__}.", code="invalid_json")
+        raise APIError(400, _("The request body must be a JSON object, got {got}.").format(
+                              got=type(data).__name__), code="invalid_json")
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -159,11 +161,12 @@ def parse_body(raw: bytes, model: type[BaseModel]) -> Any:
         first = errors[0]
         param = _where(tuple(first["loc"]))
         if first["type"] == "missing":
-            message = f"Missing required parameter: '{param}'."
+            message = _("Missing required parameter: '{param}'.").format(param=param)
         else:
             got = first.get("input")
             shown = json.dumps(got)[:80] if not isinstance(got, dict | list) else type(got).__name__
-            message = f"Invalid value for '{param}': {first['msg']} (got {shown})."
+            message = _("Invalid value for '{param}': {msg} (got {shown}).").format(param=param, msg=first["msg"],
+                                                                                     shown=shown)
         raise APIError(400, message, param=param, code="invalid_value") from None
 
 
@@ -171,25 +174,29 @@ def check_supported(request: ChatCompletionRequest | CompletionRequest) -> None:
     """400 for options this server does not implement, rather than silently ignoring them."""
     stops = request.stop_list()
     if len(stops) > MAX_STOP_SEQUENCES:
-        raise APIError(400, f"At most {MAX_STOP_SEQUENCES} stop sequences are allowed (got {len(stops)}).", param="stop")
+        raise APIError(400, _("At most {limit} stop sequences are allowed (got {count}).").format(
+                              limit=MAX_STOP_SEQUENCES, count=len(stops)), param="stop")
     if request.stream_options is not None and not request.stream:
-        raise APIError(400, "stream_options is only allowed when stream is true.", param="stream_options")
+        raise APIError(400, _("stream_options is only allowed when stream is true."), param="stream_options")
     if request.logit_bias and len(request.logit_bias) > MAX_LOGIT_BIAS:
-        raise APIError(400, f"logit_bias has {len(request.logit_bias)} entries; at most {MAX_LOGIT_BIAS} are allowed.",
+        raise APIError(400, _("logit_bias has {count} entries; at most {limit} are allowed.").format(
+                              count=len(request.logit_bias), limit=MAX_LOGIT_BIAS),
                        param="logit_bias")
     for key in request.logit_bias or {}:
         if not key.strip().isdigit():
-            raise APIError(400, f"Invalid key in 'logit_bias': {key!r} is not a token id (send integer token ids "
-                                "as the keys, e.g. {\"1234\": -100}).", param="logit_bias")
+            raise APIError(400, _("Invalid key in 'logit_bias': {key!r} is not a token id (send integer "
+                                  "token ids as the keys, e.g. {{\"1234\": -100}}).").format(key=key),
+                           param="logit_bias")
     if isinstance(request, ChatCompletionRequest):
         if request.top_logprobs is not None and not request.logprobs:
-            raise APIError(400, "top_logprobs needs logprobs=true.", param="top_logprobs")
+            raise APIError(400, _("top_logprobs needs logprobs=true."), param="top_logprobs")
     else:
         if request.suffix:
-            raise APIError(400, "suffix (insertion) is not supported by this server.", param="suffix")
+            raise APIError(400, _("suffix (insertion) is not supported by this server."), param="suffix")
         if request.best_of not in (None, 1, request.n):
-            raise APIError(400, f"best_of={request.best_of} is not supported: this server returns every sample it "
-                                f"draws (use n={request.best_of}, or leave best_of out).", param="best_of")
+            raise APIError(400, _("best_of={best_of} is not supported: this server returns every sample it "
+                                  "draws (use n={best_of}, or leave best_of out).").format(
+                                  best_of=request.best_of), param="best_of")
         if request.prompt_logprobs is not None and not 0 <= request.prompt_logprobs <= MAX_PROMPT_LOGPROBS:
             raise APIError(400, _("prompt_logprobs must be between 0 and {limit} (got {k}): ask for at most {limit} "
                                   "top tokens per prompt position.").format(limit=MAX_PROMPT_LOGPROBS,

@@ -10,6 +10,7 @@ from portachat.engine.sampling_params import SamplingError, SamplingFallback, wi
 from portachat.engine.structured import StructuredError, StructuredSpec
 from portachat.engine.structured.fields import structured_spec
 from portachat.engine.types import EngineError, SamplingParams
+from portachat.i18n import _
 from portachat.serve.api.errors import APIError
 from portachat.serve.api.protocol import ChatCompletionRequest, CompletionRequest
 from portachat.serve.api.state import ModelLease
@@ -25,8 +26,9 @@ def sampling_params(state: ModelLease, req: ChatCompletionRequest | CompletionRe
     """OpenAI fields -> SamplingParams; 400 when the prompt plus max_tokens cannot fit the context."""
     limit = state.model.max_model_len
     if prompt_len >= limit:
-        raise APIError(400, f"This model's maximum context length is {limit} tokens, but the {prompt_param} "
-                            f"has {prompt_len} tokens. Shorten the {prompt_param}.",
+        raise APIError(400, _("This model's maximum context length is {limit} tokens, but the "
+                              "{prompt_param} has {prompt_len} tokens. Shorten the {prompt_param}.").format(
+                              limit=limit, prompt_param=prompt_param, prompt_len=prompt_len),
                        param=prompt_param, code="context_length_exceeded")
     max_tokens, param = requested_max_tokens(req)
     if max_tokens is None:  # as vLLM: whatever room the context leaves (at most the server's default, if any)
@@ -34,10 +36,13 @@ def sampling_params(state: ModelLease, req: ChatCompletionRequest | CompletionRe
         if state.settings.max_tokens_default is not None:
             max_tokens = min(max_tokens, state.settings.max_tokens_default)
     elif prompt_len + max_tokens > limit:
-        raise APIError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
-                            f"{prompt_len + max_tokens} tokens ({prompt_len} in the {prompt_param}, {max_tokens} "
-                            f"for the completion). Reduce the {prompt_param} or {param} (at most "
-                            f"{limit - prompt_len} here).", param=param, code="context_length_exceeded")
+        raise APIError(400, _("This model's maximum context length is {limit} tokens. However, you "
+                              "requested {total} tokens ({prompt_len} in the {prompt_param}, {max_tokens} "
+                              "for the completion). Reduce the {prompt_param} or {param} (at most {room} "
+                              "here).").format(limit=limit, total=prompt_len + max_tokens,
+                                               prompt_len=prompt_len, prompt_param=prompt_param,
+                                               max_tokens=max_tokens, param=param, room=limit - prompt_len),
+                       param=param, code="context_length_exceeded")
     fields = {**request_fields(req), "max_tokens": max_tokens, "adapter": state.adapter}
     try:
         return SamplingParams.from_request(fields, state.model.generation_defaults, OPENAI_FALLBACK,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from portachat.engine.async_engine import RequestStream
+from portachat.i18n import _
 from portachat.serve.api.calculator_steps import CalculatorStep, ReplySplitter
 from portachat.serve.api.response_items import (
     calculator_item,
@@ -146,7 +147,7 @@ async def response_events(handle: RequestStream, in_progress: dict[str, Any], ca
             for event in events.call(call):
                 yield event
         if output.finished:
-            error = (output.error or "the engine failed on this request") if output.finish_reason == "error" else None
+            error = (output.error or _("the engine failed on this request")) if output.finish_reason == "error" else None
             if not events.items and error is None:
                 for event in events.begin("message"):  # an empty reply is still one (empty) message
                     yield event

@@ -185,7 +185,7 @@ async def _respond(request: Request, state: ModelLease, req: ResponsesRequest, c
     finally:
         handle.abort()
     if result.finish_reason == "error":
-        raise APIError(500, result.error or "the engine failed on this request", code="engine_error")
+        raise APIError(500, result.error or _("the engine failed on this request"), code="engine_error")
     reasoning, answer, steps = split_reply(state.model.tokenizer, thinking, result.pieces)
     text, calls = parse_tool_calls(answer, call_fmt) if call_fmt else (answer, [])
     calls = calls if parallel else calls[:1]

@@ -13,6 +13,7 @@ import asyncio
 import uvicorn
 from fastapi import FastAPI
 
+from portachat.i18n import _
 from portachat.serve.api.app import begin_graceful_shutdown
 
 
@@ -78,6 +79,6 @@ def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, grace_
     deadline = time.monotonic() + startup_timeout_s
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError(f"the server did not start on {host}:{port}")
+            raise RuntimeError(_("the server did not start on {host}:{port}").format(host=host, port=port))
         time.sleep(0.01)
     return RunningServer(server, thread)

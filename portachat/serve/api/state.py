@@ -117,7 +117,7 @@ class ServerState:
             return 503, {"status": "loading"}
         dead = [e.name for e in self.registry.loaded() if e.engine is not None and not e.engine.is_alive]
         if dead:
-            return 503, {"status": "error", "error": f"the engine of {', '.join(dead)} has stopped"}
+            return 503, {"status": "error", "error": _("the engine of {names} has stopped").format(names=", ".join(dead))}
         failed = [f"{e.name}: {why}" for e in self.registry.loaded() if (why := model_failure(e.served))]
         if failed:
             return 503, {"status": "error", "error": "; ".join(failed)}
@@ -126,10 +126,11 @@ class ServerState:
     def require_ready(self) -> None:
         """503 while start-up loads run or after one failed (requests would only queue behind them)."""
         if self.load_error is not None:
-            raise APIError(503, f"The model failed to load: {self.load_error}", code="model_load_failed")
+            raise APIError(503, _("The model failed to load: {load_error}").format(load_error=self.load_error),
+                           code="model_load_failed")
         if self.starting:
-            raise APIError(503, "The model is still loading: retry in a few seconds (GET /health answers 200 "
-                                "once it is ready).", code="model_loading")
+            raise APIError(503, _("The model is still loading: retry in a few seconds (GET /health answers "
+                                  "200 once it is ready)."), code="model_loading")
 
     def resolve(self, name: str | None) -> str:
         """The registry name a request's `model` means; no name means the default model."""
@@ -138,9 +139,10 @@ class ServerState:
             return name
         if not name and names:
             return self.model_name if self.model_name in names else names[0]
-        served = ", ".join(repr(n) for n in names) or "no models (is --models-dir empty?)"
-        raise APIError(404, f"The model '{name}' does not exist on this server: it serves {served} "
-                            "(GET /v1/models lists them).", param="model", code="model_not_found")
+        served = ", ".join(repr(n) for n in names) or _("no models (is --models-dir empty?)")
+        raise APIError(404, _("The model '{name}' does not exist on this server: it serves {served} (GET "
+                              "/v1/models lists them).").format(name=name, served=served),
+                       param="model", code="model_not_found")
 
     async def acquire(self, name: str | None, keep_alive: Any = None, generation: bool = True,
                       admin: bool = False) -> ModelLease:
@@ -149,35 +151,40 @@ class ServerState:
         key (or the server has no keys), which a keep_alive other than the default needs."""
         self.require_ready()
         if not self.accepting:
-            raise APIError(503, "The server is shutting down and takes no new requests. Retry against another "
-                                "replica or after the restart.", code="shutting_down")
+            raise APIError(503, _("The server is shutting down and takes no new requests. Retry against "
+                                  "another replica or after the restart."), code="shutting_down")
         resolved = self.resolve(name)
         seconds = self._keep_alive(resolved, keep_alive, admin)
         try:
             entry = await self.registry.acquire(resolved, seconds)
         except UnknownModel:
-            raise APIError(404, f"The model '{resolved}' does not exist on this server.", param="model",
+            raise APIError(404, _("The model '{resolved}' does not exist on this server.").format(
+                                  resolved=resolved), param="model",
                            code="model_not_found") from None
         except NoRoom as exc:
             raise APIError(503, f"{exc}.", code="no_room_for_model") from None
         except LoadFailed as exc:
-            raise APIError(500, f"The model '{resolved}' failed to load: {exc}", code="model_load_failed") from None
+            raise APIError(500, _("The model '{resolved}' failed to load: {exc}").format(
+                                  resolved=resolved, exc=exc), code="model_load_failed") from None
         lease = ModelLease(entry, self.settings, self.metrics, self.registry)
         if entry.served.engine is None:
             if not generation:
                 return lease
             lease.release()
-            raise APIError(400, f"The model '{resolved}' is an embedding model: it serves POST /v1/embeddings only "
-                                "and cannot generate text. Name a chat model (GET /v1/models lists them).",
+            raise APIError(400, _("The model '{resolved}' is an embedding model: it serves POST "
+                                  "/v1/embeddings only and cannot generate text. Name a chat model (GET "
+                                  "/v1/models lists them).").format(resolved=resolved),
                            param="model", code="model_not_supported")
         if (why := model_failure(entry.served)) is not None:
             lease.release()
-            raise APIError(503, f"The model '{resolved}' can no longer run: {why}. Restart `portachat serve`.",
+            raise APIError(503, _("The model '{resolved}' can no longer run: {why}. Restart `portachat "
+                                  "serve`.").format(resolved=resolved, why=why),
                            code="worker_failed")
         if entry.engine is None or not entry.engine.is_alive:
             lease.release()
-            raise APIError(503, f"The engine of '{resolved}' has stopped (the server is shutting down or failed): "
-                                "restart `portachat serve`.", code="engine_stopped")
+            raise APIError(503, _("The engine of '{resolved}' has stopped (the server is shutting down or "
+                                  "failed): restart `portachat serve`.").format(resolved=resolved),
+                           code="engine_stopped")
         return lease
 
     def _keep_alive(self, name: str, keep_alive: Any, admin: bool) -> float | None | Literal["default"]:
@@ -195,7 +202,8 @@ class ServerState:
             return "default"
         if self.settings.has_keys and not admin:
             what = _("keep_alive {value!r} on '{name}'").format(value=keep_alive, name=name)
-            raise APIError(403, admin_key_message(what, self.settings.admin_api_key is not None), param="keep_alive",
+            raise APIError(403, admin_key_message(what, self.settings.admin_api_key is not None),
+                           param="keep_alive",
                            code="admin_key_required")
         start_up = self.registry.get(name).spec.pinned
         if start_up and keeps_longer(default, seconds) and not self.settings.allow_unload:

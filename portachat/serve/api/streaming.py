@@ -9,6 +9,7 @@ from typing import Any
 
 from portachat.engine.async_engine import RequestStream
 from portachat.engine.types import RequestOutput
+from portachat.i18n import _
 from portachat.serve.api.calculator_steps import ReplySplitter
 from portachat.serve.api.errors import error_body
 from portachat.serve.api.reasoning import NO_THINKING, Thinking
@@ -50,7 +51,7 @@ async def merged(streams: list[AsyncIterator[Any]]) -> AsyncIterator[Any]:
 
 def engine_error_event(output: RequestOutput) -> bytes:
     """The SSE error event of a request the engine failed (OpenAI's error shape, 500)."""
-    message = output.error or "the engine failed on this request"
+    message = output.error or _("the engine failed on this request")
     return sse_event(error_body(500, message, code="engine_error"))
 
 

@@ -15,6 +15,7 @@ from portachat.engine.async_engine import EngineShutdown, RequestStream
 from portachat.engine.scoring import PromptScores, prompt_top_logprobs
 from portachat.engine.types import EngineError, RequestOutput, SamplingParams
 from portachat.engine.workers.data_parallel import DataParallelEngine
+from portachat.i18n import _
 from portachat.serve.api.errors import APIError
 from portachat.serve.api.owner import request_is_admin
 from portachat.serve.api.reply_shapes import logprobs_of, tops_of
@@ -33,14 +34,15 @@ async def submit(state: ModelLease, prompt_ids: list[int], params: SamplingParam
     except EngineError as exc:
         raise _refusal(exc, max_tokens_param) from None
     except EngineShutdown as exc:
-        raise APIError(503, f"{exc}. Retry against another replica or after the restart.",
+        raise APIError(503, _("{exc}. Retry against another replica or after the restart.").format(exc=exc),
                        code="shutting_down") from None
 
 
 def _refusal(exc: EngineError, too_long_param: str) -> APIError:
     if exc.kind == "queue_full":
-        return APIError(429, f"The server is at capacity ({exc}). Retry after a short wait, or start the server "
-                             "with a larger `portachat serve --max-waiting`.", code="queue_full")
+        return APIError(429, _("The server is at capacity ({exc}). Retry after a short wait, or start the "
+                               "server with a larger `portachat serve --max-waiting`.").format(exc=exc),
+                        code="queue_full")
     if exc.kind == "too_long":
         return APIError(400, str(exc), param=too_long_param, code="context_length_exceeded")
     if exc.kind == "invalid":  # a structured-output error names the request field it came from
@@ -58,7 +60,7 @@ async def score_prompt(state: ModelLease, prompt_ids: list[int], k: int) -> Prom
     except EngineError as exc:
         raise _refusal(exc, "prompt") from None
     except EngineShutdown as exc:
-        raise APIError(503, f"{exc}. Retry against another replica or after the restart.",
+        raise APIError(503, _("{exc}. Retry against another replica or after the restart.").format(exc=exc),
                        code="shutting_down") from None
 
 
@@ -166,7 +168,7 @@ async def finished_results(request: Request, handles: list[RequestStream]) -> li
 
 
 def _error_for(output_error: str | None) -> APIError:
-    return APIError(500, output_error or "the engine failed on this request", code="engine_error")
+    return APIError(500, output_error or _("the engine failed on this request"), code="engine_error")
 
 async def with_lease(request: Request, req: Any,
                      respond: Callable[[Request, ModelLease, Any], Awaitable[Response]]) -> Response:

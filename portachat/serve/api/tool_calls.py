@@ -19,6 +19,7 @@ from typing import Any
 
 from portachat.engine.structured import StructuredSpec
 from portachat.engine.structured.compile import json_options
+from portachat.i18n import _
 from portachat.serve.api.errors import APIError
 
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
@@ -66,24 +67,26 @@ def tool_request(tools: list[Any] | None, tool_choice: Any, parallel_tool_calls:
     """Validate the tool fields (400 naming the field on anything malformed); None without tools."""
     if not tools:
         if tool_choice not in (None, "none", "auto"):
-            raise APIError(400, "tool_choice needs a non-empty 'tools' list.", param="tool_choice")
+            raise APIError(400, _("tool_choice needs a non-empty 'tools' list."), param="tool_choice")
         return None
     names = []
     for i, tool in enumerate(tools):
         fn = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(fn, dict):
-            raise APIError(400, f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ..., "
-                                "\"parameters\": {...}}}}.", param=f"tools[{i}]")
+            raise APIError(400, _("tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": "
+                                  "..., \"parameters\": {{...}}}}}}.").format(i=i), param=f"tools[{i}]")
         name = fn.get("name")
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.\-]{1,64}", name):
-            raise APIError(400, f"tools[{i}].function.name must be 1-64 letters, digits, '_', '.' or '-' "
-                                f"(got {name!r}).", param=f"tools[{i}].function.name")
+            raise APIError(400, _("tools[{i}].function.name must be 1-64 letters, digits, '_', '.' or '-' "
+                                  "(got {name!r}).").format(i=i, name=name),
+                           param=f"tools[{i}].function.name")
         params = fn.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(params, dict):
-            raise APIError(400, f"tools[{i}].function.parameters must be a JSON Schema object.",
+            raise APIError(400, _("tools[{i}].function.parameters must be a JSON Schema object.").format(i=i),
                            param=f"tools[{i}].function.parameters")
         if name in names:
-            raise APIError(400, f"Two tools are named {name!r}: tool names must be unique.", param="tools")
+            raise APIError(400, _("Two tools are named {name!r}: tool names must be unique.").format(
+                                  name=name), param="tools")
         names.append(name)
     request = ToolRequest(tools=[_normalised(t) for t in tools], choice="auto", parallel=parallel_tool_calls is not False)
     if tool_choice is None or tool_choice in ("auto", "none", "required"):
@@ -91,11 +94,11 @@ def tool_request(tools: list[Any] | None, tool_choice: Any, parallel_tool_calls:
         return request
     fn = tool_choice.get("function") if isinstance(tool_choice, dict) else None
     if not isinstance(fn, dict) or tool_choice.get("type") != "function" or not isinstance(fn.get("name"), str):
-        raise APIError(400, "tool_choice must be 'auto', 'none', 'required' or {\"type\": \"function\", "
-                            "\"function\": {\"name\": ...}}.", param="tool_choice")
+        raise APIError(400, _("tool_choice must be 'auto', 'none', 'required' or {{\"type\": \"function\", "
+                              "\"function\": {{\"name\": ...}}}}."), param="tool_choice")
     if fn["name"] not in names:
-        raise APIError(400, f"tool_choice names {fn['name']!r}, which is not among the tools "
-                            f"({', '.join(names)}).", param="tool_choice")
+        raise APIError(400, _("tool_choice names {name!r}, which is not among the tools ({names}).").format(
+                              name=fn['name'], names=', '.join(names)), param="tool_choice")
     request.choice, request.named = "named", fn["name"]
     return request
 
@@ -114,9 +117,10 @@ def tool_call_spec(tools: ToolRequest | None, fmt: str | None) -> StructuredSpec
     if tools is None or tools.choice not in ("required", "named"):
         return None
     if fmt is None:
-        raise APIError(400, f"tool_choice {tools.choice!r} cannot be enforced: this model's chat template teaches no "
-                            "tool-call format (Hermes <tool_call> blocks or Llama 3 JSON calls). Use tool_choice "
-                            "'auto', or serve the model with `--chat-template` naming one that has tools.",
+        raise APIError(400, _("tool_choice {choice!r} cannot be enforced: this model's chat template "
+                              "teaches no tool-call format (Hermes <tool_call> blocks or Llama 3 JSON "
+                              "calls). Use tool_choice 'auto', or serve the model with `--chat-template` "
+                              "naming one that has tools.").format(choice=tools.choice),
                        param="tool_choice")
     functions = [tools.function(tools.named)] if tools.choice == "named" else [t["function"] for t in tools.tools]
     args_key = "arguments" if fmt == "hermes" else "parameters"
@@ -170,7 +174,8 @@ def template_messages(messages: list[Any]) -> list[dict[str, Any]]:
                     try:
                         arguments = json.loads(arguments or "{}")
                     except json.JSONDecodeError:
-                        raise APIError(400, f"The arguments of tool call {call.get('id')!r} are not valid JSON.",
+                        raise APIError(400, _("The arguments of tool call {call_id!r} are not valid JSON.").format(
+                                              call_id=call.get('id')),
                                        param="messages") from None
                 names[call.get("id", "")] = fn.get("name", "")
                 calls.append({"id": call.get("id"), "type": "function",

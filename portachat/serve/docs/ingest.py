@@ -60,7 +60,7 @@ def attach_file(store: DocStore, store_id: str, file_id: str, model: TextEmbedde
         return store.put_failed(store_id, file_id, exc.code, str(exc))
     chunks = chunk_text(text, model.max_tokens, model.max_tokens // 6, model.count)
     if not chunks:
-        return store.put_failed(store_id, file_id, "invalid_file", f"{meta['filename']}: no text found")
+        return store.put_failed(store_id, file_id, "invalid_file", _("{file}: no text found").format(file=meta["filename"]))
     parts = []
     for start in range(0, len(chunks), EMBED_BATCH):
         parts.append(model.unit_vectors([c.text for c in chunks[start:start + EMBED_BATCH]]))

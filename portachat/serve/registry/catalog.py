@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from portachat.i18n import _
 from portachat.model.hf import UnsupportedConfigError
 from portachat.model.source import ADAPTER, GGUF, ModelSource, resolve
 from portachat.storage.atomic import CheckpointError
@@ -54,7 +55,8 @@ def discover_models(models_dir: str | Path) -> list[ModelSpec]:
     error (a typo should not start an empty server)."""
     root = Path(models_dir).expanduser()
     if not root.is_dir():
-        raise FileNotFoundError(f"--models-dir {models_dir}: no such directory")
+        raise FileNotFoundError(_("--models-dir {models_dir}: no such directory").format(
+                                  models_dir=models_dir))
     found = []
     for child in sorted(root.iterdir()):
         if child.name.startswith(".") or (child.is_file() and child.suffix.lower() != ".gguf"):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 
+from portachat.i18n import _
+
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 
@@ -15,7 +17,8 @@ _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 def parse_keep_alive(value: str | int | float) -> float | None:
     """Seconds to keep a model after its last request; None = forever. ValueError on bad input."""
     if isinstance(value, bool):
-        raise ValueError(f"keep_alive must be a duration like '5m' or a number of seconds, got {value!r}")
+        raise ValueError(_("keep_alive must be a duration like '5m' or a number of seconds, got {value!r}").format(
+                           value=value))
     if isinstance(value, int | float):
         return None if value < 0 else float(value)
     text = str(value).strip().lower()
@@ -34,8 +37,8 @@ def parse_keep_alive(value: str | int | float) -> float | None:
         total += float(match.group(1)) * _UNITS[match.group(2)]
         pos = match.end()
     if pos != len(text) or not text:
-        raise ValueError(f"keep_alive must be a duration like '30s', '5m', '1h' or a number of seconds "
-                         f"(0 = unload after the request, -1 = keep loaded), got {value!r}")
+        raise ValueError(_("keep_alive must be a duration like '30s', '5m', '1h' or a number of seconds (0 "
+                           "= unload after the request, -1 = keep loaded), got {value!r}").format(value=value))
     return total
 
 

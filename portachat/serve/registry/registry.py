@@ -31,6 +31,7 @@ from portachat.engine.async_engine import AsyncEngine, RequestObserver
 from portachat.engine.embeddings.queue import EmbeddingQueue
 from portachat.engine.types import EngineError
 from portachat.engine.workers.data_parallel import DataParallelEngine, async_engine_for
+from portachat.i18n import _
 from portachat.model.lora import load_lora
 from portachat.serve.registry.catalog import ModelSpec, estimate_bytes
 from portachat.serve.registry.keep_alive import describe_keep_alive
@@ -146,14 +147,15 @@ class ModelRegistry:
         names = [s.name for s in self.specs]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
-            raise ValueError(f"two models are named {', '.join(duplicates)}: give them distinct names with "
-                             "--model NAME=PATH")
+            raise ValueError(_("two models are named {names}: give them distinct names with --model "
+                               "NAME=PATH").format(names=', '.join(duplicates)))
         self.entries: dict[str, RegistryEntry] = {
             s.name: RegistryEntry(s, estimate_bytes(s) if s.path else 0, self.keep_alive) for s in self.specs
         }
         for entry in self.entries.values():
             if entry.is_adapter and entry.spec.base not in self.entries:
-                raise ValueError(f"LoRA adapter {entry.name} runs on {entry.spec.base}, which is not a served model")
+                raise ValueError(_("LoRA adapter {name} runs on {base}, which is not a served model").format(
+                                   name=entry.name, base=entry.spec.base))
         self._room = asyncio.Lock()
         self._adapters = asyncio.Lock()
 
@@ -176,9 +178,10 @@ class ModelRegistry:
         return sum(e.size_bytes for e in self.entries.values() if e.state != "available" and not e.is_adapter)
 
     def describe_loaded(self) -> str:
-        busy = [f"{e.name} ({e.in_flight} in flight, {e.size_bytes / 2**30:.2f} GiB)"
+        busy = [_("{name} ({in_flight} in flight, {gib:.2f} GiB)").format(name=e.name, in_flight=e.in_flight,
+                                                                           gib=e.size_bytes / 2**30)
                 for e in self.entries.values() if e.state != "available" and not e.is_adapter]
-        return ", ".join(busy) or "nothing"
+        return ", ".join(busy) or _("nothing")
 
     # ------------------------------------------------------------------ use
 
@@ -246,10 +249,11 @@ class ModelRegistry:
         """A row for a LoRA adapter given while the server runs (POST /v1/load_lora_adapter); it loads
         onto its base's engine on its first request, as a start-up adapter does."""
         if spec.name in self.entries:
-            raise ValueError(f"a model or adapter named {spec.name} is already served")
+            raise ValueError(_("a model or adapter named {name} is already served").format(name=spec.name))
         base = self.entries.get(spec.base or "")
         if base is None or base.is_adapter:
-            raise ValueError(f"LoRA adapter {spec.name} runs on {spec.base}, which is not a served model")
+            raise ValueError(_("LoRA adapter {name} runs on {base}, which is not a served model").format(
+                               name=spec.name, base=spec.base))
         entry = self.entries[spec.name] = RegistryEntry(spec, 0, self.keep_alive)
         self.specs.append(spec)
         return entry
@@ -259,7 +263,7 @@ class ModelRegistry:
         model at once; the requests already running on it finish first, then it leaves its base's engine."""
         entry = self.get(name)
         if not entry.is_adapter:
-            raise ValueError(f"{name} is a model, not a LoRA adapter")
+            raise ValueError(_("{name} is a model, not a LoRA adapter").format(name=name))
         del self.entries[name]
         self.specs.remove(entry.spec)
         while entry.in_flight:  # its requests keep their rows in the batch until they end
@@ -298,7 +302,7 @@ class ModelRegistry:
             if entry.state == "loading" and entry.loading is not None:
                 await asyncio.shield(entry.loading)  # someone else's load: wait for it, then re-check
                 if entry.state != "loaded":
-                    raise LoadFailed(entry.error or f"loading {entry.name} failed")
+                    raise LoadFailed(entry.error or _("loading {name} failed").format(name=entry.name))
                 return
             async with self._room:
                 if entry.state != "available":
@@ -315,7 +319,8 @@ class ModelRegistry:
             if entry.state == "loaded" and entry.engine is base.engine:
                 return
             if not hasattr(base.engine, "call") or not hasattr(getattr(base.served, "engine", None), "add_adapter"):
-                raise LoadFailed(f"{base.name}'s engine cannot run LoRA adapters (tensor-parallel workers do not yet)")
+                raise LoadFailed(_("{base}'s engine cannot run LoRA adapters (tensor-parallel workers do "
+                                   "not yet)").format(base=base.name))
             entry.state = "loading"
             try:
                 weights = await in_daemon_thread(load_lora, entry.spec.path)
@@ -363,13 +368,15 @@ class ModelRegistry:
         """Why loading `entry` now would not fit (None: it fits)."""
         active = [e for e in self.entries.values() if e.state != "available" and e is not entry and not e.is_adapter]
         if self.max_loaded is not None and len(active) + 1 > self.max_loaded:
-            return f"--max-loaded-models {self.max_loaded} are loaded"
+            return _("--max-loaded-models {count} are loaded").format(count=self.max_loaded)
         if self.budget_bytes is not None:
             own = self._expected_bytes(entry)
             need = sum(e.size_bytes for e in active) + own
             if need > self.budget_bytes:
-                return (f"{entry.name} needs {own / 2**30:.2f} GiB and the loaded models hold "
-                        f"{(need - own) / 2**30:.2f} GiB of a {self.budget_bytes / 2**30:.2f} GiB budget")
+                return _("{name} needs {own_gib:.2f} GiB and the loaded models hold {held_gib:.2f} GiB of a "
+                         "{budget_gib:.2f} GiB budget").format(name=entry.name, own_gib=own / 2**30,
+                                                               held_gib=(need - own) / 2**30,
+                                                               budget_gib=self.budget_bytes / 2**30)
         return None
 
     def _expected_bytes(self, entry: RegistryEntry) -> int:
@@ -385,11 +392,14 @@ class ModelRegistry:
                           key=lambda e: e.last_used)
             if not idle:
                 if self.budget_bytes is not None and self._expected_bytes(entry) > self.budget_bytes:
-                    raise NoRoom(f"{entry.name} needs {self._expected_bytes(entry) / 2**30:.2f} GiB, more than the whole "
-                                 f"{self.budget_bytes / 2**30:.2f} GiB budget: raise --gpu-memory-utilization, "
-                                 "quantize it (--quantize int8) or use a device with more memory")
-                raise NoRoom(f"cannot load {entry.name}: {why} and every loaded model has requests in flight "
-                             f"(loaded: {self.describe_loaded()}). Retry shortly, or raise --max-loaded-models")
+                    raise NoRoom(_("{name} needs {need_gib:.2f} GiB, more than the whole {budget_gib:.2f} "
+                                   "GiB budget: raise --gpu-memory-utilization, quantize it (--quantize "
+                                   "int8) or use a device with more memory").format(
+                                   name=entry.name, need_gib=self._expected_bytes(entry) / 2**30,
+                                   budget_gib=self.budget_bytes / 2**30))
+                raise NoRoom(_("cannot load {name}: {why} and every loaded model has requests in flight "
+                               "(loaded: {loaded}). Retry shortly, or raise --max-loaded-models").format(
+                               name=entry.name, why=why, loaded=self.describe_loaded()))
             await self._unload(idle[0], "evicted")
 
     async def _unload_if_expired(self, entry: RegistryEntry) -> None:
