@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from portachat.device.explain import diagnose
 from portachat.engine.types import EngineError, RequestOutput, SamplingParams
+from portachat.i18n import _
 
 
 class EngineLike(Protocol):
@@ -101,7 +102,7 @@ class AsyncEngine:
         """Submit a request; returns once the engine accepted it (raises EngineError /
         EngineShutdown when refused), so a server can still answer with an HTTP error status."""
         if not self._accepting:
-            raise EngineShutdown("the server is shutting down and takes no new requests")
+            raise EngineShutdown(_("the server is shutting down and takes no new requests"))
         loop = asyncio.get_running_loop()
         request_id = request_id or uuid.uuid4().hex
         stream = _Stream(loop, asyncio.Queue(), RequestTiming(time.monotonic(), adapter=params.adapter),
@@ -215,7 +216,7 @@ class AsyncEngine:
             assert stream is not None and accepted is not None and command.params is not None
             try:
                 if not self._accepting:
-                    raise EngineShutdown("the server is shutting down and takes no new requests")
+                    raise EngineShutdown(_("the server is shutting down and takes no new requests"))
                 self.engine.add_request(command.prompt_ids, command.params, command.request_id)
             except (EngineError, EngineShutdown) as exc:
                 _resolve(stream.loop, accepted, exc)

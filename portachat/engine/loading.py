@@ -14,6 +14,7 @@ from portachat.engine.config import EngineConfig
 from portachat.engine.engine import LLMEngine
 from portachat.engine.served import ServedModel
 from portachat.engine.types import EngineError
+from portachat.i18n import _
 from portachat.model.estimate import load_hf_config
 from portachat.model.hf import sizes_config
 from portachat.model.load import InferenceModel, load_for_inference
@@ -65,7 +66,8 @@ def load_embedding_served(options: LoadOptions, device, source: ModelSource) -> 
 
     for name in ("lora", "quantize", "chat_template"):
         if getattr(options, name):
-            raise ValueError(f"--{name.replace('_', '-')} does not apply to an embedding model ({options.model})")
+            raise ValueError(_("--{flag} does not apply to an embedding model ({model})").format(
+                flag=name.replace("_", "-"), model=options.model))
     embedder = load_embedding_model(source.path, device, options.dtype, options.pooling)
     if options.max_model_len is not None:
         embedder.max_tokens = min(embedder.max_tokens, options.max_model_len)
@@ -89,8 +91,8 @@ def load_served_model(options: LoadOptions, embedding_models: bool = False,
     source = resolve(source or options.model)
     if source.kind == EMBEDDING:
         if not embedding_models:
-            raise ValueError(f"{options.model} is an embedding model: it makes vectors, not text. Serve it with "
-                             f"`portachat serve --model {options.model}` (POST /v1/embeddings).")
+            raise ValueError(_("{model} is an embedding model: it makes vectors, not text. Serve it with "
+                               "`portachat serve --model {model}` (POST /v1/embeddings).").format(model=options.model))
         return load_embedding_served(options, get_device(kind=options.device, dtype=None, compile=options.compile),
                                      source)
     device = get_device(kind=options.device, dtype=None, compile=options.compile)
@@ -158,8 +160,8 @@ def speculative_config(options: SpeculativeOptions, target: Any, device: Any):
                   prompt_lookup_min=lookup_min, max_batch=options.max_batch)  # fmt: skip
     if options.model.strip().lower() in NGRAM_NAMES:
         if options.draft_vocab_size is not None:
-            raise ValueError("--speculative-draft-vocab cuts a draft model's output head: prompt lookup (ngram) "
-                             "has none; drop the flag or pass a draft model to --speculative-model")
+            raise ValueError(_("--speculative-draft-vocab cuts a draft model's output head: prompt lookup (ngram) "
+                               "has none; drop the flag or pass a draft model to --speculative-model"))
         return SpeculativeConfig(method="ngram", **tuning)
     draft = load_for_inference(options.model, device=device, dtype=target.dtype)
     check_same_vocabulary(target.model, target.tokenizer, draft.model, draft.tokenizer, options.model)
@@ -210,8 +212,8 @@ def engine_for_model(loaded: InferenceModel, options: LoadOptions, device: Devic
     tokenizer = loaded.tokenizer
     if options.chat_template is not None:
         if not hasattr(tokenizer, "with_chat_template"):
-            raise ValueError("--chat-template applies to models with a Jinja chat template (Hugging Face directories "
-                             "and GGUF files); our own checkpoints use portachat's chat format")
+            raise ValueError(_("--chat-template applies to models with a Jinja chat template (Hugging Face "
+                               "directories and GGUF files); our own checkpoints use portachat's chat format"))
         tokenizer = tokenizer.with_chat_template(options.chat_template)
         description += "; chat template from --chat-template"
     if options.quantize and options.tensor_parallel_size == 1:  # shards are quantized by load_shard

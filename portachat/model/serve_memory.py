@@ -20,6 +20,7 @@ import torch
 
 from portachat.device.dtypes import DTYPE_BYTES, KV_DTYPES
 from portachat.device.inference import kv_cache_dtype
+from portachat.i18n import _
 from portachat.model.config import GPTConfig
 from portachat.model.estimate import _fmt, lm_head_params, matrix_params, model_name
 from portachat.model.tensor_parallel import plan_shard, working_sizes
@@ -163,16 +164,18 @@ def check_fits(cfg: GPTConfig, tp: int, dtype: str, context: int, device_bytes: 
     if est["fits"]:
         return
     best = est["smallest_tp_that_fits"]
-    hint = (f"serve it with --tensor-parallel-size {best}" if best else
-            "no tensor-parallel size up to 64 fits: use --quantize int8/int4 or bigger devices")  # fmt: skip
+    hint = (_("serve it with --tensor-parallel-size {tp}").format(tp=best) if best else
+            _("no tensor-parallel size up to 64 fits: use --quantize int8/int4 or bigger devices"))  # fmt: skip
     extra = est["packed_weights_bytes_per_device"] + est["activations_bytes_per_device"]
     if est["weights_bytes_per_device"] <= device_bytes * est["utilization"]:
-        hint += ", or lower --max-model-len (the KV cache of one sequence is what does not fit)"
-    raise ModelTooBig(
-        f"the model does not fit: at -tp {tp} in {dtype} each device needs {_fmt(est['weights_bytes_per_device'])} "
-        f"of weights + {_fmt(est['kv_cache_bytes_per_device'])} of KV cache for one {context}-token sequence"
-        + (f" + {_fmt(extra)} of packed weights and step activations" if extra else "")
-        + f", but has {_fmt(device_bytes)} ({est['utilization']:.0%} usable); {hint} "
-        f"(numbers: portachat estimate memory --hf-config {config_path} --serve -tp {best or tp} --kv-dtype {dtype}"
-        + (f" --device {device_type})" if device_type else ")")
-    )
+        hint += _(", or lower --max-model-len (the KV cache of one sequence is what does not fit)")
+    needs = _("{weights} of weights + {kv} of KV cache for one {context}-token sequence").format(
+        weights=_fmt(est["weights_bytes_per_device"]), kv=_fmt(est["kv_cache_bytes_per_device"]), context=context)
+    if extra:
+        needs += _(" + {extra} of packed weights and step activations").format(extra=_fmt(extra))
+    numbers = (f"portachat estimate memory --hf-config {config_path} --serve -tp {best or tp} --kv-dtype {dtype}"
+               + (f" --device {device_type}" if device_type else ""))  # a command: stays as typed
+    raise ModelTooBig(_(
+        "the model does not fit: at -tp {tp} in {dtype} each device needs {needs}, but has {has} ({usable} usable); "
+        "{hint} (numbers: {command})").format(tp=tp, dtype=dtype, needs=needs, has=_fmt(device_bytes),
+                                              usable=f"{est['utilization']:.0%}", hint=hint, command=numbers))
