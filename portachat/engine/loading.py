@@ -72,7 +72,7 @@ def load_embedding_served(options: LoadOptions, device, source: ModelSource) -> 
     if options.max_model_len is not None:
         embedder.max_tokens = min(embedder.max_tokens, options.max_model_len)
     return ServedModel(engine=None, tokenizer=None, max_model_len=embedder.max_tokens, embedder=embedder,
-                       description=f"{embedder.description}; serves /v1/embeddings only")
+                       description=embedder.description + "; " + _("serves /v1/embeddings only"))
 
 
 def load_served_model(options: LoadOptions, embedding_models: bool = False,
@@ -118,7 +118,8 @@ def load_served_model(options: LoadOptions, embedding_models: bool = False,
     engine, tokenizer, loaded, description = replicas[0]
     if options.data_parallel_size > 1:
         devices = ", ".join(str(e.device) for e, *_ in replicas)
-        description += f"; {options.data_parallel_size} data-parallel replicas on {devices}"
+        description += "; " + _("{count} data-parallel replicas on {devices}").format(
+            count=options.data_parallel_size, devices=devices)
     # A chat model also serves /v1/embeddings: its final hidden states, pooled. Not a tensor-parallel
     # shard: its forward needs every worker, and the workers only follow the engine's steps.
     embedder = None
@@ -215,7 +216,7 @@ def engine_for_model(loaded: InferenceModel, options: LoadOptions, device: Devic
             raise ValueError(_("--chat-template applies to models with a Jinja chat template (Hugging Face "
                                "directories and GGUF files); our own checkpoints use portachat's chat format"))
         tokenizer = tokenizer.with_chat_template(options.chat_template)
-        description += "; chat template from --chat-template"
+        description += "; " + _("chat template from --chat-template")
     if options.quantize and options.tensor_parallel_size == 1:  # shards are quantized by load_shard
 
         report = quantize_model(loaded.model, options.quantize, device, compiled=options.compile)
@@ -237,13 +238,15 @@ def engine_for_model(loaded: InferenceModel, options: LoadOptions, device: Devic
         config.max_num_batched_tokens = options.max_num_batched_tokens
     if options.speculative is not None:
         config.speculative = speculative_config(options.speculative, loaded, device)
-        description += f"; speculative decoding: {options.speculative.model}, " \
-                       f"{options.speculative.num_speculative_tokens} tokens"
+        description += "; " + _("speculative decoding: {model}, {tokens} tokens").format(
+            model=options.speculative.model, tokens=options.speculative.num_speculative_tokens)
     engine = build_engine(loaded.model, tokenizer, config, device)
-    description += f"; KV cache {str(engine.kv_dtype).removeprefix('torch.')} ({engine.kv_dtype_reason})"
+    description += "; " + _("KV cache {dtype} ({reason})").format(
+        dtype=str(engine.kv_dtype).removeprefix("torch."), reason=engine.kv_dtype_reason)
     try:
         engine.prepare_structured()  # response_format / tool_choice masks ready before the first request
     except EngineError as exc:  # no llguidance: everything else serves; constrained requests say why they fail
-        description += f"; structured output off ({exc})"
-    description += f"; decode graphs {'on' if engine.uses_decode_graphs else 'off'} ({engine.graphs_reason})"
+        description += "; " + _("structured output off ({error})").format(error=exc)
+    graphs = _("decode graphs on ({reason})") if engine.uses_decode_graphs else _("decode graphs off ({reason})")
+    description += "; " + graphs.format(reason=engine.graphs_reason)
     return engine, tokenizer, description
