@@ -75,9 +75,9 @@ class _Command:
 def _diagnosis_text(exc: BaseException) -> str:
     d = diagnose(exc)
     if d is None:
-        return f"the engine failed while running this request: {type(exc).__name__}: {exc}"
-    remedies = "; ".join(d.remedies)
-    return f"{d.title}: {d.what_happened} What to do: {remedies}. ({type(exc).__name__}: {exc})"
+        return _("the engine failed while running this request: {error}").format(error=f"{type(exc).__name__}: {exc}")
+    return _("{title}: {what_happened} What to do: {remedies}. ({error})").format(
+        title=d.title, what_happened=d.what_happened, remedies="; ".join(d.remedies), error=f"{type(exc).__name__}: {exc}")
 
 
 class AsyncEngine:
