@@ -7,11 +7,17 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from portachat.commands.common import EPILOG, flag, positive_int
 from portachat.i18n import _
 
 _SUFFIXES = {".txt", ".text", ".md", ".markdown", ".pdf", ".docx", ".html", ".htm"}
+
+
+def _fail(message: object) -> NoReturn:
+    """Stop with `portachat docs: error: MESSAGE` (exit status 1, as argparse's own errors read)."""
+    raise SystemExit("portachat docs: " + _("error: {message}").format(message=message))
 
 
 def _store(args: argparse.Namespace):
@@ -28,10 +34,10 @@ def _model(args: argparse.Namespace, recorded: str | None):
     from portachat.serve.docs.ingest import text_embedder  # deferred: loads torch
 
     if not args.embedding_model:
-        raise SystemExit("portachat docs: error: give --embedding-model PATH (an embedding model directory, e.g. "
-                         "all-MiniLM-L6-v2; the server's --model NAME=PATH for it names the same directory)")
+        _fail(_("give --embedding-model PATH (an embedding model directory, e.g. all-MiniLM-L6-v2; the server's "
+                "--model NAME=PATH for it names the same directory)"))
     path = resolve(args.embedding_model).path
-    print(f"[portachat] loading {path} ...", file=sys.stderr, flush=True)
+    print("[portachat] " + _("loading {path} ...").format(path=path), file=sys.stderr, flush=True)
     embedder = load_embedding_model(path, get_device(kind=args.device), args.dtype)
     # A package's "model" folder says nothing: name it after the folder above.
     name = display_name(path.parent if path.name == "model" else path)
@@ -42,11 +48,11 @@ def _collection(store, name: str, create: bool = False) -> dict:
     row = store.find_store(name)
     if row is None and create:
         row = store.create_store(name)
-        print(f"[portachat] created collection {name} ({row['id']})", file=sys.stderr)
+        print("[portachat] " + _("created collection {name} ({id})").format(name=name, id=row["id"]), file=sys.stderr)
     if row is None:
-        names = ", ".join(r["name"] or r["id"] for r in store.stores()) or "none yet"
-        raise SystemExit(f"portachat docs: error: no collection '{name}' (collections: {names}); "
-                         "make one with `portachat docs add FILE --collection NAME`")
+        names = ", ".join(r["name"] or r["id"] for r in store.stores()) or _("none yet")
+        _fail(_("no collection '{name}' (collections: {names}); make one with "
+                "`portachat docs add FILE --collection NAME`").format(name=name, names=names))
     return row
 
 
@@ -59,9 +65,10 @@ def _files(paths: list[str]) -> list[Path]:
         elif p.is_file():
             out.append(p)
         else:
-            raise SystemExit(f"portachat docs: error: {text}: no such file or directory")
+            _fail(_("{path}: no such file or directory").format(path=text))
     if not out:
-        raise SystemExit(f"portachat docs: error: no documents ({', '.join(sorted(_SUFFIXES))}) under {' '.join(paths)}")
+        _fail(_("no documents ({suffixes}) under {paths}").format(suffixes=", ".join(sorted(_SUFFIXES)),
+                                                                 paths=" ".join(paths)))
     return out
 
 
@@ -82,21 +89,24 @@ def cmd_add(args: argparse.Namespace) -> int:
 
         def progress(done: int, total: int, name: str = path.name, n: int = n) -> None:
             if tty or total > EMBED_BATCH:  # a long file shows progress even in a log
-                print(lead + f"[portachat] {n}/{len(files)} {name}: {done}/{total} chunks embedded",
+                print(lead + "[portachat] " + _("{n}/{files} {name}: {done}/{total} chunks embedded").format(
+                    n=n, files=len(files), name=name, done=done, total=total),
                       end="" if tty else "\n", file=sys.stderr, flush=True)
 
         result = attach_file(store, row["id"], meta["id"], model, progress)
         if result["status"] != "completed":
             failed += 1
             store.delete_file(meta["id"])
-            print(f"[portachat] skipped {path}: {json.loads(result['last_error'])['message']}", file=sys.stderr)
+            print("[portachat] " + _("skipped {path}: {error}").format(
+                path=path, error=json.loads(result["last_error"])["message"]), file=sys.stderr)
         else:
             for file_id in older:
                 _detach(store, row["id"], file_id)
-            print(lead + f"[portachat] {n}/{len(files)} {path.name}: {result['chunks']} chunks "
-                  f"({meta['id']})",
+            print(lead + "[portachat] " + _("{n}/{files} {name}: {chunks} chunks ({id})").format(
+                n=n, files=len(files), name=path.name, chunks=result["chunks"], id=meta["id"]),
                   file=sys.stderr, flush=True)
-    print(f"{len(files) - failed} added to '{args.collection}' ({row['id']}), {failed} skipped")
+    print(_("{added} added to '{collection}' ({id}), {failed} skipped").format(
+        added=len(files) - failed, collection=args.collection, id=row["id"], failed=failed))
     return 1 if failed == len(files) else 0
 
 
@@ -108,17 +118,18 @@ def cmd_list(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(files, ensure_ascii=False, indent=2))
         for f in [] if args.json else files:
-            print(f"{f['file_id']}  {f['status']:9s}  {f['chunks']:5d} chunks  {f['filename']}")
+            print(_("{id}  {status:9s}  {chunks:5d} chunks  {filename}").format(
+                id=f["file_id"], status=f["status"], chunks=f["chunks"], filename=f["filename"]))
         return 0
     rows = [{**r, "file_counts": store.file_counts(r["id"])} for r in store.stores()]
     if args.json:
         print(json.dumps(rows, ensure_ascii=False, indent=2))
         return 0
     if not rows:
-        print("no collections yet: `portachat docs add FILE --collection NAME --embedding-model PATH`")
+        print(_("no collections yet: `portachat docs add FILE --collection NAME --embedding-model PATH`"))
     for r in rows:
-        print(f"{r['id']}  {r['name'] or '-':20s}  {r['file_counts']['completed']:4d} files  "
-              f"{r['embedding_model'] or '-'}")
+        print(_("{id}  {name:20s}  {files:4d} files  {model}").format(
+            id=r["id"], name=r["name"] or "-", files=r["file_counts"]["completed"], model=r["embedding_model"] or "-"))
     return 0
 
 
@@ -132,16 +143,17 @@ def cmd_search(args: argparse.Namespace) -> int:
     try:
         hits = search(store, row["id"], args.query, model, args.max_num_results)
     except StoreError as exc:
-        raise SystemExit(f"portachat docs: error: {exc}") from None
+        _fail(exc)
     if args.json:
         print(json.dumps([h.__dict__ for h in hits], ensure_ascii=False, indent=2))
         return 0
     for i, h in enumerate(hits, 1):
         text = " ".join(h.text.split())
-        print(f"[{i}] {h.score:.3f}  {h.filename} (part {h.chunk_index + 1}, chars {h.start}-{h.end})\n    "
-              f"{text[:300]}{'...' if len(text) > 300 else ''}")
+        print(_("[{i}] {score:.3f}  {filename} (part {part}, chars {start}-{end})").format(
+            i=i, score=h.score, filename=h.filename, part=h.chunk_index + 1, start=h.start, end=h.end)
+              + f"\n    {text[:300]}{'...' if len(text) > 300 else ''}")
     if not hits:
-        print("no passages (is the collection empty?)")
+        print(_("no passages (is the collection empty?)"))
     return 0
 
 
@@ -156,17 +168,18 @@ def cmd_remove(args: argparse.Namespace) -> int:
     row = _collection(store, args.collection)
     if not args.files:
         store.delete_store(row["id"])
-        print(f"removed collection '{args.collection}' ({row['id']})")
+        print(_("removed collection '{collection}' ({id})").format(collection=args.collection, id=row["id"]))
         return 0
     attached = {f["file_id"]: store.file(f["file_id"]) for f in store.store_files(row["id"])}
     for name in args.files:
         ids = [i for i, f in attached.items() if name in (i, f["filename"])]
         if not ids:
-            raise SystemExit(f"portachat docs: error: '{name}' is not in '{args.collection}' (see `portachat docs "
-                             f"list --collection {args.collection}`)")
+            _fail(_("'{name}' is not in '{collection}' (see `portachat docs list --collection {collection}`)").format(
+                name=name, collection=args.collection))
         for file_id in ids:
             _detach(store, row["id"], file_id)
-            print(f"removed {attached[file_id]['filename']} ({file_id}) from '{args.collection}'")
+            print(_("removed {filename} ({id}) from '{collection}'").format(
+                filename=attached[file_id]["filename"], id=file_id, collection=args.collection))
     return 0
 
 

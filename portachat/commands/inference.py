@@ -15,9 +15,9 @@ def positive_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        raise argparse.ArgumentTypeError(_("expected a number, got {text}").format(text=repr(text))) from None
     if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, got {value}")
+        raise argparse.ArgumentTypeError(_("must be above {minimum}, got {value}").format(minimum=0, value=value))
     return value
 
 
@@ -25,9 +25,9 @@ def nonneg_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        raise argparse.ArgumentTypeError(_("expected a number, got {text}").format(text=repr(text))) from None
     if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+        raise argparse.ArgumentTypeError(_("must be at least {minimum}, got {value}").format(minimum=0, value=value))
     return value
 
 
@@ -69,7 +69,7 @@ def add_engine_flags(g, max_num_seqs: int, max_waiting_help: str) -> None:
 
 def add_speculative_flags(p: argparse.ArgumentParser) -> None:
     """vLLM's speculative decoding flags (chat, generate, serve)."""
-    g = p.add_argument_group("speculative decoding (off by default)")
+    g = p.add_argument_group(_("speculative decoding (off by default)"))
     flag(g, "--speculative-model", default=None,
          help=_("'ngram' (also '[ngram]'): draft by prompt lookup, no extra model; or a draft model (any --model "
               "source) sharing the target's vocabulary. Greedy output is unchanged; sampled output keeps the "
@@ -157,14 +157,14 @@ def speculative_options(args: argparse.Namespace):
     """SpeculativeOptions from the flags, or None when --speculative-model is not given."""
     from portachat.engine.loading import SpeculativeOptions  # deferred: loads torch
 
-    tuning = {"num_speculative_tokens": args.num_speculative_tokens, "prompt_lookup_max": args.ngram_prompt_lookup_max,
-              "prompt_lookup_min": args.ngram_prompt_lookup_min, "max_batch": args.speculative_max_batch,
-              "draft_vocab_size": args.speculative_draft_vocab}  # fmt: skip
-    given = {k: v for k, v in tuning.items() if v is not None}
+    flags = {"num_speculative_tokens": "num_speculative_tokens", "prompt_lookup_max": "ngram_prompt_lookup_max",
+             "prompt_lookup_min": "ngram_prompt_lookup_min", "max_batch": "speculative_max_batch",
+             "draft_vocab_size": "speculative_draft_vocab"}  # option -> its flag's dest; fmt: skip
+    given = {k: getattr(args, dest) for k, dest in flags.items() if getattr(args, dest) is not None}
     if args.speculative_model is None:
         if given:
-            names = ", ".join("--" + k.replace("_", "-") for k in given)
-            raise ValueError(f"{names} need --speculative-model (ngram or a draft model path)")
+            names = ", ".join("--" + flags[k].replace("_", "-") for k in given)  # the flags as typed
+            raise ValueError(_("{flags} need --speculative-model (ngram or a draft model path)").format(flags=names))
         return None
     return SpeculativeOptions(model=args.speculative_model, **given)
 

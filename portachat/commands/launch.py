@@ -65,5 +65,5 @@ def maybe_launch(args: argparse.Namespace) -> int | None:
     if nproc is None or under_launcher() or (nproc == 1 and getattr(args, "nnodes", 1) == 1):
         return None
     cmd = torchrun_command(args, sys.argv[1:])
-    print(f"[portachat] launching: {' '.join(cmd)}", file=sys.stderr, flush=True)
+    print("[portachat] " + _("launching: {command}").format(command=" ".join(cmd)), file=sys.stderr, flush=True)
     return subprocess.call(cmd)

@@ -25,9 +25,10 @@ def _float_above(minimum: float, inclusive: bool):
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+            raise argparse.ArgumentTypeError(_("expected a number, got {text}").format(text=repr(text))) from None
         if value < minimum or (value == minimum and not inclusive):
-            raise argparse.ArgumentTypeError(f"must be {'at least' if inclusive else 'above'} {minimum}, got {value}")
+            bound = _("must be at least {minimum}, got {value}") if inclusive else _("must be above {minimum}, got {value}")
+            raise argparse.ArgumentTypeError(bound.format(minimum=minimum, value=value))
         return value
 
     return parse
@@ -40,7 +41,7 @@ _positive_float = _float_above(0.0, inclusive=False)
 def _fraction(text: str) -> float:
     value = _positive_float(text)
     if value > 1.0:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
+        raise argparse.ArgumentTypeError(_("must be in (0, 1], got {value}").format(value=value))
     return value
 _nonneg_float = _float_above(0.0, inclusive=True)
 
@@ -51,9 +52,9 @@ def _template_file(path: str) -> str:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except OSError as exc:
-        raise argparse.ArgumentTypeError(f"cannot read {path}: {exc.strerror or exc}") from None
+        raise argparse.ArgumentTypeError(_("cannot read {path}: {error}").format(path=path, error=exc.strerror or exc)) from None
     if not text.strip():
-        raise argparse.ArgumentTypeError(f"{path} is empty: give a Jinja chat template file")
+        raise argparse.ArgumentTypeError(_("{path} is empty: give a Jinja chat template file").format(path=path))
     return text
 
 
@@ -103,8 +104,9 @@ def model_specs(args: argparse.Namespace) -> list:
             message=_("give --model PATH (repeatable) or --models-dir DIR")))
     folded, adapters = lora_args(args.lora or [])
     if folded and len(specs) > 1:
-        raise SystemExit("portachat serve: error: --lora PATH folds an adapter into one model; serve it with a "
-                         "single --model, or name it (--lora NAME=PATH) to serve it beside the base")
+        raise SystemExit("portachat serve: " + _("error: {message}").format(message=_(
+            "--lora PATH folds an adapter into one model; serve it with a single --model, or name it "
+            "(--lora NAME=PATH) to serve it beside the base")))
     return specs + adapter_specs(adapters, specs, args.models_dir)
 
 
@@ -116,8 +118,9 @@ def lora_args(values: list[str]) -> tuple[str | None, list[tuple[str, str]]]:
     parsed = [parse_model_arg(v) for v in values]
     folded = [path for name, path in parsed if name is None]
     if len(folded) > 1:
-        raise SystemExit("portachat serve: error: only one --lora PATH can be folded into the weights; name the "
-                         "others (--lora NAME=PATH) to serve them as adapters")
+        raise SystemExit("portachat serve: " + _("error: {message}").format(message=_(
+            "only one --lora PATH can be folded into the weights; name the others (--lora NAME=PATH) to serve "
+            "them as adapters")))
     return (folded[0] if folded else None), [(name, path) for name, path in parsed if name is not None]
 
 
@@ -138,8 +141,9 @@ def adapter_specs(adapters: list[tuple[str, str]], models: list, models_dir: str
             raise SystemExit("portachat serve: " + _("error: {message}").format(message=exc)) from None
         base = adapter_base(directory, models) or only
         if base is None:
-            raise SystemExit(f"portachat serve: error: --lora {name}={path}: its base_model_name_or_path names none "
-                             "of the served models; with several models, set it to the base's name or path")
+            raise SystemExit("portachat serve: " + _("error: {message}").format(message=_(
+                "--lora {name}={path}: its base_model_name_or_path names none of the served models; with several "
+                "models, set it to the base's name or path").format(name=name, path=path)))
         out.append(ModelSpec(name, str(directory), pinned=base in pinned, base=base))  # loads with its base
     if models_dir:
         taken = {s.name for s in models} | {s.name for s in out}
@@ -160,8 +164,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     specs = model_specs(args)
     name = specs[0].name
     if args.embedding_model and args.embedding_model not in {s.name for s in specs}:
-        raise SystemExit(f"portachat serve: error: --embedding-model {args.embedding_model} is not a served model "
-                         f"({', '.join(s.name for s in specs)}); add it with --model {args.embedding_model}=PATH")
+        raise SystemExit("portachat serve: " + _("error: {message}").format(message=_(
+            "--embedding-model {name} is not a served model ({served}); add it with --model {name}=PATH").format(
+                name=args.embedding_model, served=", ".join(s.name for s in specs))))
     settings = ServerSettings(
         served_model_name=name,
         api_keys=api_keys(args.api_key, os.environ.get("PORTACHAT_API_KEY")),

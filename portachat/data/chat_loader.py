@@ -32,6 +32,7 @@ import torch
 from portachat.data.batch import Batch
 from portachat.data.chat_data import Conversation
 from portachat.device.shapes import pad_bucket
+from portachat.i18n import _
 from portachat.tokenizer import Tokenizer, render_conversation
 
 POOL = 1024  # conversations sorted by length together (token-budget batches, length-grouped batches)
@@ -95,8 +96,8 @@ class ChatLoader:
         if not conversations:
             raise ValueError("ChatLoader needs at least one conversation")
         if tokens_per_batch is not None and tokens_per_batch < seq_len:
-            raise ValueError(f"--tokens-per-batch {tokens_per_batch} must be at least --max-seq-len {seq_len}: "
-                             "a batch must hold one whole row")
+            raise ValueError(_("--tokens-per-batch {tokens} must be at least --max-seq-len {seq_len}: a batch must "
+                               "hold one whole row").format(tokens=tokens_per_batch, seq_len=seq_len))
         self.conversations, self.tokenizer = conversations, tokenizer
         self.batch_size, self.seq_len, self.pack = batch_size, seq_len, pack
         self.stream, self.num_streams, self.seed = stream, num_streams, seed

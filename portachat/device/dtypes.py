@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from portachat.i18n import _
+
 # Compute / weight dtypes, by the short names the command line uses.
 DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DTYPE_ALIASES = {
@@ -41,5 +43,5 @@ def dtype_name(dtype: torch.dtype) -> str:
 def parse_dtype(name: str) -> torch.dtype:
     key = canonical_dtype_name(name)
     if key is None:
-        raise ValueError(f"dtype {name!r} is not valid; use one of fp32, bf16, fp16")
+        raise ValueError(_("dtype {name} is not valid; use one of fp32, bf16, fp16").format(name=repr(name)))
     return DTYPES[key]

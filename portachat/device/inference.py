@@ -80,19 +80,20 @@ def choose_kv_cache_dtype(dev: Device, weight_dtype: torch.dtype, requested: str
     name = (requested or "auto").strip().lower()
     if name == "auto":
         dtype = kv_cache_dtype(dev.torch_device, weight_dtype)
-        where = "fp32 on a CPU (attention computes in fp32)" if dev.type == "cpu" else "the weights' dtype"
-        return Choice(dtype, f"auto: {where}")
+        where = _("fp32 on a CPU (attention computes in fp32)") if dev.type == "cpu" else _("the weights' dtype")
+        return Choice(dtype, _("auto: {where}").format(where=where))
     if name in FLOAT_KV:
-        return Choice(FLOAT_KV[name], f"requested ({name})")
+        return Choice(FLOAT_KV[name], _("requested ({name})").format(name=name))
     if name == "int8":
-        return Choice(torch.int8, "requested (int8, one fp32 scale per token and kv head)")
+        return Choice(torch.int8, _("requested (int8, one fp32 scale per token and kv head)"))
     if name == "fp8":
         if dev.fp8_dtype is None:
             works = ", ".join(d for d in KV_CACHE_DTYPES if d != "fp8")
             raise ValueError(_("--kv-cache-dtype fp8 needs native fp8 and {device} has none ({reason}); "
                                "use one of {works} (int8 saves the same memory)").format(
                 device=dev.name, reason=dev.fp8_reason, works=works))
-        return Choice(dev.fp8_dtype, f"requested (fp8 as {str(dev.fp8_dtype).removeprefix('torch.')}: {dev.fp8_reason})")
+        return Choice(dev.fp8_dtype, _("requested (fp8 as {dtype}: {reason})").format(
+            dtype=str(dev.fp8_dtype).removeprefix("torch."), reason=dev.fp8_reason))
     raise ValueError(_("--kv-cache-dtype {value} is not valid; use one of {choices}").format(
         value=repr(requested), choices=", ".join(KV_CACHE_DTYPES)))
 
@@ -103,13 +104,14 @@ def decode_compile(dev: Device, requested: bool | None = None, packed: bool = Fa
     packed CPU kernels: the compiler cannot lower them, and they already give what its weight
     freezing would (compiling the unpacked modules instead measured 3x slower per decode step)."""
     if packed:
-        why = "eager: the packed CPU kernels run the decode step (compile applies to the module path)"
-        return Choice(False, why + (" although --compile was requested" if requested else ""))
+        why = _("eager: the packed CPU kernels run the decode step (compile applies to the module path)")
+        return Choice(False, why + (_(" although --compile was requested") if requested else ""))
     if requested is not None:
         if requested and not dev.compile:
-            return Choice(True, f"requested, although the device policy says eager ({dev.compile_reason})")
-        return Choice(bool(requested), "requested")
-    return Choice(False, "opt-in (--compile): dynamic shapes every step; eager is the verified path")
+            return Choice(True, _("requested, although the device policy says eager ({reason})").format(
+                reason=dev.compile_reason))
+        return Choice(bool(requested), _("requested"))
+    return Choice(False, _("opt-in (--compile): dynamic shapes every step; eager is the verified path"))
 
 
 def decode_graphs(dev: Device, requested: bool | None = None, packed: bool = False,
@@ -119,20 +121,20 @@ def decode_graphs(dev: Device, requested: bool | None = None, packed: bool = Fal
     is bound by kernel launches (SmolLM2-135M on an H100: see benchmarks/README.md). Elsewhere only
     on request, where this torch can capture at all."""
     if requested is False:
-        return Choice(False, "eager: requested (--enforce-eager)")
+        return Choice(False, _("eager: requested (--enforce-eager)"))
     if packed:
-        return Choice(False, "eager: the packed CPU kernels run the decode step")
+        return Choice(False, _("eager: the packed CPU kernels run the decode step"))
     if compiled:
-        return Choice(False, "eager: the compiled forward runs the decode step (--compile)")
+        return Choice(False, _("eager: the compiled forward runs the decode step (--compile)"))
     if sharded:  # a graph replays fixed addresses; FSDP gathers sharded weights into new memory each time
-        return Choice(False, "eager: the weights are sharded (FSDP) and gathered anew for every forward")
+        return Choice(False, _("eager: the weights are sharded (FSDP) and gathered anew for every forward"))
     if not graphs_available(dev.type):
-        return Choice(False, f"eager: no graph capture for {dev.kind} in this torch")
+        return Choice(False, _("eager: no graph capture for {kind} in this torch").format(kind=dev.kind))
     if requested:
-        return Choice(True, "requested")
+        return Choice(True, _("requested"))
     if dev.kind == "cuda":
-        return Choice(True, "CUDA graphs: a decode step replays as one launch (--enforce-eager: off)")
-    return Choice(False, f"eager: graph capture is not verified on {dev.kind} yet")
+        return Choice(True, _("CUDA graphs: a decode step replays as one launch (--enforce-eager: off)"))
+    return Choice(False, _("eager: graph capture is not verified on {kind} yet").format(kind=dev.kind))
 
 
 def profiles_kv_budget(dev: Device) -> bool:
@@ -158,20 +160,17 @@ def kv_cache_budget(dev: Device, utilization: float, wanted_bytes: int, transien
     if dev.type == "cpu" or stats.total is None:
         free = stats.free if stats.free is not None else wanted_bytes
         budget = min(wanted_bytes, int(utilization * free))
-        return Choice(
-            budget,
-            f"{budget / 2**30:.2f} GiB: min(needed {wanted_bytes / 2**30:.2f} GiB, "
-            f"{utilization:.0%} of {free / 2**30:.1f} GiB available)",
-        )
+        return Choice(budget, _("{budget} GiB: min(needed {needed} GiB, {share} of {free} GiB available)").format(
+            budget=f"{budget / 2**30:.2f}", needed=f"{wanted_bytes / 2**30:.2f}", share=f"{utilization:.0%}",
+            free=f"{free / 2**30:.1f}"))
     used = stats.total - (stats.free if stats.free is not None else stats.total)
     budget = int(utilization * stats.total) - used - transient_bytes
     budget = min(budget, wanted_bytes)
-    peak = f" minus {transient_bytes / 2**30:.2f} GiB for the largest step" if transient_bytes else ""
-    return Choice(
-        max(budget, 0),
-        f"{max(budget, 0) / 2**30:.2f} GiB: {utilization:.0%} of "
-        f"{stats.total / 2**30:.1f} GiB minus {used / 2**30:.2f} GiB in use{peak}",
-    )
+    peak = (_(" minus {gib} GiB for the largest step").format(gib=f"{transient_bytes / 2**30:.2f}")
+            if transient_bytes else "")  # fmt: skip
+    return Choice(max(budget, 0), _("{budget} GiB: {share} of {total} GiB minus {used} GiB in use{peak}").format(
+        budget=f"{max(budget, 0) / 2**30:.2f}", share=f"{utilization:.0%}", total=f"{stats.total / 2**30:.1f}",
+        used=f"{used / 2**30:.2f}", peak=peak))
 
 
 def model_memory_budget(dev: Device, utilization: float) -> Choice:
@@ -183,12 +182,13 @@ def model_memory_budget(dev: Device, utilization: float) -> Choice:
         raise ValueError(_("memory utilization must be in (0, 1], got {value}").format(value=utilization))
     stats = dev.memory()
     if dev.type == "cpu" or stats.total is None:
-        base, what = stats.free, "available RAM"
+        base, what = stats.free, _("available RAM")
     else:
-        base, what = stats.total, f"{dev.type} memory"
+        base, what = stats.total, _("{kind} memory").format(kind=dev.type)
     if base is None:
-        return Choice(None, f"{what} unknown: no memory limit on loaded models")
-    return Choice(int(utilization * base), f"{utilization:.0%} of {base / 2**30:.1f} GiB {what}")
+        return Choice(None, _("{what} unknown: no memory limit on loaded models").format(what=what))
+    return Choice(int(utilization * base), _("{share} of {gib} GiB {what}").format(
+        share=f"{utilization:.0%}", gib=f"{base / 2**30:.1f}", what=what))
 
 
 def measure_host_to_device(dev: Device, megabytes: int = 32, reps: int = 4) -> tuple[float, str]:

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from portachat.device.explain import diagnose
 from portachat.engine.types import EngineError, RequestOutput, SamplingParams
+from portachat.i18n import _
 
 
 class EngineLike(Protocol):
@@ -74,9 +75,9 @@ class _Command:
 def _diagnosis_text(exc: BaseException) -> str:
     d = diagnose(exc)
     if d is None:
-        return f"the engine failed while running this request: {type(exc).__name__}: {exc}"
-    remedies = "; ".join(d.remedies)
-    return f"{d.title}: {d.what_happened} What to do: {remedies}. ({type(exc).__name__}: {exc})"
+        return _("the engine failed while running this request: {error}").format(error=f"{type(exc).__name__}: {exc}")
+    return _("{title}: {what_happened} What to do: {remedies}. ({error})").format(
+        title=d.title, what_happened=d.what_happened, remedies="; ".join(d.remedies), error=f"{type(exc).__name__}: {exc}")
 
 
 class AsyncEngine:
@@ -101,7 +102,7 @@ class AsyncEngine:
         """Submit a request; returns once the engine accepted it (raises EngineError /
         EngineShutdown when refused), so a server can still answer with an HTTP error status."""
         if not self._accepting:
-            raise EngineShutdown("the server is shutting down and takes no new requests")
+            raise EngineShutdown(_("the server is shutting down and takes no new requests"))
         loop = asyncio.get_running_loop()
         request_id = request_id or uuid.uuid4().hex
         stream = _Stream(loop, asyncio.Queue(), RequestTiming(time.monotonic(), adapter=params.adapter),
@@ -215,7 +216,7 @@ class AsyncEngine:
             assert stream is not None and accepted is not None and command.params is not None
             try:
                 if not self._accepting:
-                    raise EngineShutdown("the server is shutting down and takes no new requests")
+                    raise EngineShutdown(_("the server is shutting down and takes no new requests"))
                 self.engine.add_request(command.prompt_ids, command.params, command.request_id)
             except (EngineError, EngineShutdown) as exc:
                 _resolve(stream.loop, accepted, exc)
@@ -295,7 +296,7 @@ class AsyncEngine:
             except queue.Empty:
                 break
             if command.kind == "add" and command.stream is not None and command.accepted is not None:
-                _resolve(command.stream.loop, command.accepted, EngineShutdown("the engine stopped"))
+                _resolve(command.stream.loop, command.accepted, EngineShutdown(_("the engine stopped")))
 
     def _refresh_stats(self) -> None:
         stats = dict(self.engine.stats())

@@ -24,6 +24,7 @@ import torch
 from portachat.device.graphs import CapturedGraph, GraphCapturer
 from portachat.engine.scheduler import ScheduledSeq
 from portachat.engine.step_inputs import StepInputs
+from portachat.i18n import _
 
 LENGTH_STEP = 256  # tokens: context buckets (a longer gather costs little next to a new capture)
 MAX_GRAPH_BATCH = 256  # larger decode batches are bound by the device, not by launches
@@ -124,8 +125,8 @@ class DecodeGraphs:
         except torch.OutOfMemoryError:
             raise
         except Exception as exc:  # capture is an optimisation: fall back to eager, loudly
-            warnings.warn(f"decode graph capture failed ({type(exc).__name__}: {exc}); continuing eager",
-                          stacklevel=2)  # fmt: skip
+            warnings.warn(_("decode graph capture failed ({error}); continuing eager").format(
+                error=f"{type(exc).__name__}: {exc}"), stacklevel=2)
             self.active = False
             self.graphs.clear()
             return False

@@ -377,9 +377,10 @@ class LLMEngine:
     def _fail(self, batch, exc: Exception) -> list[RequestOutput]:
         diagnosis = diagnose(exc)
         if diagnosis is not None:
-            message = f"{diagnosis.title}: {diagnosis.what_happened} Try: {'; '.join(diagnosis.remedies)}"
+            message = _("{title}: {what_happened} Try: {remedies}").format(
+                title=diagnosis.title, what_happened=diagnosis.what_happened, remedies="; ".join(diagnosis.remedies))
         else:
-            message = f"the model step failed ({type(exc).__name__}: {str(exc)[:300]})"
+            message = _("the model step failed ({error})").format(error=f"{type(exc).__name__}: {str(exc)[:300]}")
         outputs = []
         for s in batch:
             seq = s.seq
@@ -415,7 +416,8 @@ class LLMEngine:
             return self._finish(seq, "stop")
         if seq.matcher is not None:
             if not seq.matcher.consume_token(token):  # the mask allowed it: a library fault, not the user's
-                seq.error = f"structured output: the grammar rejected token {token} ({seq.matcher.get_error()})"
+                seq.error = _("structured output: the grammar rejected token {token} ({error})").format(
+                    token=token, error=seq.matcher.get_error())
                 return self._finish(seq, "error")
             if seq.matcher.is_stopped():  # the grammar is complete: nothing more may follow
                 return self._finish(seq, "stop")

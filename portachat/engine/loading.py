@@ -14,6 +14,7 @@ from portachat.engine.config import EngineConfig
 from portachat.engine.engine import LLMEngine
 from portachat.engine.served import ServedModel
 from portachat.engine.types import EngineError
+from portachat.i18n import _
 from portachat.model.estimate import load_hf_config
 from portachat.model.hf import sizes_config
 from portachat.model.load import InferenceModel, load_for_inference
@@ -65,12 +66,13 @@ def load_embedding_served(options: LoadOptions, device, source: ModelSource) -> 
 
     for name in ("lora", "quantize", "chat_template"):
         if getattr(options, name):
-            raise ValueError(f"--{name.replace('_', '-')} does not apply to an embedding model ({options.model})")
+            raise ValueError(_("--{flag} does not apply to an embedding model ({model})").format(
+                flag=name.replace("_", "-"), model=options.model))
     embedder = load_embedding_model(source.path, device, options.dtype, options.pooling)
     if options.max_model_len is not None:
         embedder.max_tokens = min(embedder.max_tokens, options.max_model_len)
     return ServedModel(engine=None, tokenizer=None, max_model_len=embedder.max_tokens, embedder=embedder,
-                       description=f"{embedder.description}; serves /v1/embeddings only")
+                       description=embedder.description + "; " + _("serves /v1/embeddings only"))
 
 
 def load_served_model(options: LoadOptions, embedding_models: bool = False,
@@ -89,8 +91,8 @@ def load_served_model(options: LoadOptions, embedding_models: bool = False,
     source = resolve(source or options.model)
     if source.kind == EMBEDDING:
         if not embedding_models:
-            raise ValueError(f"{options.model} is an embedding model: it makes vectors, not text. Serve it with "
-                             f"`portachat serve --model {options.model}` (POST /v1/embeddings).")
+            raise ValueError(_("{model} is an embedding model: it makes vectors, not text. Serve it with "
+                               "`portachat serve --model {model}` (POST /v1/embeddings).").format(model=options.model))
         return load_embedding_served(options, get_device(kind=options.device, dtype=None, compile=options.compile),
                                      source)
     device = get_device(kind=options.device, dtype=None, compile=options.compile)
@@ -116,7 +118,8 @@ def load_served_model(options: LoadOptions, embedding_models: bool = False,
     engine, tokenizer, loaded, description = replicas[0]
     if options.data_parallel_size > 1:
         devices = ", ".join(str(e.device) for e, *_ in replicas)
-        description += f"; {options.data_parallel_size} data-parallel replicas on {devices}"
+        description += "; " + _("{count} data-parallel replicas on {devices}").format(
+            count=options.data_parallel_size, devices=devices)
     # A chat model also serves /v1/embeddings: its final hidden states, pooled. Not a tensor-parallel
     # shard: its forward needs every worker, and the workers only follow the engine's steps.
     embedder = None
@@ -158,8 +161,8 @@ def speculative_config(options: SpeculativeOptions, target: Any, device: Any):
                   prompt_lookup_min=lookup_min, max_batch=options.max_batch)  # fmt: skip
     if options.model.strip().lower() in NGRAM_NAMES:
         if options.draft_vocab_size is not None:
-            raise ValueError("--speculative-draft-vocab cuts a draft model's output head: prompt lookup (ngram) "
-                             "has none; drop the flag or pass a draft model to --speculative-model")
+            raise ValueError(_("--speculative-draft-vocab cuts a draft model's output head: prompt lookup (ngram) "
+                               "has none; drop the flag or pass a draft model to --speculative-model"))
         return SpeculativeConfig(method="ngram", **tuning)
     draft = load_for_inference(options.model, device=device, dtype=target.dtype)
     check_same_vocabulary(target.model, target.tokenizer, draft.model, draft.tokenizer, options.model)
@@ -210,10 +213,10 @@ def engine_for_model(loaded: InferenceModel, options: LoadOptions, device: Devic
     tokenizer = loaded.tokenizer
     if options.chat_template is not None:
         if not hasattr(tokenizer, "with_chat_template"):
-            raise ValueError("--chat-template applies to models with a Jinja chat template (Hugging Face directories "
-                             "and GGUF files); our own checkpoints use portachat's chat format")
+            raise ValueError(_("--chat-template applies to models with a Jinja chat template (Hugging Face "
+                               "directories and GGUF files); our own checkpoints use portachat's chat format"))
         tokenizer = tokenizer.with_chat_template(options.chat_template)
-        description += "; chat template from --chat-template"
+        description += "; " + _("chat template from --chat-template")
     if options.quantize and options.tensor_parallel_size == 1:  # shards are quantized by load_shard
 
         report = quantize_model(loaded.model, options.quantize, device, compiled=options.compile)
@@ -235,13 +238,15 @@ def engine_for_model(loaded: InferenceModel, options: LoadOptions, device: Devic
         config.max_num_batched_tokens = options.max_num_batched_tokens
     if options.speculative is not None:
         config.speculative = speculative_config(options.speculative, loaded, device)
-        description += f"; speculative decoding: {options.speculative.model}, " \
-                       f"{options.speculative.num_speculative_tokens} tokens"
+        description += "; " + _("speculative decoding: {model}, {tokens} tokens").format(
+            model=options.speculative.model, tokens=options.speculative.num_speculative_tokens)
     engine = build_engine(loaded.model, tokenizer, config, device)
-    description += f"; KV cache {str(engine.kv_dtype).removeprefix('torch.')} ({engine.kv_dtype_reason})"
+    description += "; " + _("KV cache {dtype} ({reason})").format(
+        dtype=str(engine.kv_dtype).removeprefix("torch."), reason=engine.kv_dtype_reason)
     try:
         engine.prepare_structured()  # response_format / tool_choice masks ready before the first request
     except EngineError as exc:  # no llguidance: everything else serves; constrained requests say why they fail
-        description += f"; structured output off ({exc})"
-    description += f"; decode graphs {'on' if engine.uses_decode_graphs else 'off'} ({engine.graphs_reason})"
+        description += "; " + _("structured output off ({error})").format(error=exc)
+    graphs = _("decode graphs on ({reason})") if engine.uses_decode_graphs else _("decode graphs off ({reason})")
+    description += "; " + graphs.format(reason=engine.graphs_reason)
     return engine, tokenizer, description

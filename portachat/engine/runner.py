@@ -20,6 +20,7 @@ from portachat.engine.module_ops import ModuleLayerOps
 from portachat.engine.packed_forward import PackedModel
 from portachat.engine.scheduler import ScheduledSeq
 from portachat.engine.step_inputs import PrefillChunk, StepInputs, StepPlan
+from portachat.i18n import _
 from portachat.model.gpt import GPT
 from portachat.model.layer_ops import decoder_layer
 from portachat.model.lora_batch import AdapterSet
@@ -210,9 +211,8 @@ class ModelRunner:
         except torch.OutOfMemoryError:
             raise
         except Exception as exc:  # a compiler failure must not take the engine down: run eager from now on
-            warnings.warn(
-                f"compiled forward failed ({type(exc).__name__}: {exc}); continuing eager", stacklevel=2
-            )
+            warnings.warn(_("compiled forward failed ({error}); continuing eager").format(
+                error=f"{type(exc).__name__}: {exc}"), stacklevel=2)
             self._compiled = None
             return self._forward(inp)
 

@@ -28,10 +28,11 @@ def teacher_forced_logprobs(engine: LLMEngine, texts: list[list[int]], adapter: 
     """For each token list, log p(token i | tokens < i) for i >= 1 (under LoRA adapter `adapter` if
     given). Call between engine steps (it borrows free KV blocks and the runner, and gives them back)."""
     if not texts or any(len(t) < 2 for t in texts):
-        raise ValueError("give at least one token list, each of at least two tokens")
+        raise ValueError(_("give at least one token list, each of at least two tokens"))
     longest = max(len(t) for t in texts)
     if longest > engine.max_model_len:
-        raise ValueError(f"a token list of {longest} tokens is longer than the context ({engine.max_model_len})")
+        raise ValueError(_("a token list of {tokens} tokens is longer than the context ({context})").format(
+            tokens=longest, context=engine.max_model_len))
     blocks = engine.blocks
     seqs = [Sequence(request_id=f"score-{i}", prompt_ids=t[:1], params=SamplingParams(max_tokens=1, adapter=adapter),
                      detokenizer=Detokenizer(engine.tokenizer.token_bytes, []), generator=None, arrival=-1)

@@ -9,6 +9,7 @@ from portachat.device import Device
 from portachat.device.dtypes import parse_dtype
 from portachat.engine.config import EngineConfig
 from portachat.engine.startup_memory import profiled_kv_budget
+from portachat.i18n import _
 from portachat.model.gpt import GPT
 from portachat.ops.inference_dtype import inference_dtype
 from portachat.ops.kv_quant import bytes_per_token
@@ -35,7 +36,7 @@ def kv_blocks(model: GPT, config: EngineConfig, device: Device, dtype: torch.dty
     cfg = model.config
     per_block = bytes_per_token(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, kv_dtype) * config.block_size
     if config.num_blocks is not None:
-        return config.num_blocks, f"{config.num_blocks} blocks requested"
+        return config.num_blocks, _("{blocks} blocks requested").format(blocks=config.num_blocks)
     if config.kv_cache_gb is not None:
         return int(config.kv_cache_gb * 2**30) // per_block, f"--kv-cache-gb {config.kv_cache_gb}"
     wanted = config.max_num_seqs * -(-max_model_len // config.block_size) * per_block

@@ -37,7 +37,8 @@ def profiled_kv_budget(dev: Device, model: GPT, config: EngineConfig, max_model_
     choice = kv_cache_budget(dev, util, wanted_bytes, transient)  # with the captured graph's pool in use
     del captured  # the engine's own capture takes as much again once its cache exists
     dev.empty_cache()  # hand the trial pool back before the cache is allocated
-    choice.reason += f" (after a profile step of {config.max_num_seqs} x {max_model_len} tokens)"
+    choice.reason += _(" (after a profile step of {seqs} x {tokens} tokens)").format(
+        seqs=config.max_num_seqs, tokens=max_model_len)
     return choice
 
 

@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterable
 import torch
 import torch.distributed as dist
 
+from portachat.i18n import _
+
 
 @torch.no_grad()
 def evaluate_bpb(
@@ -45,7 +47,7 @@ def evaluate_bpb(
         dist.all_reduce(nbytes_all)
         total_nats, total_bytes = nats.item(), int(nbytes_all.item())
     if total_bytes == 0:
-        raise ValueError("validation data spelled 0 bytes: nothing to evaluate")
+        raise ValueError(_("validation data spelled 0 bytes: nothing to evaluate"))
     return total_nats / (math.log(2) * total_bytes)
 
 

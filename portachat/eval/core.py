@@ -7,6 +7,7 @@ number of options, so a 4-way multiple-choice task and an open-ended one weigh t
 from __future__ import annotations
 
 from portachat.eval.report import EvalResult
+from portachat.i18n import _
 
 
 def centered(accuracy: float, chance: float) -> float:
@@ -19,6 +20,7 @@ def core_score(results: list[EvalResult]) -> EvalResult:
     """The mean centred accuracy over the results that have a chance level (bpb has none)."""
     scored = {r.task: centered(r.value, r.chance) for r in results if r.chance is not None and r.task != "core"}
     if not scored:
-        raise ValueError("no task results to summarise: run at least one of gsm8k, arc, mmlu, humaneval, synthetic")
+        raise ValueError(_("no task results to summarise: run at least one of gsm8k, arc, mmlu, humaneval, "
+                           "synthetic"))
     return EvalResult("core", "centered_mean", sum(scored.values()) / len(scored), len(scored), 0.0,
                       {"per_task": scored})

@@ -108,7 +108,8 @@ def letter_ids(tokenizer: ChatTokenizer, n: int) -> list[int]:
     for letter in LETTERS[:n]:
         enc = tokenizer.encode(letter)
         if len(enc) != 1:
-            raise ValueError(f"the tokenizer splits the option letter {letter!r} into {len(enc)} tokens")
+            raise ValueError(_("the tokenizer splits the option letter {letter} into {count} tokens").format(
+                letter=repr(letter), count=len(enc)))
         ids.append(enc[0])
     return ids
 

@@ -123,15 +123,15 @@ def run_evals(opts: EvalOptions, log: Callable[[str], None] = print) -> list[Eva
             if path.exists() and any(path.rglob("*")):
                 data[task] = path
             else:
-                log(f"[eval] {task}: skipped, no data at {path} (`portachat eval {task}` downloads it when online, "
-                    "or pass --data)")
+                log("[eval] " + _("{task}: skipped, no data at {path} (`portachat eval {task}` downloads it when "
+                                  "online, or pass --data)").format(task=task, path=path))
     if "humaneval" in data and not _sandbox_ready(opts, single, log):
         del data["humaneval"]
     if opts.tensor_parallel_size > 1:
         return _run_tensor_parallel(opts, tasks, data, log)
     loaded = load_for_inference(opts.model, device=opts.device, dtype=opts.dtype)
     complete, description = _make_complete(loaded, opts)  # quantizes the model in place with --quantize
-    log(f"[eval] model: {description}")
+    log("[eval] " + _("model: {description}").format(description=description))
     model, tokenizer = loaded.model, loaded.tokenizer
     results: list[EvalResult] = []
     for task in tasks:
@@ -173,7 +173,7 @@ def _run_tensor_parallel(opts: EvalOptions, tasks: list[str], data: dict[str, Pa
                                            quantize=opts.quantize, max_model_len=MAX_EVAL_CONTEXT,
                                            tensor_parallel_size=opts.tensor_parallel_size))  # fmt: skip
     try:
-        log(f"[eval] model: {served.description}")
+        log("[eval] " + _("model: {description}").format(description=served.description))
         complete = engine_complete(served.engine, served.tokenizer, seed=opts.seed)
         results = []
         for task in tasks:

@@ -134,10 +134,10 @@ def sandbox_python(uid: int | None, gid: int | None) -> str:
             ok = False
         if ok:
             return exe
-    raise RuntimeError(
-        f"no Python interpreter that the sandbox user (uid {uid}) can run (tried {seen}); install one "
-        "system-wide (e.g. `apt-get install python3`) or point PORTACHAT_SANDBOX_PYTHON at one"
-    )
+    raise RuntimeError(_(
+        "no Python interpreter that the sandbox user (uid {uid}) can run (tried {tried}); install one "
+        "system-wide (e.g. `apt-get install python3`) or point PORTACHAT_SANDBOX_PYTHON at one").format(
+            uid=uid, tried=seen))
 
 
 def _sandbox_base(is_root: bool) -> str | None:
@@ -161,15 +161,16 @@ def sandbox_ids(user: str, slot: int) -> tuple[int, int]:
     try:
         entry = pwd.getpwnam(user)
     except KeyError:
-        raise RuntimeError(f"sandbox user {user!r} does not exist; create it or set "
-                           "SandboxLimits(user=...) to an unprivileged user") from None
+        raise RuntimeError(_("sandbox user {user} does not exist; create it or set SandboxLimits(user=...) to an "
+                             "unprivileged user").format(user=repr(user))) from None
     uid = entry.pw_uid
     for _slot in range(slot):
         uid -= 1
         while _uid_exists(uid):
             uid -= 1
     if uid < 1000:
-        raise RuntimeError(f"no unused uid for sandbox slot {slot} below {user!r}; use fewer workers")
+        raise RuntimeError(_("no unused uid for sandbox slot {slot} below {user}; use fewer workers").format(
+            slot=slot, user=repr(user)))
     return uid, entry.pw_gid
 
 

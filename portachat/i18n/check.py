@@ -35,6 +35,9 @@ USER_FACING_CALLS = {"say", "APIError", "error_response", "error_body", "SystemE
 MESSAGE_POSITION = {"APIError": 1, "error_response": 1, "error_body": 1}
 NOT_MESSAGE_KEYWORDS = {"param", "code", "type", "kind", "name"}  # identifiers clients match on
 _PREFIX = re.compile(r"^\s*\[[\w -]+\]")  # "[portachat] ": a log prefix, not text
+# Not sentences either: a command's name before its message ("portachat serve: ", as argparse prints it)
+# and a field path ("response_format.json_schema", "messages[0]") passed as a parameter name.
+_NOT_TEXT = re.compile(r"^\s*portachat( [a-z-]+)*:\s*$|^[\w.\[\]]+$")
 _PLACEHOLDER = re.compile(r"\{[^{}]*\}|%%|%\([^)]*\)[a-z]|%[sdr]")  # %% too: argparse %-formats help
 
 
@@ -119,7 +122,7 @@ def own_error_classes(root: Path = PACKAGE) -> set[str]:
 
 
 def _has_words(text: str) -> bool:
-    return any(c.isalpha() for c in _PREFIX.sub("", text))
+    return not _NOT_TEXT.match(text) and any(c.isalpha() for c in _PREFIX.sub("", text))
 
 
 def _bare_text(node: ast.AST) -> bool:

@@ -117,11 +117,12 @@ def _fmt(nbytes: float) -> str:
 def estimate_training(cfg: GPTConfig, setup: TrainingSetup, name: str | None = None) -> dict[str, Any]:
     """Bytes per device, by component, and the expected peak of a training step of `cfg`."""
     if setup.dtype not in DTYPE_BYTES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {setup.dtype!r}")
+        raise ValueError(_("dtype must be one of {choices}, got {value}").format(
+            choices=", ".join(DTYPE_BYTES), value=repr(setup.dtype)))
     if setup.optimizer not in ("muon", "adamw"):
-        raise ValueError(f"optimizer must be muon or adamw, got {setup.optimizer!r}")
+        raise ValueError(_("optimizer must be muon or adamw, got {value}").format(value=repr(setup.optimizer)))
     if setup.parallel not in ("ddp", "fsdp2"):
-        raise ValueError(f"parallel must be ddp or fsdp2, got {setup.parallel!r}")
+        raise ValueError(_("parallel must be ddp or fsdp2, got {value}").format(value=repr(setup.parallel)))
     n = max(1, setup.world_size)
     shard = n if setup.parallel == "fsdp2" else 1
     half = setup.dtype != "fp32"
@@ -202,7 +203,8 @@ def estimate_kv_cache(
     `dtype` (fp32/bf16/fp16/int8/fp8). Weights are in `weights_dtype`, by default `dtype` for a
     float cache and bf16 beside an int8/fp8 one (a quantized cache does not quantize the weights)."""
     if dtype not in KV_DTYPES:
-        raise ValueError(f"KV-cache dtype must be one of {', '.join(KV_DTYPES)}, got {dtype!r}")
+        raise ValueError(_("KV-cache dtype must be one of {choices}, got {value}").format(
+            choices=", ".join(KV_DTYPES), value=repr(dtype)))
     weights_dtype = weights_dtype or (dtype if dtype in DTYPE_BYTES else "bf16")
     per_token = bytes_per_token(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, KV_DTYPES[dtype])
     kv = per_token * context * batch_size
@@ -228,9 +230,10 @@ def load_hf_config(path: str | Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
-        raise ValueError(f"{path} does not exist; pass a Hugging Face model directory or its config.json") from None
+        raise ValueError(_("{path} does not exist; pass a Hugging Face model directory or its config.json").format(
+            path=path)) from None
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON ({e})") from None
+        raise ValueError(_("{path} is not valid JSON ({error})").format(path=path, error=e)) from None
 
 
 # Row labels of the memory table (component keys stay English in --json).

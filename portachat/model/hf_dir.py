@@ -136,8 +136,9 @@ def read_weights(directory: str | Path) -> Mapping[str, torch.Tensor]:
         return weights
     if (directory / TORCH_BIN).is_file() or (directory / TORCH_BIN_INDEX).is_file():
         print(
-            f"[portachat] {directory} has no safetensors weights; reading pytorch_model.bin with "
-            "torch.load(weights_only=True) (tensors only, no code is unpickled)",
+            "[portachat] " + _("{directory} has no safetensors weights; reading pytorch_model.bin with "
+                               "torch.load(weights_only=True) (tensors only, no code is unpickled)").format(
+                directory=directory),
             file=sys.stderr,
             flush=True,
         )

@@ -179,11 +179,10 @@ def build_from_parts(
 def _describe(cfg: GPTConfig, model: GPT, dtype: torch.dtype, source: str, path: Path) -> str:
     params = model.num_params()
     size = f"{params / 1e9:.2f}B" if params >= 1e9 else f"{params / 1e6:.1f}M"
-    scaling = f", rope {cfg.rope_scaling['rope_type']}" if cfg.rope_scaling else ""
-    return (
-        f"{path.name}: {cfg.architecture} family, {size} parameters, {cfg.n_layer} layers{scaling}, "
-        f"{str(dtype).removeprefix('torch.')}, from {source} ({path})"
-    )
+    scaling = _(", rope {kind}").format(kind=cfg.rope_scaling["rope_type"]) if cfg.rope_scaling else ""
+    return _("{name}: {architecture} family, {size} parameters, {layers} layers{scaling}, {dtype}, from {source} "
+             "({path})").format(name=path.name, architecture=cfg.architecture, size=size, layers=cfg.n_layer,
+                                scaling=scaling, dtype=str(dtype).removeprefix("torch."), source=source, path=path)
 
 
 def _resolve_device(device: Device | torch.device | str | None, dtype: torch.dtype | str | None

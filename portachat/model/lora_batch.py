@@ -99,7 +99,8 @@ class AdapterSet:
         current = self.weights[self.slots[name]]
         fresh = self._layers(lora)
         if [sorted(f) for f in fresh] != [sorted(c) for c in current]:
-            raise ValueError(f"adapter {name!r}: the new weights target other modules than the loaded ones")
+            raise ValueError(_("adapter {name}: the new weights target other modules than the loaded ones").format(
+                name=repr(name)))
         for now, new in zip(current, fresh, strict=True):
             for key, update in new.items():
                 now[key].A.copy_(update.A)

@@ -20,8 +20,10 @@ import torch
 
 from portachat.device.dtypes import DTYPE_BYTES, KV_DTYPES
 from portachat.device.inference import kv_cache_dtype
+from portachat.i18n import _
+from portachat.i18n.width import ljust
 from portachat.model.config import GPTConfig
-from portachat.model.estimate import _fmt, lm_head_params, matrix_params, model_name
+from portachat.model.estimate import _fmt, _row, lm_head_params, matrix_params, model_name
 from portachat.model.tensor_parallel import plan_shard, working_sizes
 from portachat.ops.cpu_linear import packed_weight_bytes, step_transient_factor
 from portachat.ops.kv_quant import bytes_per_token
@@ -121,30 +123,38 @@ def smallest_tp(cfg: GPTConfig, dtype: str, batch_size: int, context: int, budge
 
 
 def format_serving(s: dict[str, Any]) -> str:
+    setup = _("{model}, {dtype}, tensor parallel {tp}, batch {batch} x {context} context").format(
+        model=s["model"], dtype=s["dtype"], tp=s["tensor_parallel_size"], batch=s["batch_size"], context=s["context"])
+    if s["device_type"]:
+        setup += _(", on {device}").format(device=s["device_type"])
     lines = [
-        f"serving     : {s['model']}, {s['dtype']}, tensor parallel {s['tensor_parallel_size']}, "
-        f"batch {s['batch_size']} x {s['context']} context"
-        + (f", on {s['device_type']}" if s["device_type"] else ""),
-        f"{'component (per device)':30} {'memory':>12}",
-        f"{'weights':30} {_fmt(s['weights_bytes_per_device']):>12}",
-        f"{'KV cache per token':30} {s['kv_bytes_per_token_per_device'] / 1024:>9,.1f} KiB",
-        f"{'KV cache (batch x context)':30} {_fmt(s['kv_cache_bytes_per_device']):>12}",
-        f"{'activations (' + str(s['step_tokens']) + '-token step)':30} {_fmt(s['activations_bytes_per_device']):>12}",
-        f"{'total':30} {_fmt(s['total_bytes_per_device']):>12}",
+        ljust(_("serving"), 12) + ": " + setup,
+        _row(_("component (per device)"), _("memory")),
+        _row(_("weights"), _fmt(s["weights_bytes_per_device"])),
+        _row(_("KV cache per token"), f"{s['kv_bytes_per_token_per_device'] / 1024:,.1f} KiB"),
+        _row(_("KV cache (batch x context)"), _fmt(s["kv_cache_bytes_per_device"])),
+        _row(_("activations ({tokens}-token step)").format(tokens=s["step_tokens"]),
+             _fmt(s["activations_bytes_per_device"])),
+        _row(_("total"), _fmt(s["total_bytes_per_device"])),
     ]
     if s["packed_weights_bytes_per_device"]:
-        lines.insert(3, f"{'packed weights (' + str(s['device_type']) + ' kernels)':30} "
-                        f"{_fmt(s['packed_weights_bytes_per_device']):>12}")  # fmt: skip
+        lines.insert(3, _row(_("packed weights ({device} kernels)").format(device=s["device_type"]),
+                             _fmt(s["packed_weights_bytes_per_device"])))
     if "device_bytes" in s:
         lines += [
             "",
-            f"device      : {_fmt(s['device_bytes'])}, {s['utilization']:.0%} usable",
-            f"KV tokens that fit beside the weights: {s['kv_tokens_that_fit']:,} "
-            f"(= {s['sequences_that_fit']:,} sequences of {s['context']} tokens)",
+            ljust(_("device"), 12) + ": " + _("{memory}, {share} usable").format(
+                memory=_fmt(s["device_bytes"]), share=f"{s['utilization']:.0%}"),
+            _("KV tokens that fit beside the weights: {tokens} (= {sequences} sequences of {context} tokens)").format(
+                tokens=f"{s['kv_tokens_that_fit']:,}", sequences=f"{s['sequences_that_fit']:,}", context=s["context"]),
         ]
         best = s["smallest_tp_that_fits"]
-        lines.append("fits" if s["fits"] else "does NOT fit" + (f": smallest -tp that fits is {best}" if best
-                     else ": no tensor-parallel size up to 64 fits"))  # fmt: skip
+        if s["fits"]:
+            lines.append(_("fits"))
+        elif best:
+            lines.append(_("does NOT fit: smallest -tp that fits is {tp}").format(tp=best))
+        else:
+            lines.append(_("does NOT fit: no tensor-parallel size up to 64 fits"))
     return "\n".join(lines)
 
 
@@ -163,16 +173,18 @@ def check_fits(cfg: GPTConfig, tp: int, dtype: str, context: int, device_bytes: 
     if est["fits"]:
         return
     best = est["smallest_tp_that_fits"]
-    hint = (f"serve it with --tensor-parallel-size {best}" if best else
-            "no tensor-parallel size up to 64 fits: use --quantize int8/int4 or bigger devices")  # fmt: skip
+    hint = (_("serve it with --tensor-parallel-size {tp}").format(tp=best) if best else
+            _("no tensor-parallel size up to 64 fits: use --quantize int8/int4 or bigger devices"))  # fmt: skip
     extra = est["packed_weights_bytes_per_device"] + est["activations_bytes_per_device"]
     if est["weights_bytes_per_device"] <= device_bytes * est["utilization"]:
-        hint += ", or lower --max-model-len (the KV cache of one sequence is what does not fit)"
-    raise ModelTooBig(
-        f"the model does not fit: at -tp {tp} in {dtype} each device needs {_fmt(est['weights_bytes_per_device'])} "
-        f"of weights + {_fmt(est['kv_cache_bytes_per_device'])} of KV cache for one {context}-token sequence"
-        + (f" + {_fmt(extra)} of packed weights and step activations" if extra else "")
-        + f", but has {_fmt(device_bytes)} ({est['utilization']:.0%} usable); {hint} "
-        f"(numbers: portachat estimate memory --hf-config {config_path} --serve -tp {best or tp} --kv-dtype {dtype}"
-        + (f" --device {device_type})" if device_type else ")")
-    )
+        hint += _(", or lower --max-model-len (the KV cache of one sequence is what does not fit)")
+    needs = _("{weights} of weights + {kv} of KV cache for one {context}-token sequence").format(
+        weights=_fmt(est["weights_bytes_per_device"]), kv=_fmt(est["kv_cache_bytes_per_device"]), context=context)
+    if extra:
+        needs += _(" + {extra} of packed weights and step activations").format(extra=_fmt(extra))
+    numbers = (f"portachat estimate memory --hf-config {config_path} --serve -tp {best or tp} --kv-dtype {dtype}"
+               + (f" --device {device_type}" if device_type else ""))  # a command: stays as typed
+    raise ModelTooBig(_(
+        "the model does not fit: at -tp {tp} in {dtype} each device needs {needs}, but has {has} ({usable} usable); "
+        "{hint} (numbers: {command})").format(tp=tp, dtype=dtype, needs=needs, has=_fmt(device_bytes),
+                                              usable=f"{est['utilization']:.0%}", hint=hint, command=numbers))

@@ -12,6 +12,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from portachat.i18n import _
+
 
 def apply_activation_checkpointing(model: nn.Module) -> int:
     """Wrap every transformer block's forward in torch.utils.checkpoint; returns how many were wrapped.
@@ -42,5 +44,6 @@ def _blocks(model: nn.Module) -> list[nn.Module]:
     inner = getattr(model, "model", model)
     layers = getattr(inner, "layers", None)
     if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
-        raise ValueError(f"{type(model).__name__} has no .model.layers blocks to checkpoint")
+        raise ValueError(_("{model} has no .model.layers blocks to checkpoint: drop --activation-checkpointing").format(
+            model=type(model).__name__))
     return list(layers)

@@ -133,7 +133,7 @@ class GroupRollout:
                 for out in engine.step():
                     g, k = which[out.request_id]
                     if out.error:
-                        raise RuntimeError(f"sampling a rollout failed: {out.error}")
+                        raise RuntimeError(_("sampling a rollout failed: {error}").format(error=out.error))
                     replies[g][k].extend(out.token_ids)
                     if k == 0 and g in followers_due:  # the prompt is computed: its blocks are cached now
                         followers_due.discard(g)

@@ -46,7 +46,7 @@ def _peft() -> Any:
     try:  # optional dependency (the `models` extra): only LoRA's save and load need it
         import peft
     except ImportError as exc:
-        raise ImportError("LoRA needs the `peft` package: pip install 'portachat[models]' (or pip install peft)") from exc
+        raise ImportError(_("LoRA needs the `peft` package: pip install 'portachat[models]' (or pip install peft)")) from exc
     return peft
 
 

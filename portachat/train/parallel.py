@@ -63,7 +63,8 @@ def decide_parallel(fsdp: str, world: int, replicated_bytes: int, device_bytes: 
     """The layout rule: one process trains alone; otherwise FSDP2 when asked, or (auto) when the estimated
     replicated peak exceeds the device's memory (unknown memory: replicate)."""
     if fsdp not in FSDP_CHOICES:
-        raise ValueError(f"--fsdp must be one of {', '.join(FSDP_CHOICES)}, got {fsdp!r}")
+        raise ValueError(_("--fsdp must be one of {choices}, got {value}").format(
+            choices=", ".join(FSDP_CHOICES), value=repr(fsdp)))
     if world == 1:
         return "single"
     if fsdp != "auto":

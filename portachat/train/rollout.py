@@ -21,6 +21,7 @@ from portachat.device.inference import training_engine_dtype
 from portachat.engine import LLMEngine, SamplingParams
 from portachat.engine.calculator import calculate
 from portachat.engine.oneshot import engine_for
+from portachat.i18n import _
 from portachat.model import GPT
 from portachat.tokenizer import Tokenizer
 from portachat.tokenizer.bpe import ASSISTANT_END, OUTPUT_END, OUTPUT_START, PYTHON_END, PYTHON_START
@@ -95,7 +96,7 @@ class RolloutEngine:
         replies = [Reply([], [], "") for _ in prompts]
         for i, completion in zip(todo, done, strict=True):
             if completion.error:
-                raise RuntimeError(f"sampling a rollout failed: {completion.error}")
+                raise RuntimeError(_("sampling a rollout failed: {error}").format(error=completion.error))
             ids = list(completion.token_ids)
             replies[i] = Reply(ids, tool_mask(self.tokenizer, ids), reply_text(self.tokenizer, ids))
         return replies

@@ -5,6 +5,8 @@ from __future__ import annotations
 import signal
 from typing import Any
 
+from portachat.i18n import _
+
 
 class StopRequest:
     """SIGINT/SIGTERM ask the loop to save and stop at the next step boundary; a second one stops now."""
@@ -25,7 +27,8 @@ class StopRequest:
         if self.requested:  # a second Ctrl-C means now
             raise KeyboardInterrupt
         self.requested = True
-        print(f"\n[portachat] signal {signum}: saving a checkpoint at the end of this step, then stopping", flush=True)
+        print("\n[portachat] " + _("signal {signum}: saving a checkpoint at the end of this step, then stopping").format(
+            signum=signum), flush=True)
 
     def __exit__(self, *exc) -> None:
         for sig, old in self._old.items():

@@ -409,7 +409,7 @@ class Trainer:
                     if (cfg.save_every > 0 and step % cfg.save_every == 0) or stop_now:
                         self.save(step, final=False)
                     if stop_now:
-                        raise KeyboardInterrupt(f"stopped at step {step}; resume with --resume")
+                        raise KeyboardInterrupt(_("stopped at step {step}; resume with --resume").format(step=step))
                 step = self.step_count
                 self.evaluate(step)
                 if self.ddp is not None:

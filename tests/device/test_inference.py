@@ -27,6 +27,16 @@ def test_compile_is_opt_in():
     assert forced.value is True and "eager" in forced.reason
 
 
+def test_the_reasons_the_startup_line_shows_follow_the_language(monkeypatch):
+    monkeypatch.setattr(inf, "graphs_available", lambda device_type: device_type in ("cuda", "npu"))
+    monkeypatch.setenv("PORTACHAT_LANG", "zh")
+    assert inf.decode_graphs(Device(h100()), requested=False).reason == "eager：按要求（--enforce-eager）"
+    assert inf.choose_kv_cache_dtype(Device(h100()), torch.bfloat16, "int8").reason == (
+        "按要求（int8，每个 token 和 KV 头一个 fp32 缩放因子）")
+    monkeypatch.setenv("PORTACHAT_LANG", "en")
+    assert inf.decode_graphs(Device(h100()), requested=False).reason == "eager: requested (--enforce-eager)"
+
+
 def test_decode_graphs_on_for_cuda_unless_eager_is_enforced(monkeypatch):
     monkeypatch.setattr(inf, "graphs_available", lambda device_type: device_type in ("cuda", "npu"))
     on = inf.decode_graphs(Device(h100()))

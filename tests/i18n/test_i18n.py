@@ -207,6 +207,10 @@ def test_the_check_reads_the_message_argument_of_http_and_cli_errors(tmp_path):
                 raise SystemExit(_("usage: ") + str(n))
             if x == 12:
                 raise APIError(500, n or "the engine failed on this request")
+            if x == 13:  # a command's name before its message and a field path are not sentences
+                raise SystemExit("portachat serve: " + _("usage: "))
+            if x == 14:
+                raise LoadFailed(_("usage: "), "response_format.json_schema")
             raise LoadFailed(n or _("usage: "))
         '''), encoding="utf-8")
     catalog = tmp_path / "zh.po"

@@ -84,3 +84,20 @@ def test_serve_refuses_a_model_too_big_before_reading_any_weight(tmp_path):
         '"num_hidden_layers":1000,"num_attention_heads":256,"num_key_value_heads":8,"vocab_size":152064}')
     with pytest.raises(ModelTooBig, match="the model does not fit: at -tp 1 in fp32"):
         load_served_model(LoadOptions(model=str(tmp_path), device="cpu", dtype="fp32"))
+
+
+def test_the_serving_table_and_refusal_in_chinese_stay_aligned(monkeypatch):
+    from portachat.i18n.width import display_width
+    from portachat.model.serve_memory import format_serving
+
+    cfg = GPTConfig(vocab_size=32000, n_layer=8, n_embd=1024, n_head=16, n_kv_head=8, head_dim=64,
+                    intermediate_size=4096)
+    need = estimate_serving(cfg, 1, "bf16", batch_size=1, context=1024)["total_bytes_per_device"]
+    monkeypatch.setenv("PORTACHAT_LANG", "zh")
+    est = estimate_serving(cfg, 1, "bf16", batch_size=1, context=1024, device_bytes=int(need * 0.8))
+    text = format_serving(est)
+    assert "组成部分（每个设备）" in text and "放不下：能放下的最小 -tp 是 2" in text
+    rows = [line for line in text.splitlines() if line.endswith(("MiB", "KiB", "GiB", " B"))]
+    assert len(rows) == 5 and len({display_width(line) for line in rows}) == 1  # one right edge
+    with pytest.raises(ModelTooBig, match=r"模型放不下：在 -tp 1、bf16 下.*请用 --tensor-parallel-size 2 提供服务"):
+        check_fits(cfg, 1, "bf16", 1024, int(need * 0.8), "cfg")

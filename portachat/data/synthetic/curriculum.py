@@ -20,6 +20,7 @@ from dataclasses import replace
 
 from portachat.data.synthetic.common import WORDS, Example
 from portachat.data.synthetic.zh import TASKS_ZH
+from portachat.i18n import _
 
 # ----------------------------------------------------------------------------------------------
 # small built-in tables
@@ -234,7 +235,8 @@ def synthetic_examples(n: int, seed: int | str = 0, tasks: tuple[str, ...] | Non
     names = tuple(tasks) if tasks is not None else tuple(TASKS)
     unknown = [t for t in names if t not in TASKS]
     if unknown:
-        raise ValueError(f"unknown synthetic task(s) {unknown}; known: {sorted(TASKS)}")
+        raise ValueError(_("unknown synthetic task(s) {unknown}; known: {known}").format(
+            unknown=", ".join(unknown), known=", ".join(sorted(TASKS))))
     _task_table(lang)
     rng = random.Random(f"portachat-synthetic:{seed}")
     return [_draw(rng, rng.choice(names), lang) for _ in range(n)]

@@ -48,6 +48,7 @@ from typing import Any
 from portachat.data.synthetic.common import WORDS
 from portachat.data.synthetic.heldout import split_of
 from portachat.data.synthetic.zh import ZH_OTHER_CHARS, ZH_WORDS
+from portachat.i18n import _
 
 SPLITS = ("train", "heldout")
 ANSWER_PREFIX = "The answer is "
@@ -339,7 +340,7 @@ def sample_task(name: str, rng: random.Random, split: str, lang: str = "en") -> 
         raise ValueError(f"unknown synthetic task {name!r}; known: {sorted(TASKS)}")
     if lang not in LANGS:
         raise ValueError(f"lang must be one of {LANGS}, got {lang!r}")
-    for _ in range(10_000):
+    for _attempt in range(10_000):
         ex = TASKS[name](rng, lang)
         if ex.split == split:
             return ex
@@ -363,7 +364,8 @@ def task_examples(
     names = list(tasks) if tasks is not None else list(TASKS)
     unknown = [t for t in names if t not in TASKS]
     if unknown:
-        raise ValueError(f"unknown synthetic task(s) {unknown}; known: {sorted(TASKS)}")
+        raise ValueError(_("unknown synthetic task(s) {unknown}; known: {known}").format(
+            unknown=", ".join(unknown), known=", ".join(sorted(TASKS))))
     w = weights or DEFAULT_WEIGHTS
     probs = [float(w.get(t, 1.0 / len(names))) for t in names]
     if any(p < 0 for p in probs) or sum(probs) <= 0:
@@ -371,7 +373,7 @@ def task_examples(
     zh_fraction = _check_zh_fraction(zh_fraction)
     rng = random.Random(f"portachat-tasks:{split}:{seed}")
     out = []
-    for _ in range(n):
+    for _example in range(n):
         name = rng.choices(names, probs)[0]
         lang = "zh" if rng.random() < zh_fraction else "en"
         out.append(sample_task(name, rng, split, lang))

@@ -42,8 +42,9 @@ class PoolingConfig:
         if pooling is None:
             return self
         if pooling not in POOLING_MODES:
-            raise ValueError(f"pooling {pooling!r} is not one of {', '.join(POOLING_MODES)}")
-        return replace(self, pooling=pooling, source=f"{self.source}, pooling from --pooling")
+            raise ValueError(_("pooling {pooling} is not one of {modes}").format(
+                pooling=repr(pooling), modes=", ".join(POOLING_MODES)))
+        return replace(self, pooling=pooling, source=self.source + _(", pooling from --pooling"))
 
 
 DEFAULT_POOLING = PoolingConfig("mean", True, source="default")

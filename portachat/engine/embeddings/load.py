@@ -43,9 +43,11 @@ def _size(model: torch.nn.Module) -> str:
 
 def _describe(name: str, kind: str, model: torch.nn.Module, embedder: Embedder, dtype: torch.dtype) -> str:
     p = embedder.pooling
-    return (f"{name}: {kind}, {_size(model)} parameters, {embedder.dimension} dimensions, {p.pooling} pooling"
-            f"{', normalized' if p.normalize else ''} ({p.source}), at most {embedder.max_tokens} tokens, "
-            f"{str(dtype).removeprefix('torch.')}")
+    pooling = (_("{pooling} pooling, normalized") if p.normalize else _("{pooling} pooling")).format(pooling=p.pooling)
+    return _("{name}: {kind}, {size} parameters, {dimensions} dimensions, {pooling} ({source}), at most {tokens} "
+             "tokens, {dtype}").format(name=name, kind=kind, size=_size(model), dimensions=embedder.dimension,
+                                       pooling=pooling, source=p.source, tokens=embedder.max_tokens,
+                                       dtype=str(dtype).removeprefix("torch."))
 
 
 def load_embedding_model(path: str | Path, device: Device | None = None, dtype: str | torch.dtype | None = None,

@@ -19,6 +19,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from portachat.i18n import _
+
 
 def kept_token_ids(vocab_rows: int, size: int, keep: Iterable[int] = ()) -> torch.Tensor:
     """The first `size` ids plus `keep`, sorted: head row i proposes token ids[i]."""
@@ -35,8 +37,9 @@ def trim_output_head(model: nn.Module, size: int, keep: Iterable[int] = ()) -> t
     if size >= head.out_features:
         return None
     if type(head) is not nn.Linear:
-        raise ValueError(f"a reduced draft vocabulary needs a plain output head; this draft's is a "
-                         f"{type(head).__name__} (quantized drafts keep their whole vocabulary)")
+        raise ValueError(_("a reduced draft vocabulary needs a plain output head; this draft's is a {kind} "
+                           "(quantized drafts keep their whole vocabulary): drop --speculative-draft-vocab").format(
+            kind=type(head).__name__))
     ids = kept_token_ids(head.out_features, size, keep)
     small = nn.Linear(head.in_features, len(ids), bias=head.bias is not None, device=head.weight.device,
                       dtype=head.weight.dtype)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from portachat.i18n import _
 from portachat.model.gpt import GPT
 from portachat.tokenizer.protocol import ChatTokenizer
 
@@ -39,12 +40,15 @@ def check_same_vocabulary(target: GPT, target_tokenizer: ChatTokenizer, draft: G
     if found is None:
         return
     if found.rows[0] != found.rows[1]:
-        problem = f"its embedding has {found.rows[1]} rows, the target's {found.rows[0]}"
+        problem = _("its embedding has {draft} rows, the target's {target}").format(
+            draft=found.rows[1], target=found.rows[0])
     elif found.tokens[0] != found.tokens[1]:
-        problem = f"its tokenizer has {found.tokens[1]} tokens, the target's {found.tokens[0]}"
+        problem = _("its tokenizer has {draft} tokens, the target's {target}").format(
+            draft=found.tokens[1], target=found.tokens[0])
     else:
-        problem = f"token {found.token_id} is {found.spellings[1]!r} in the draft and {found.spellings[0]!r} in the target"
-    raise ValueError(
-        f"--speculative-model {draft_name} does not share the target model's vocabulary ({problem}); "
-        "use a draft from the same model family and tokenizer, or --speculative-model ngram"
-    )
+        problem = _("token {id} is {draft} in the draft and {target} in the target").format(
+            id=found.token_id, draft=repr(found.spellings[1]), target=repr(found.spellings[0]))
+    raise ValueError(_(
+        "--speculative-model {draft} does not share the target model's vocabulary ({problem}); "
+        "use a draft from the same model family and tokenizer, or --speculative-model ngram").format(
+            draft=draft_name, problem=problem))

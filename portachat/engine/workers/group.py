@@ -35,6 +35,7 @@ from portachat.device.dist import (
     private_store,
     shard_device_index,
 )
+from portachat.i18n import _
 
 POLL_S = 0.2
 STOP_TIMEOUT_S = 10.0
@@ -67,10 +68,10 @@ class WorkerFailure(RuntimeError):
 def _exit_text(code: int) -> str:
     if code < 0:
         try:
-            return f"was killed by {signal.Signals(-code).name}"
+            return _("was killed by {signal}").format(signal=signal.Signals(-code).name)
         except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with status {code}"
+            return _("was killed by signal {number}").format(number=-code)
+    return _("exited with status {code}").format(code=code)
 
 
 class WorkerGroup:
@@ -102,14 +103,14 @@ class WorkerGroup:
             for name, proc in zip(self.names, self.procs, strict=True):
                 code = proc.poll()
                 if code is not None and not self.closing:
-                    self._fail(f"tensor-parallel worker {name} (pid {proc.pid}) {_exit_text(code)}; "
-                               "the model cannot run without its shard")  # fmt: skip
+                    self._fail(_("tensor-parallel worker {name} (pid {pid}) {exit}; the model cannot run without "
+                                 "its shard").format(name=name, pid=proc.pid, exit=_exit_text(code)))
                     return
             now = time.monotonic()
             started = [r.step_started for r in self.runners if r.step_started is not None]
             if any(now - t > STEP_TIMEOUT_S for t in started) and not self.closing:
-                self._fail(f"a tensor-parallel step has not finished in {STEP_TIMEOUT_S:g} s: a worker or its "
-                           "device hangs; the workers were stopped")  # fmt: skip
+                self._fail(_("a tensor-parallel step has not finished in {seconds} s: a worker or its device "
+                             "hangs; the workers were stopped").format(seconds=f"{STEP_TIMEOUT_S:g}"))
                 return
             time.sleep(POLL_S)
 
@@ -118,7 +119,7 @@ class WorkerGroup:
             if self.failure is not None:
                 return
             self.failure = message
-        print(f"[portachat] error: {message}", file=sys.stderr, flush=True)
+        print("[portachat] " + _("error: {message}").format(message=message), file=sys.stderr, flush=True)
         self.kill()
         if self.on_failure is not None:
             self.on_failure(message)
@@ -179,12 +180,14 @@ def start_workers(options, device: Device, on_failure: Callable[[str], None] | N
     tp, dp = options.tensor_parallel_size, options.data_parallel_size
     devices = tp * dp
     if device.is_accelerator and device.count < devices:
-        sizes = f"--tensor-parallel-size {tp}" + (f" with --data-parallel-size {dp}" if dp > 1 else "")
-        raise WorkerFailure(f"{sizes} needs {devices} {device.kind} devices, but "
-                            f"{device.count} are visible; lower -tp or -dp, or make more devices visible")  # fmt: skip
+        sizes = (_("--tensor-parallel-size {tp} with --data-parallel-size {dp}") if dp > 1 else
+                 _("--tensor-parallel-size {tp}")).format(tp=tp, dp=dp)  # fmt: skip
+        raise WorkerFailure(_("{sizes} needs {devices} {kind} devices, but {count} are visible; lower -tp or -dp, "
+                              "or make more devices visible").format(
+            sizes=sizes, devices=devices, kind=device.kind, count=device.count))
     if not device.supports_distributed:
-        raise WorkerFailure(f"{device.kind} has no collective backend: tensor parallelism needs one "
-                            f"({device.dist_reason})")  # fmt: skip
+        raise WorkerFailure(_("{kind} has no collective backend: tensor parallelism needs one ({reason})").format(
+            kind=device.kind, reason=device.dist_reason))
     world = 1 + dp * (tp - 1)  # rank 0 holds shard 0 of every replica
     # No TCPStore: it listens on every interface whatever address it is given, unauthenticated.
     store, store_dir = private_store(world, timeout_s=timeout_s)

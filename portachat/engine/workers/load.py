@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from portachat.device import Device
+from portachat.i18n import _
 from portachat.model.load import InferenceModel, load_for_inference
 from portachat.model.tensor_parallel import shard_model
 from portachat.quant import quantize_model
@@ -20,8 +21,9 @@ def load_shard(options, device: Device, rank: int, world_size: int, group=None) 
     plan = shard_model(loaded.model, rank, world_size, group)
     loaded.model.to(device.torch_device)
     loaded.device = device.torch_device
-    loaded.description += (f"; tensor parallel {world_size} ranks (rank {rank}: q heads {plan.q_heads.start}-"
-                           f"{plan.q_heads.stop - 1}, kv heads {plan.kv_heads.start}-{plan.kv_heads.stop - 1})")  # fmt: skip
+    loaded.description += "; " + _("tensor parallel {ranks} ranks (rank {rank}: q heads {q}, kv heads {kv})").format(
+        ranks=world_size, rank=rank, q=f"{plan.q_heads.start}-{plan.q_heads.stop - 1}",
+        kv=f"{plan.kv_heads.start}-{plan.kv_heads.stop - 1}")
     if options.quantize:
         report = quantize_model(loaded.model, options.quantize, device, compiled=False)
         loaded.description += f"; {report.summary()}"
