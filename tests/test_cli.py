@@ -136,3 +136,22 @@ def test_tokenizer_train_and_eval_commands(capsys, shakespeare_path, tmp_path):
                          "--vocab-size", "100"])
     assert "vocab" in err.lower()
     assert not (tmp_path / "t2").exists()
+
+
+@pytest.mark.parametrize(("command", "constant"), [
+    ("serve", "portachat.serve.api.request_params.OPENAI_FALLBACK"),
+    ("chat", "portachat.serve.terminal_chat.CHAT_FALLBACK"),
+    ("generate", "portachat.serve.batch.GENERATE_FALLBACK"),
+])
+def test_each_interface_shows_its_sampling_fallback_in_help(capsys, command, constant):
+    # An unset temperature differs by interface (the API follows OpenAI, chat samples, generate is greedy):
+    # each --help says which, from the named constant the interface uses.
+    import importlib
+
+    module, name = constant.rsplit(".", 1)
+    fallback = getattr(importlib.import_module(module), name)
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"else OpenAI's default (temperature {fallback.temperature})" in text if command == "serve" else \
+        f"else {fallback.temperature})" in text

@@ -18,6 +18,7 @@ from portachat.commands.inference import (
 )
 from portachat.engine.embeddings.config import POOLING_MODES
 from portachat.i18n import _
+from portachat.serve.api.request_params import OPENAI_FALLBACK
 
 
 def _float_above(minimum: float, inclusive: bool):
@@ -257,7 +258,11 @@ def register(sub) -> None:
         description=_("Serve models over HTTP: POST /v1/chat/completions and /v1/completions (streaming or not), "
                     "POST /v1/messages (Anthropic), GET /v1/models, POST /models/load and /models/unload, POST /v1/embeddings, "
                     "/v1/files and /v1/vector_stores (document QA; chat requests ground answers with \"documents\"), /health, "
-                    "/metrics (Prometheus) and / (a chat page). Any OpenAI client works: base_url=http://HOST:PORT/v1."),
+                    "/metrics (Prometheus) and / (a chat page); POST /v1/responses (stored per API key), /v1/batches over "
+                    "/v1/files, and POST /v1/load_lora_adapter and /v1/unload_lora_adapter. Any OpenAI client works: "
+                    "base_url=http://HOST:PORT/v1. A sampling field a request leaves unset takes the model's "
+                    "generation_config.json, else OpenAI's default (temperature {temperature})."
+                    ).format(temperature=OPENAI_FALLBACK.temperature),
     )
     g = p.add_argument_group(_("model"))
     flag(g, "--model", action="append", default=None, metavar="[NAME=]PATH",
