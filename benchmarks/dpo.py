@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from alternate import alternating_medians  # benchmarks/ is on sys.path when run as a script
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -128,23 +128,15 @@ def main() -> None:
         trainer.optimizer.zero_grad(set_to_none=True)
 
     sides = {"ours": ours_step, "peer": peer_step}
-    times: dict[str, list[float]] = {"ours": [], "peer": []}
-
-    def timed(name: str) -> None:
+    def timed(name: str) -> float:
         dev.synchronize()
         t0 = time.perf_counter()
         sides[name]()
         dev.synchronize()
-        times[name].append(time.perf_counter() - t0)
+        return time.perf_counter() - t0
 
-    for name in sides:
-        for _ in range(args.warmup):
-            timed(name)
-    times = {"ours": [], "peer": []}
-    order = ["ours", "peer", "peer", "ours"]
-    for i in range(args.steps * 2):
-        timed(order[i % 4])
-    ours_ms, peer_ms = (1e3 * statistics.median(times[k]) for k in ("ours", "peer"))
+    medians = alternating_medians(timed, args.warmup, args.steps)
+    ours_ms, peer_ms = (1e3 * medians[k] for k in ("ours", "peer"))
     ratio = peer_ms / ours_ms
     print(f"DPO step, {args.pairs} pairs x ({args.prompt_len} prompt + {args.reply_len} reply) tokens, "
           f"{model.num_params():,} params, {dev.kind} {dev.dtype_name}")

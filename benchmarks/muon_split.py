@@ -17,11 +17,11 @@ import argparse
 import json
 import os
 import socket
-import statistics
 import time
 
 import torch
 import torch.multiprocessing as mp
+from alternate import alternating_medians  # benchmarks/ is on sys.path when run as a script
 
 
 def _free_port() -> int:
@@ -55,27 +55,19 @@ def _worker(rank: int, args: argparse.Namespace, port: int, results) -> None:
         return Muon(params, lr=0.01, ns_dtype=ns_dtype, split_across_ranks=split)
 
     sides = {"ours": make(True), "peer": make(False)}
-    times: dict[str, list[float]] = {"ours": [], "peer": []}
-
-    def timed(name: str) -> None:
+    def timed(name: str) -> float:
         dev.synchronize()
         dist.barrier()
         t0 = time.perf_counter()
         sides[name].step()
         dev.synchronize()
         dist.barrier()  # a step is over when the slowest rank is done
-        times[name].append(time.perf_counter() - t0)
+        return time.perf_counter() - t0
 
-    for name in ("ours", "peer"):
-        for _ in range(args.warmup):
-            timed(name)
-    times = {"ours": [], "peer": []}
-    order = ["ours", "peer", "peer", "ours"]
-    for i in range(args.steps * 2):
-        timed(order[i % 4])
+    medians = alternating_medians(timed, args.warmup, args.steps)
     if rank == 0:
-        results["ours_ms"] = 1e3 * statistics.median(times["ours"])
-        results["peer_ms"] = 1e3 * statistics.median(times["peer"])
+        results["ours_ms"] = 1e3 * medians["ours"]
+        results["peer_ms"] = 1e3 * medians["peer"]
         results["matrices"] = len(shapes)
         results["device"] = dev.kind
     destroy_distributed()

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 
 import torch
 import torch.nn.functional as F
+from alternate import alternating_medians  # benchmarks/ is on sys.path when run as a script
 
 from portachat.device import get_device
 from portachat.ops.attention import attention, packed_attention_mask
@@ -91,26 +91,20 @@ def main() -> None:
         return torch.stack(outs).sum(0)
 
     sides = {"ours": ours, "peer": peer}
-    times: dict[str, list[float]] = {"ours": [], "peer": []}
 
-    def timed(name: str) -> None:
+    def timed(name: str) -> float:
         dev.synchronize()
         t0 = time.perf_counter()
         sides[name]().float().square().mean().backward()
         dev.synchronize()
-        times[name].append(time.perf_counter() - t0)
+        elapsed = time.perf_counter() - t0
         q.grad = k.grad = v.grad = None
+        return elapsed
 
-    for name in sides:
-        for _ in range(args.warmup):
-            timed(name)
-    times = {"ours": [], "peer": []}
-    order = ["ours", "peer", "peer", "ours"]
-    for i in range(args.steps * 2):
-        timed(order[i % 4])
+    medians = alternating_medians(timed, args.warmup, args.steps)
     with torch.no_grad():
         diff = (ours().float() - peer().float()).abs().max().item()
-    ours_ms, peer_ms = (1e3 * statistics.median(times[n]) for n in ("ours", "peer"))
+    ours_ms, peer_ms = (1e3 * medians[n] for n in ("ours", "peer"))
     conversations = sum(len(row) for row in lengths)
     print(f"device      : {dev.name} ({dev.kind}), {str(dtype).removeprefix('torch.')}")
     print(f"packed path : {dev.packed_attention} ({dev.packed_attention_reason})")
