@@ -4,8 +4,8 @@ sent as plain concurrent requests (the peer: what a client without the Batch API
 Starts `portachat serve` (as benchmarks/serve.py does), then per round, in alternating order:
   batch   upload --lines chat requests as a batch file, create the batch, and once it is in_progress
           time --interactive chat requests sent one after another; then cancel the batch;
-  flood   send the same --lines requests at once over HTTP, and time the same interactive requests
-          while they run; then drop them;
+  flood   keep --lines of the same requests in flight over HTTP (each one that finishes is sent again),
+          and time the same interactive requests meanwhile; then drop them;
 and once, idle: the interactive requests alone. Prints the median interactive latency of each side
 and the ratios flood / batch (above 1: the batch API keeps interactive requests faster) and batch /
 idle (how much a running batch costs an interactive request), the median over rounds.
@@ -59,15 +59,29 @@ async def beside_batch(client: httpx.AsyncClient, url: str, args: argparse.Names
         await asyncio.sleep(0.02)
     await asyncio.sleep(0.5)  # its first lines are decoding
     seconds = await interactive(client, url, args)
+    status = (await client.get(f"{url}/v1/batches/{batch['id']}")).json()["status"]
+    if status != "in_progress":  # the later interactive requests ran on an idle server: raise --lines
+        print(f"note: the batch was {status} before the interactive requests were done; raise --lines",
+              flush=True)
     await client.post(f"{url}/v1/batches/{batch['id']}/cancel")
     return seconds
 
 
 async def beside_flood(client: httpx.AsyncClient, url: str, args: argparse.Namespace) -> list[float]:
-    flood = [asyncio.ensure_future(client.post(f"{url}/v1/chat/completions", timeout=args.timeout, json=chat(
-        args.model_name, QUESTIONS[i % len(QUESTIONS)], args.bulk_tokens))) for i in range(args.lines)]
+    """The interactive requests while --lines bulk requests stay in flight: each one that finishes is
+    replaced at once, so the bulk work lasts as long as the interactive requests do (a fixed flood would
+    drain during the first interactive request, and the rest would be timed on an idle server)."""
+    stop = asyncio.Event()
+
+    async def bulk_stream(i: int) -> None:
+        while not stop.is_set():
+            await client.post(f"{url}/v1/chat/completions", timeout=args.timeout,
+                              json=chat(args.model_name, QUESTIONS[i % len(QUESTIONS)], args.bulk_tokens))
+
+    flood = [asyncio.ensure_future(bulk_stream(i)) for i in range(args.lines)]
     await asyncio.sleep(0.5)
     seconds = await interactive(client, url, args)
+    stop.set()
     for task in flood:  # closing the connections aborts them in the engine
         task.cancel()
     await asyncio.gather(*flood, return_exceptions=True)
