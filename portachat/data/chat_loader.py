@@ -319,6 +319,20 @@ class DataLengths:
         return batch_size, width, batch_size * self.most_supervised
 
 
+def longest_chat_row(convs: Sequence[Conversation], render: Render, seq_len: int, bucket: Bucket, pack: bool,
+                     lengths: dict[int, int]) -> int:
+    """The widest batch the data makes: its longest conversation's bucket (packed rows: the whole row).
+    Every rendered length goes into `lengths` (what `ChatLoader(length_cache=...)` keeps: the stage's
+    loaders and planner share it, so nothing is rendered twice)."""
+    if pack:
+        return seq_len
+    for i, conv in enumerate(convs):
+        if i not in lengths:
+            lengths[i] = len(render(conv["messages"], seq_len + 1)[0])
+    longest = max((max(1, min(n, seq_len + 1) - 1) for n in lengths.values()), default=1)
+    return bucket(longest, seq_len)
+
+
 def data_lengths(conversations: Sequence[Any], render: Callable[[Any, int | None], tuple[list[int], list[int]]],
                  seq_len: int, sample: int = 5000) -> DataLengths:
     """Lengths of (up to `sample`, evenly spaced) conversations rendered for rows of seq_len + 1 tokens."""

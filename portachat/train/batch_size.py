@@ -44,7 +44,7 @@ class BatchSizeResult:
     safety: float
     probes: list[Probe] = field(default_factory=list)
 
-    def batch_for_total(self, total_batch_tokens: int, seq_len: int, world_size: int = 1) -> tuple[int, int]:
+    def batch_for_total(self, total_batch_tokens: int | None, seq_len: int, world_size: int = 1) -> tuple[int, int]:
         """(device batch, accumulation steps) for an exact `total_batch_tokens`: the largest batch that fits
         and divides the total (what `--device-batch-size auto` trains with)."""
         batch = largest_dividing_batch(self.batch_size, total_batch_tokens, seq_len, world_size)
@@ -232,8 +232,7 @@ def batch_for_budget(
     found = search_batch_size(measure, dev, memory_limit=memory_limit, max_batch_size=cap, say=say)
     if found.batch_size == 0:
         return found, 0, 0
-    batch = largest_dividing_batch(found.batch_size, total_batch_tokens, seq_len, world_size)
-    return found, batch, grad_accum_steps(total_batch_tokens, batch, seq_len, world_size)
+    return found, *found.batch_for_total(total_batch_tokens, seq_len, world_size)
 
 
 def auto_device_batch_size(

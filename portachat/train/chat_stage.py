@@ -22,8 +22,8 @@ from portachat.data.chat_data import (
 )
 from portachat.data.chat_loader import (
     ChatLoader,
-    data_lengths,
     iter_chat_val_batches,
+    longest_chat_row,
 )
 from portachat.data.synthetic.tasks import MIXED_TURNS
 from portachat.device import Device
@@ -122,13 +122,10 @@ def run_chat_stage(opts: ChatOptions, dev: Device | None = None, print_fn=print)
     bucket = row_bucket(dev.type, dev.compile)
     pack = defaults.pack if opts.pack is None else opts.pack
 
-    def longest_row() -> int:  # what `auto` probes: the data's longest conversation, padded as batches are
-        if pack:  # packed rows fill the whole row
-            return cfg.max_seq_len
-        render = lambda m, n: render_conversation(tokenizer, m, n)  # noqa: E731
-        return bucket(data_lengths(train_convs, render, cfg.max_seq_len).longest, cfg.max_seq_len)
-
-    cfg = resolve_device_batch_size(cfg, model, dev, env, say, row_len=longest_row)
+    render = lambda m, n: render_conversation(tokenizer, m, n)  # noqa: E731
+    lengths: dict[int, int] = {}  # rendered lengths, shared by `auto`'s probe width, the planner and every stream
+    cfg = resolve_device_batch_size(cfg, model, dev, env, say, row_len=lambda: longest_chat_row(
+        train_convs, render, cfg.max_seq_len, bucket, pack, lengths))
     scale = defaults.lr_scale if opts.lr_scale is None else opts.lr_scale
     cfg = replace(cfg, muon_momentum_warmup=0, optim=cfg.optim.scaled(scale),
                   warmdown_ratio=defaults.warmdown_ratio if opts.warmdown_ratio is None else opts.warmdown_ratio)
@@ -140,11 +137,9 @@ def run_chat_stage(opts: ChatOptions, dev: Device | None = None, print_fn=print)
         say("[portachat] " + _("NOTE: no --data given: training on the built-in SYNTHETIC task conversations (offline)."))
     say(f"[portachat] {opts.stage}: " + _("starting from {path}").format(path=init_from or resume_from))
     streams = env.world_size * cfg.grad_accum_steps(env.world_size)
-    lengths: dict[int, int] = {}  # rendered lengths, shared by the planner and every stream
     if opts.num_iterations is not None:
         cfg = replace(cfg, num_iterations=opts.num_iterations)
     else:
-        render = lambda m, n: render_conversation(tokenizer, m, n)  # noqa: E731
         cfg = replace(cfg, num_iterations=plan_iterations(train_convs, render, cfg, pack, opts.num_epochs, streams,
                                                           bucket, lengths))
 

@@ -293,7 +293,8 @@ def run_distill(opts: DistillOptions, dev: Device | None = None, print_fn=print)
     split = ChatOptions(stage="sft", data=opts.data, max_conversations=opts.max_conversations, eval_examples=0)
     # `--device-batch-size auto` probes the teacher's forward too (a remote one's answer takes only its top k)
     in_process = isinstance(teacher, InProcessTeacher)
-    probe = DistillHook(model, teacher if in_process else ProbeTeacher(model.config.vocab_size), loss)
+    hook = DistillHook(model, teacher, loss)
+    probe = hook if in_process else DistillHook(model, ProbeTeacher(model.config.vocab_size), loss)
     data = plan_chat_data(STAGE, split, base, cfg, dev, env, lr, False, opts.num_epochs, opts.num_iterations, say,
                           loss=probe, resident=[teacher.model] if in_process else [],
                           describe=_("--device-batch-size auto probes rows of {n} tokens, the teacher's forward "
@@ -301,7 +302,6 @@ def run_distill(opts: DistillOptions, dev: Device | None = None, print_fn=print)
     cfg, train_convs, val_convs, described, bucket, lengths = (
         data.cfg, data.train, data.val, data.described, data.bucket, data.lengths)
     B, T, pad = cfg.device_batch_size, cfg.max_seq_len, pad_id(base.tokenizer)
-    hook = DistillHook(model, teacher, loss)
     val = val_convs[: opts.val_conversations]
     prompts = reply_prompts(train_convs, base) if opts.on_policy > 0 else []
     chat_tok = chat_tokenizer_of(base)

@@ -29,7 +29,7 @@ from portachat.checkpoint.trainer_state import collect_optimizers, save_rng, wri
 from portachat.checkpoint.writer import gather_positions, gather_rngs, step_directory
 from portachat.data.batch import Batch
 from portachat.data.chat_data import Conversation
-from portachat.data.chat_loader import Bucket, ChatLoader, rows_to_batch
+from portachat.data.chat_loader import Bucket, ChatLoader, longest_chat_row, rows_to_batch
 from portachat.device import Device, DistEnv
 from portachat.device.policy import finetune_activation_checkpointing
 from portachat.device.shapes import pad_bucket, row_bucket
@@ -49,7 +49,7 @@ from portachat.tokenizer.template_masks import render_template_conversation, ren
 from portachat.train.chat_eval import is_correct
 from portachat.train.chat_stage import ChatOptions, split_conversations
 from portachat.train.engine_copy import engine_weights
-from portachat.train.finetune_batch import longest_chat_row, probe_rows, resolve_finetune_batch_size
+from portachat.train.finetune_batch import probe_rows, resolve_finetune_batch_size
 from portachat.train.finetune_optim import finetune_optimizer
 from portachat.train.hooks import LossHook, token_loss
 from portachat.train.lora import (

@@ -23,8 +23,6 @@ import torch
 from torch import nn
 
 from portachat.data.batch import Batch
-from portachat.data.chat_data import Conversation
-from portachat.data.chat_loader import Bucket, Render
 from portachat.device import Device, DistEnv
 from portachat.device.policy import auto_batch_max_positions
 from portachat.i18n import _
@@ -94,19 +92,6 @@ def finetune_peak(model: nn.Module, make_batch: Callable[[], Batch], loss: LossH
         model.zero_grad(set_to_none=True)
         model.train(was_training)
         dev.set_rng_state(rng)
-
-
-def longest_chat_row(convs: Sequence[Conversation], render: Render, seq_len: int, bucket: Bucket, pack: bool,
-                     lengths: dict[int, int]) -> int:
-    """The widest batch the data makes: its longest conversation's bucket (packed rows: the whole row).
-    Every rendered length goes into `lengths`, the cache the stage's loaders share (they render them all)."""
-    if pack:
-        return seq_len
-    for i, conv in enumerate(convs):
-        if i not in lengths:
-            lengths[i] = len(render(conv["messages"], seq_len + 1)[0])
-    longest = max((max(1, min(n, seq_len + 1) - 1) for n in lengths.values()), default=1)
-    return bucket(longest, seq_len)
 
 
 def resolve_finetune_batch_size(cfg: TrainConfig, model: nn.Module, dev: Device, env: DistEnv,

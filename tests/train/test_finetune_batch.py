@@ -10,6 +10,7 @@ import re
 import pytest
 import torch
 
+from portachat.data.chat_loader import longest_chat_row
 from portachat.device import DistEnv, get_device
 from portachat.device.memory import MemoryStats
 from portachat.device.shapes import row_bucket
@@ -19,7 +20,6 @@ from portachat.train.dpo import DPOOptions, run_dpo
 from portachat.train.finetune import FinetuneOptions, load_base, run_finetune
 from portachat.train.finetune_batch import (
     finetune_peak,
-    longest_chat_row,
     probe_rows,
     resident_bytes,
     resolve_finetune_batch_size,
