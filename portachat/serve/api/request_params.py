@@ -48,8 +48,14 @@ def sampling_params(state: ModelLease, req: ChatCompletionRequest | CompletionRe
         return SamplingParams.from_request(fields, state.model.generation_defaults, OPENAI_FALLBACK,
                                            vocab_size=state.model.tokenizer.vocab_size)
     except SamplingError as exc:
-        raise APIError(400, str(exc), param=param if exc.param == "max_tokens" else exc.param,
-                       code="invalid_value") from None
+        raise sampling_error(exc, param) from None
+
+
+def sampling_error(exc: SamplingError, max_tokens_param: str) -> APIError:
+    """A sampling check's refusal as a 400 naming the request's field (max_tokens may have come from
+    max_completion_tokens)."""
+    return APIError(400, str(exc), param=max_tokens_param if exc.param == "max_tokens" else exc.param,
+                    code="invalid_value")
 
 
 def requested_max_tokens(req: ChatCompletionRequest | CompletionRequest) -> tuple[int | None, str]:
@@ -83,8 +89,7 @@ def check_sampling(req: ChatCompletionRequest | CompletionRequest) -> None:
     try:
         with_fields(SamplingParams(), fields)
     except SamplingError as exc:
-        raise APIError(400, str(exc), param=param if exc.param == "max_tokens" else exc.param,
-                       code="invalid_value") from None
+        raise sampling_error(exc, param) from None
 
 
 def logit_bias(req: ChatCompletionRequest | CompletionRequest) -> dict[int, float]:
