@@ -29,4 +29,5 @@ for name, env in (("torch", "PORTACHAT_EXPECT_TORCH"), ("torch_npu", "PORTACHAT_
                  f"--base or build arguments to scripts/build_image.sh")
     print(f"[image] {name} {have} (as labelled)")
 PY
-rm -rf "$HOME/.cache/pip"
+# pip's cache stays out of the image (unless the build mounted one there to reuse: then it is kept)
+grep -qs " $HOME/.cache/pip " /proc/self/mountinfo || rm -rf "$HOME/.cache/pip"

@@ -39,5 +39,6 @@ fi
 for group in HwHiAiUser video render; do
   if getent group "$group" >/dev/null 2>&1; then usermod -aG "$group" portachat; fi
 done
-mkdir -p /data /opt/portachat
-chown portachat:portachat /data /opt/portachat
+home=$(getent passwd portachat | cut -d: -f6)
+mkdir -p /data /opt/portachat "$home/.cache"
+chown portachat:portachat /data /opt/portachat "$home/.cache"
