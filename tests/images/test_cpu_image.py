@@ -27,7 +27,7 @@ import openai
 import pytest
 
 from scripts import choose_torch
-from tests.serve.api_testing import free_port, wait_healthy
+from tests.serve.api_testing import free_port
 from tests.smollm2 import smollm2_gguf_path
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -94,12 +94,16 @@ def pip_mounts(tmp: Path) -> list[str]:
     for line in listed:  # e.g. global.find-links='/opt/wheels' or :env:.find-links='/opt/wheels'
         key, _, value = line.partition("=")
         name = key.rsplit(".", 1)[-1]
-        if name in ("find-links", "index-url", "extra-index-url"):
+        if name in ("find-links", "index-url", "extra-index-url", "cert"):
             settings[name] = value.strip("'\"")
     conf = tmp / "pip.conf"
     conf.write_text("[global]\n" + "".join(f"{k} = {v}\n" for k, v in settings.items()))
     mounts = ["-v", f"{conf}:/etc/pip.conf:ro"]
-    for value in settings.values():
+    if os.path.isfile(settings.get("cert", "")):  # the CA bundle this machine's HTTPS to PyPI needs
+        mounts += ["-v", f"{settings['cert']}:{settings['cert']}:ro"]
+    for name, value in settings.items():
+        if name == "cert":
+            continue
         for location in value.split():
             path = Path(location.removeprefix("file://"))
             if path.is_absolute() and path.is_dir():
@@ -113,14 +117,21 @@ def pip_mounts(tmp: Path) -> list[str]:
     return mounts + ["-v", f"{cache}:/home/portachat/.cache/pip"]
 
 
+def healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
 def sandbox(rootfs: str, config: dict, data: Path, args: list[str], env: dict[str, str]) -> list[str]:
-    """bubblewrap standing in for `podman run`: the image's filesystem (a throw-away writable layer on
-    top), its environment, working directory and user, /data bound as the volume, the host's network."""
+    """bubblewrap standing in for `podman run --read-only`: the image's filesystem (read-only, a tmpfs on
+    /tmp), its environment, working directory and user, /data bound as the volume, the host's network."""
     passwd = (Path(rootfs) / "etc/passwd").read_text().splitlines()
     user = config.get("User") or "root"
     uid, gid = next(line.split(":")[2:4] for line in passwd if line.split(":")[0] == user)
-    cmd = ["bwrap", "--overlay-src", rootfs, "--tmp-overlay", "/", "--dev", "/dev", "--proc", "/proc",
-           "--tmpfs", "/tmp", "--bind", str(data), "/data", "--unshare-pid", "--unshare-ipc",
+    cmd = ["bwrap", "--ro-bind", rootfs, "/", "--dev", "/dev", "--proc", "/proc",
+           "--perms", "1777", "--tmpfs", "/tmp", "--bind", str(data), "/data", "--unshare-pid", "--unshare-ipc",
            "--die-with-parent", "--clearenv", "--chdir", config.get("WorkingDir") or "/"]
     for item in config.get("Env") or []:
         key, _, value = item.partition("=")
@@ -168,16 +179,19 @@ def server(image, tmp_path_factory):
             "--max-model-len", "1024", "--kv-cache-gb", "0.5", "--log-level", "warning"]
     env = {"PORTACHAT_PORT": str(port), "OMP_NUM_THREADS": "2", "PORTACHAT_API_KEY": API_KEY}
     started = time.monotonic()
-    proc = subprocess.Popen(sandbox(rootfs, config, data, args, env), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    log = data.parent / "serve.log"  # a file, not a pipe nobody drains while it runs
+    with open(log, "w") as err:
+        proc = subprocess.Popen(sandbox(rootfs, config, data, args, env), stdout=subprocess.DEVNULL, stderr=err)
     url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, timeout_s=300)
-    except TimeoutError:
-        proc.kill()
-        pytest.fail(f"the image's server did not come up: {proc.communicate()[1][-3000:]}")
+    deadline = time.monotonic() + 300
+    while not healthy(url):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            proc.wait(30)
+            pytest.fail(f"the image's server did not come up: {log.read_text()[-3000:]}")
+        time.sleep(0.2)
     print(f"\n[image] portachat serve healthy {time.monotonic() - started:.0f} s after start")
-    yield url, rootfs, config, data, port
+    yield url, rootfs, info, data, port
     proc.terminate()
     try:
         proc.wait(60)
@@ -208,8 +222,9 @@ def test_serve_in_the_image_answers_through_the_openai_client(server):
 
 
 def test_the_image_health_check_passes_and_serve_without_a_key_stops(server):
-    url, rootfs, config, data, port = server
-    check = config["Healthcheck"]["Test"]
+    url, rootfs, info, data, port = server
+    config = info["Config"]
+    check = info["Healthcheck"]["Test"]  # podman lists it beside Config
     assert check[0] == "CMD", check
     bare = {**config, "Entrypoint": []}
     health = subprocess.run(sandbox(rootfs, bare, data, check[1:], {"PORTACHAT_PORT": str(port)}),
