@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -89,8 +90,9 @@ def test_bad_target_and_missing_engine_fail_clearly(tmp_path):
     # a PATH with the shell and Python but no podman or docker
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for tool in ("bash", "python3", "dirname", "sed"):
+    for tool in ("bash", "dirname", "sed"):
         (bin_dir / tool).symlink_to(shutil.which(tool))
+    (bin_dir / "python3").symlink_to(os.path.realpath(sys.executable))
     env = {"PATH": str(bin_dir), "HOME": str(tmp_path)}
     dry = build_image("cpu", "--dry-run", env=env)
     assert dry.returncode == 0 and "[image] engine: none found" in dry.stdout
