@@ -2,13 +2,16 @@
 # The user step of every portachat image: scripts/setup.sh, the project's own install, so an image gets
 # the torch build setup.sh chooses (or the one the build arguments name) and the same constraints file.
 # A base whose Python already has torch (ROCm's and Hygon's PyTorch images) keeps that torch: the venv
-# sees the base's packages and setup.sh pins what it finds. Then the torch installed is checked against
-# the versions the image's labels state (PORTACHAT_EXPECT_TORCH / PORTACHAT_EXPECT_TORCH_NPU).
+# sees the base's package directories (a .pth file; --system-site-packages would miss a base that is itself
+# a venv or conda, as rocm/pytorch's /opt/venv is) and setup.sh pins the torch it finds. Then the torch
+# installed is checked against the versions the labels state (PORTACHAT_EXPECT_TORCH, ..._TORCH_NPU).
 set -eu
 cd /opt/portachat
 if [ ! -x .venv/bin/python ] && python3 -c 'import torch' 2>/dev/null; then
   echo "[image] the base's Python has torch $(python3 -c 'import torch; print(torch.__version__)'): keeping it"
-  python3 -m venv --system-site-packages .venv
+  python3 -m venv .venv
+  purelib=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+  python3 -c 'import site; print("\n".join(site.getsitepackages()))' > "$purelib/portachat-base-packages.pth"
 fi
 bash scripts/setup.sh
 .venv/bin/python - <<'PY'
