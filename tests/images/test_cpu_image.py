@@ -117,6 +117,13 @@ def pip_mounts(tmp: Path) -> list[str]:
     return mounts + ["-v", f"{cache}:/home/portachat/.cache/pip"]
 
 
+def report(config: pytest.Config, line: str) -> None:
+    """A line on the terminal whether or not output is captured (CI's log shows the image's size)."""
+    reporter = config.pluginmanager.getplugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"[image] {line}")
+
+
 def healthy(url: str) -> bool:
     try:
         return httpx.get(f"{url}/health", timeout=5).status_code == 200
@@ -142,13 +149,15 @@ def sandbox(rootfs: str, config: dict, data: Path, args: list[str], env: dict[st
 
 
 @pytest.fixture(scope="module")
-def image(tmp_path_factory):
+def image(tmp_path_factory, pytestconfig):
     if os.geteuid() != 0:
         pytest.skip("building and mounting images here needs root (podman image mount, debootstrap)")
     ensure_tools()
     started = time.monotonic()
     ensure_base()
     based = time.monotonic()
+    before = subprocess.run(["podman", "image", "inspect", "--format", "{{.Id}}", IMAGE_TAG], capture_output=True,
+                            text=True).stdout.strip()
     build = ["bash", "scripts/build_image.sh", "cpu", "--base", BASE_TAG, "--tag", IMAGE_TAG, "--",
              # chroot: this VM's crun cannot start containers; the local wheels instead of the CPU index
              "--isolation", "chroot", "--build-arg", "PORTACHAT_TORCH_INDEX=",
@@ -156,8 +165,10 @@ def image(tmp_path_factory):
     run(build, cwd=REPO, timeout=1500)
     built = time.monotonic()
     info = json.loads(run(["podman", "image", "inspect", IMAGE_TAG]).stdout)[0]
-    print(f"\n[image] base {based - started:.0f} s, build {built - based:.0f} s; {IMAGE_TAG}: "
-          f"{info['Size'] / 2**20:.0f} MiB")
+    if before and before != info["Id"]:  # the previous build of this tag, now untagged: 2 GB not to keep
+        subprocess.run(["podman", "image", "rm", before], capture_output=True, timeout=300)
+    report(pytestconfig, f"base {based - started:.0f} s, build {built - based:.0f} s; {IMAGE_TAG}: "
+                         f"{info['Size'] / 2**20:.0f} MiB")
     rootfs = run(["podman", "image", "mount", IMAGE_TAG]).stdout.strip()
     try:
         yield rootfs, info
@@ -166,7 +177,7 @@ def image(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(image, tmp_path_factory):
+def server(image, tmp_path_factory, pytestconfig):
     rootfs, info = image
     config = info["Config"]
     data = tmp_path_factory.mktemp("data")
@@ -190,7 +201,7 @@ def server(image, tmp_path_factory):
             proc.wait(30)
             pytest.fail(f"the image's server did not come up: {log.read_text()[-3000:]}")
         time.sleep(0.2)
-    print(f"\n[image] portachat serve healthy {time.monotonic() - started:.0f} s after start")
+    report(pytestconfig, f"portachat serve in the image healthy {time.monotonic() - started:.0f} s after start")
     yield url, rootfs, info, data, port
     proc.terminate()
     try:
