@@ -120,8 +120,10 @@ def pip_mounts(tmp: Path) -> list[str]:
 def report(config: pytest.Config, line: str) -> None:
     """A line on the terminal whether or not output is captured (CI's log shows the image's size)."""
     reporter = config.pluginmanager.getplugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(f"[image] {line}")
+    capture = config.pluginmanager.getplugin("capturemanager")
+    if reporter is not None and capture is not None:
+        with capture.global_and_fixture_disabled():
+            reporter.write_line(f"[image] {line}")
 
 
 def healthy(url: str) -> bool:
