@@ -22,11 +22,10 @@ from portachat.engine.loading import LoadOptions, engine_for_model, load_served_
 from portachat.eval.data_files import EvalDataError, default_data_path, resolve_data
 from portachat.eval.report import EvalResult
 from portachat.eval.sandbox import SandboxLimits, SandboxUnavailable, require_isolation
+from portachat.eval.tasks import CHOICES, TASKS
 from portachat.i18n import _
 from portachat.model.load import load_for_inference
 
-TASKS = ("bpb", "synthetic", "gsm8k", "arc", "mmlu", "ceval", "cmmlu", "humaneval")
-CHOICES = (*TASKS, "core", "all")
 MAX_EVAL_CONTEXT = 2048
 
 

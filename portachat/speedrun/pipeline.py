@@ -9,7 +9,6 @@ resumes the interrupted one from its latest checkpoint.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,13 +25,14 @@ from portachat.eval.run import EvalOptions, run_evals
 from portachat.i18n import N_, _, gettext
 from portachat.speedrun.presets import Preset, StagePlan, choose_preset, price_per_device_hour
 from portachat.speedrun.report import hardware_summary, write_report
+from portachat.speedrun.stages import STAGES
+from portachat.storage.atomic import write_text_atomic
 from portachat.storage.runs import list_steps
 from portachat.train.base import BaseOptions, prepare_tokenizer, run_base
 from portachat.train.chat_stage import ChatOptions, run_chat_stage
 from portachat.train.rl import RLOptions, run_rl
 from portachat.train.trainer import TrainConfig
 
-STAGES = ("tokenizer", "base", "mid", "sft", "rl", "eval")
 STATE_FILE = "speedrun.json"
 SYNTHETIC_NOTE = N_("built-in synthetic curriculum (offline)")  # stored in the state, shown translated
 
@@ -70,9 +70,7 @@ def load_state(run_dir: Path) -> dict[str, Any]:
 
 def save_state(run_dir: Path, state: dict[str, Any]) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = run_dir / f".{STATE_FILE}.tmp"
-    tmp.write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")  # stage order is the report order
-    os.replace(tmp, run_dir / STATE_FILE)
+    write_text_atomic(run_dir / STATE_FILE, json.dumps(state, indent=2) + "\n")  # stage order is the report order
 
 
 def _plan(preset: Preset, stage: str, overrides: dict[str, Any]) -> StagePlan:

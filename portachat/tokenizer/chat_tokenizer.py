@@ -24,13 +24,13 @@ from typing import Any
 from tokenizers import Tokenizer as HFTokenizer
 
 from portachat.i18n import _
+from portachat.storage.atomic import write_text_atomic
 from portachat.tokenizer.bpe import (
     OUTPUT_END,
     OUTPUT_START,
     PYTHON_END,
     PYTHON_START,
     Tokenizer,
-    _atomic_write,
     _byte_decoder,
 )
 from portachat.tokenizer.chat import render_for_completion
@@ -302,8 +302,8 @@ class TemplateChatTokenizer:
         config = {**self.tokenizer_config, "chat_template": self.chat_template}
         if model_max_length is not None:
             config["model_max_length"] = int(model_max_length)
-        _atomic_write(directory / "tokenizer.json", self._hf_template.to_str(pretty=True))
-        _atomic_write(directory / "tokenizer_config.json", json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+        write_text_atomic(directory / "tokenizer.json", self._hf_template.to_str(pretty=True))
+        write_text_atomic(directory / "tokenizer_config.json", json.dumps(config, indent=2, ensure_ascii=False) + "\n")
 
     # ---- rendering -------------------------------------------------------------------------
 
