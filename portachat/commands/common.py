@@ -56,4 +56,5 @@ def later(group: str, function: str) -> Callable[[argparse.Namespace], int]:
         return getattr(importlib.import_module(f"portachat.commands.run.{group}"), function)(args)
 
     run.__qualname__ = run.__name__ = function
+    run.target = (group, function)  # type: ignore[attr-defined] - what it runs, for tests and debugging
     return run

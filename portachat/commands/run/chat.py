@@ -10,7 +10,8 @@ import sys
 from portachat.commands.run.inference import load_options, sampling_params
 from portachat.engine.loading import load_served_model
 from portachat.i18n import _
-from portachat.serve.terminal_chat import CHAT_FALLBACK, ChatSession, chat_loop, stream_reply
+from portachat.serve.fallbacks import CHAT_FALLBACK
+from portachat.serve.terminal_chat import ChatSession, chat_loop, stream_reply
 
 
 def cmd_chat(args: argparse.Namespace) -> int:

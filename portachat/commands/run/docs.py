@@ -31,7 +31,6 @@ def _store(args: argparse.Namespace):
 
 def _model(args: argparse.Namespace, recorded: str | None):
     """The embedding model, named as the collection records it (so the server and the CLI share collections)."""
-
     if not args.embedding_model:
         _fail(_("give --embedding-model PATH (an embedding model directory, e.g. all-MiniLM-L6-v2; the server's "
                 "--model NAME=PATH for it names the same directory)"))

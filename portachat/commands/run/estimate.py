@@ -32,7 +32,6 @@ from portachat.train.batch_size import measure_training_peak
 
 def model_config_from_args(args: argparse.Namespace):
     """(GPTConfig, name): the --hf-config's sizes (named by its path) or our --depth model (named by the estimator)."""
-
     if args.hf_config is not None:
         config = gguf_hf_config(args.hf_config) if is_gguf(args.hf_config) else load_hf_config(args.hf_config)
         return sizes_config(config), str(args.hf_config)
@@ -76,7 +75,6 @@ def cmd_estimate_memory(args: argparse.Namespace) -> int:
 def setup_from_data(args: argparse.Namespace, setup):
     """The micro-batch the data really makes: rows padded to its longest conversation's bucket (the
     device's: --device), or the --tokens-per-batch budget's worth; supervised positions from its masks."""
-
     source = args.tokenizer or args.hf_config
     if source is None:
         raise ValueError(_("--data needs the tokenizer that renders it: pass --tokenizer (a model directory, "

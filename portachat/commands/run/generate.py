@@ -16,7 +16,8 @@ from portachat.engine.served import ServedModel
 from portachat.i18n import _
 from portachat.serve.api.local import local_app
 from portachat.serve.api.state import ServerSettings
-from portachat.serve.batch import GENERATE_FALLBACK, BatchInputError, generate_file, read_input
+from portachat.serve.batch import BatchInputError, generate_file, read_input
+from portachat.serve.fallbacks import GENERATE_FALLBACK
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

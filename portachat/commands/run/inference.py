@@ -40,7 +40,6 @@ def load_options(args: argparse.Namespace):
 
 def speculative_options(args: argparse.Namespace):
     """SpeculativeOptions from the flags, or None when --speculative-model is not given."""
-
     flags = {"num_speculative_tokens": "num_speculative_tokens", "prompt_lookup_max": "ngram_prompt_lookup_max",
              "prompt_lookup_min": "ngram_prompt_lookup_min", "max_batch": "speculative_max_batch",
              "draft_vocab_size": "speculative_draft_vocab"}  # option -> its flag's dest; fmt: skip

@@ -38,7 +38,6 @@ WORKER_FAILURE_GRACE_S = 1.0  # a dead worker: /health says 503 this long before
 
 def model_specs(args: argparse.Namespace) -> list:
     """`--model [NAME=]PATH` (repeatable, loaded at start-up) and `--models-dir` (loaded on demand)."""
-
     given = [parse_model_arg(text) for text in args.model or []]
     if args.served_model_name and len(given) != 1:
         raise SystemExit("portachat serve: " + _("error: {message}").format(message=_(
@@ -69,7 +68,6 @@ def model_specs(args: argparse.Namespace) -> list:
 def lora_args(values: list[str]) -> tuple[str | None, list[tuple[str, str]]]:
     """`--lora PATH` (folded into the one model's weights; at most one) and `--lora NAME=PATH`
     (served as model NAME on its base's engine, batched with it)."""
-
     parsed = [parse_model_arg(v) for v in values]
     folded = [path for name, path in parsed if name is None]
     if len(folded) > 1:
@@ -81,7 +79,6 @@ def lora_args(values: list[str]) -> tuple[str | None, list[tuple[str, str]]]:
 
 def adapter_specs(adapters: list[tuple[str, str]], models: list, models_dir: str | None) -> list:
     """Registry entries for `--lora NAME=PATH` and the adapters found under --models-dir."""
-
     out = []
     pinned = {s.name for s in models if s.pinned}
     only = models[0].name if len(models) == 1 else None  # the one served model is every adapter's base

@@ -30,7 +30,6 @@ from portachat.train.trainer import TrainConfig, TrainingError
 
 def train_config(args: argparse.Namespace, dev, **overrides) -> object:
     """The TrainConfig the shared training flags ask for; `overrides`: a stage's own fields (it is frozen)."""
-
     defaults = training_defaults(dev)
     return replace(TrainConfig(
         run=args.run,
