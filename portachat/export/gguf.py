@@ -90,7 +90,7 @@ def _tensor_data(name: str, tensor: torch.Tensor, type_: str, gguf) -> tuple[np.
 
 def export_gguf(model_path: str | Path, output: str | Path, type_: str = "f16") -> GGUFExport:
     """Write the checkpoint at `model_path` as one GGUF file at `output` (atomically)."""
-    import gguf
+    import gguf  # deferred: gguf files only
 
     if type_ not in GGUF_TYPES:
         raise ExportError(_("--type {type!r} is not valid for export gguf; valid values: {valid}").format(

@@ -272,7 +272,7 @@ def unpermute_qk(weight: np.ndarray, n_head: int) -> np.ndarray:
 
 def _dequantizable_names() -> list[str]:
     """The types the installed gguf package dequantizes, for error messages (best effort: private table)."""
-    import gguf.quants
+    import gguf.quants  # deferred: gguf files only
 
     traits = getattr(gguf.quants, "_type_traits", {})
     return sorted({"F32", "F16", *(t.name for t in traits)})
@@ -280,8 +280,8 @@ def _dequantizable_names() -> list[str]:
 
 def _check_tensor_types(f: GGUFFile) -> None:
     """Fail before any work when a tensor type cannot be dequantized: one block of each type is tried."""
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-    from gguf.quants import dequantize
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType  # deferred: gguf files only
+    from gguf.quants import dequantize  # deferred: gguf files only
 
     bad = []
     for ggml_type, info in {t.ggml_type: t for t in f.tensors.values()}.items():
@@ -299,8 +299,8 @@ def _check_tensor_types(f: GGUFFile) -> None:
 
 
 def _dequantize(f: GGUFFile, name: str) -> np.ndarray:
-    from gguf.constants import GGMLQuantizationType
-    from gguf.quants import dequantize
+    from gguf.constants import GGMLQuantizationType  # deferred: gguf files only
+    from gguf.quants import dequantize  # deferred: gguf files only
 
     info = f.tensors[name]
     values = dequantize(f.raw(name), GGMLQuantizationType(info.ggml_type))

@@ -9,11 +9,14 @@ resumes the interrupted one from its latest checkpoint.
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+
+import torch.distributed as dist
 
 from portachat.checkpoint import latest_checkpoint, stage_dir
 from portachat.checkpoint.replicate import rank0_decides
@@ -75,7 +78,6 @@ def save_state(run_dir: Path, state: dict[str, Any]) -> None:
 
 def _plan(preset: Preset, stage: str, overrides: dict[str, Any]) -> StagePlan:
     plan: StagePlan = getattr(preset, stage)
-    from dataclasses import fields, replace
 
     known = {f.name for f in fields(StagePlan)}
     changes = {k.split(".", 1)[1]: v for k, v in overrides.items() if k.startswith(stage + ".")}
@@ -136,12 +138,8 @@ def run_speedrun(opts: SpeedrunOptions, dev: Device | None = None, print_fn: Cal
     state = rank0_decides(lambda: load_state(run_dir))
     if state and opts.overwrite:
         if env.is_main:
-            import shutil
-
             shutil.rmtree(run_dir)
         if env.is_distributed:
-            import torch.distributed as dist
-
             dist.barrier()
         state = {}
     if state and state.get("preset") != preset.name:
@@ -257,8 +255,6 @@ def _chat_stage(stage: str, opts: SpeedrunOptions, preset: Preset, chat_data: li
 
 
 def _rl_stage(opts: SpeedrunOptions, preset: Preset, dev: Device, say) -> dict[str, Any]:
-    from dataclasses import replace
-
     steps = int(opts.overrides.get("rl.steps", preset.rl_steps))
     group = preset.rl_samples_per_prompt
     # One micro-batch = prompts_per_step prompts x G replies (the group must share a micro-batch).
@@ -288,8 +284,6 @@ def _eval_stage(opts: SpeedrunOptions, preset: Preset, dev: Device, env: DistEnv
 
     if not env.is_main:  # evaluation is cheap next to training: rank 0 does it, the others wait
         if env.is_distributed:
-            import torch.distributed as dist
-
             dist.barrier()
         return {}
     limit = int(opts.overrides.get("eval.limit", preset.eval_limit)) or None
@@ -310,8 +304,6 @@ def _eval_stage(opts: SpeedrunOptions, preset: Preset, dev: Device, env: DistEnv
         for r in results:
             headline[f"{stage}_{r.task}"] = r.value
     if env.is_distributed:
-        import torch.distributed as dist
-
         dist.barrier()
     return headline
 

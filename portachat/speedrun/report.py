@@ -12,6 +12,8 @@ import platform
 from pathlib import Path
 from typing import Any
 
+import torch
+
 import portachat
 from portachat.i18n import N_, _, gettext
 
@@ -53,10 +55,10 @@ def series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[flo
 
 def plot_curves(run_dir: Path, out_dir: Path) -> list[tuple[str, Path]]:
     """One PNG per curve group that has data; returns [(title, path)]."""
-    import matplotlib
+    import matplotlib  # deferred: heavy, plots only
 
     matplotlib.use("Agg")  # no display on servers
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: heavy, plots only
 
     made = []
     for name, curves in CURVES.items():
@@ -191,8 +193,6 @@ def write_report(run_dir: Path, state: dict[str, Any], hardware: dict[str, Any])
 
 def hardware_summary(dev, world_size: int) -> dict[str, Any]:
     """Hardware and versions for the report, asked of the device layer."""
-    import torch
-
     info = dev.describe()
     return {
         N_("device"): f"{world_size} x {info.get('name', dev.kind)} ({dev.kind})",

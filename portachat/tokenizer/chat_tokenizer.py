@@ -116,9 +116,9 @@ class PortachatChatTokenizer:
 @lru_cache(maxsize=16)
 def _compile_template(template: str) -> Any:
     """Compile a chat template the way transformers does (sandboxed, same options and helpers)."""
-    import jinja2
-    from jinja2.ext import Extension, loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    import jinja2  # deferred: chat templates only
+    from jinja2.ext import Extension, loopcontrols  # deferred: chat templates only
+    from jinja2.sandbox import ImmutableSandboxedEnvironment  # deferred: chat templates only
 
     class GenerationTag(Extension):  # `{% generation %}` marks assistant text for HF's masks; a no-op here
         tags = {"generation"}
