@@ -16,6 +16,7 @@ import torch
 
 import portachat
 from portachat.i18n import N_, _, gettext
+from portachat.storage.atomic import write_text_atomic
 
 # (stage, log key, label) curves drawn when the stage logged them.
 CURVES: dict[str, list[tuple[str, str]]] = {
@@ -185,9 +186,7 @@ def write_report(run_dir: Path, state: dict[str, Any], hardware: dict[str, Any])
     curves = plot_curves(run_dir, run_dir)
     text = render_report(state, hardware, curves, run_dir)
     path = run_dir / "report.md"
-    tmp = run_dir / ".report.md.tmp"
-    tmp.write_text(text + "\n", encoding="utf-8")
-    tmp.replace(path)
+    write_text_atomic(path, text + "\n")
     return path
 
 
