@@ -45,8 +45,6 @@ SPLIT_PATTERN = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 PRE_TOKENIZER_NAME = "qwen2"
-# The previous default (GPT-4's pattern with 1-2 digit groups): no llama.cpp pre-tokenizer splits this way.
-LEGACY_SPLIT_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
 # Split patterns llama.cpp knows -> its pre-tokenizer name (tokenizer.ggml.pre).
 KNOWN_PRE_TOKENIZERS = {
     SPLIT_PATTERN: PRE_TOKENIZER_NAME,
