@@ -38,20 +38,19 @@ _HF_OF_GLOBAL = {gguf: hf for hf, gguf in GLOBAL_NAMES.items()}
 def gguf_name(hf_name: str) -> str | None:
     """llama.cpp's name for an HF parameter (`model.layers.3.self_attn.q_proj.weight` -> `blk.3.attn_q.weight`),
     or None for a parameter llama.cpp has no name for."""
-    if hf_name in GLOBAL_NAMES:
-        return GLOBAL_NAMES[hf_name]
-    m = _HF_LAYER.fullmatch(hf_name)
-    if m and m.group(2) in LAYER_NAMES:
-        return f"blk.{m.group(1)}.{LAYER_NAMES[m.group(2)]}"
-    return None
+    return _rename(hf_name, GLOBAL_NAMES, _HF_LAYER, LAYER_NAMES, "blk")
 
 
 def hf_name(gguf_name: str) -> str | None:
     """The HF parameter name of a GGUF tensor (`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`),
     or None for a tensor this table does not know."""
-    if gguf_name in _HF_OF_GLOBAL:
-        return _HF_OF_GLOBAL[gguf_name]
-    m = _GGUF_LAYER.fullmatch(gguf_name)
-    if m and m.group(2) in _HF_OF_LAYER:
-        return f"model.layers.{m.group(1)}.{_HF_OF_LAYER[m.group(2)]}"
+    return _rename(gguf_name, _HF_OF_GLOBAL, _GGUF_LAYER, _HF_OF_LAYER, "model.layers")
+
+
+def _rename(name: str, whole: dict[str, str], layer: re.Pattern[str], in_layer: dict[str, str], prefix: str) -> str | None:
+    if name in whole:
+        return whole[name]
+    m = layer.fullmatch(name)
+    if m and m.group(2) in in_layer:
+        return f"{prefix}.{m.group(1)}.{in_layer[m.group(2)]}"
     return None
