@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from portachat.device import get_device
+from portachat.device import Device, get_device
 from portachat.i18n import _
 
 
-def device_from_args(args: argparse.Namespace):
+def device_from_args(args: argparse.Namespace) -> Device:
     """The Device for --device / --dtype / --compile (each None = auto / environment)."""
     compile_flag = None if getattr(args, "compile", None) is None else args.compile == "1"
     return get_device(kind=getattr(args, "device", None), dtype=getattr(args, "dtype", None), compile=compile_flag)

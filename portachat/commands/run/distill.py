@@ -9,13 +9,13 @@ import argparse
 from portachat.commands.launch import maybe_launch
 from portachat.commands.run.common import device_from_args, report_result
 from portachat.commands.run.train import train_config
-from portachat.device import destroy_distributed, dist_env
+from portachat.device import Device, destroy_distributed, dist_env
 from portachat.train.distill import DistillOptions, run_distill
 from portachat.train.distill_loss import LOSSES, DistillLoss
 from portachat.train.lora import lora_from_flags
 
 
-def distill_options(args: argparse.Namespace, dev) -> object:
+def distill_options(args: argparse.Namespace, dev: Device) -> DistillOptions:
     lora = lora_from_flags(args.lora_rank, args.lora_alpha, args.lora_targets, args.lora_dropout)
     beta = args.beta if args.beta is not None else LOSSES[args.loss]
     loss = DistillLoss(beta=beta, temperature=args.temperature, alpha=args.alpha, top_k=args.top_k or None)

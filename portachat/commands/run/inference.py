@@ -1,6 +1,5 @@
-"""Flags shared by the commands that load a model for inference (chat, generate, serve, eval).
-
-What runs. The flags are in commands/inference.py, which `--help` imports without torch."""
+"""What the inference commands (chat, generate, serve) make of their shared flags: the engine's
+load options and the sampling parameters. The flags themselves are in commands/inference.py."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ from portachat.i18n import _
 from portachat.model.load import GenerationDefaults
 
 
-def load_options(args: argparse.Namespace):
+def load_options(args: argparse.Namespace) -> LoadOptions:
     return LoadOptions(
         model=args.model,  # load_for_inference resolves stage dirs and run/stage names
         device=args.device,
@@ -38,7 +37,7 @@ def load_options(args: argparse.Namespace):
     )
 
 
-def speculative_options(args: argparse.Namespace):
+def speculative_options(args: argparse.Namespace) -> SpeculativeOptions | None:
     """SpeculativeOptions from the flags, or None when --speculative-model is not given."""
     flags = {"num_speculative_tokens": "num_speculative_tokens", "prompt_lookup_max": "ngram_prompt_lookup_max",
              "prompt_lookup_min": "ngram_prompt_lookup_min", "max_batch": "speculative_max_batch",

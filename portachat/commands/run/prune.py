@@ -12,7 +12,7 @@ from portachat.compress.prune_run import PruneOptions, run_prune
 from portachat.compress.recipe import CompressOptions, run_compress
 
 
-def _prune_options(args: argparse.Namespace, output: str):
+def _prune_options(args: argparse.Namespace, output: str) -> PruneOptions:
     targets = PruneTargets(num_layers=args.target_num_layers, ffn_hidden_size=args.target_ffn_hidden_size,
                            num_attention_heads=args.target_num_attention_heads,
                            num_query_groups=args.target_num_query_groups, hidden_size=args.target_hidden_size)

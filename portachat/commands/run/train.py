@@ -10,7 +10,7 @@ from dataclasses import replace
 from portachat.commands.launch import maybe_launch
 from portachat.commands.run.common import device_from_args, report_result
 from portachat.data.hub import pretraining_data_dir
-from portachat.device import destroy_distributed, dist_env
+from portachat.device import Device, destroy_distributed, dist_env
 from portachat.i18n import _
 from portachat.speedrun.presets import training_defaults
 from portachat.storage.hubs import has_hub_prefix
@@ -28,7 +28,7 @@ from portachat.train.rl import RLOptions, run_rl
 from portachat.train.trainer import TrainConfig, TrainingError
 
 
-def train_config(args: argparse.Namespace, dev, **overrides) -> object:
+def train_config(args: argparse.Namespace, dev: Device, **overrides) -> TrainConfig:
     """The TrainConfig the shared training flags ask for; `overrides`: a stage's own fields (it is frozen)."""
     defaults = training_defaults(dev)
     return replace(TrainConfig(
