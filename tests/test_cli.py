@@ -139,9 +139,9 @@ def test_tokenizer_train_and_eval_commands(capsys, shakespeare_path, tmp_path):
 
 
 @pytest.mark.parametrize(("command", "constant"), [
-    ("serve", "portachat.serve.api.request_params.OPENAI_FALLBACK"),
-    ("chat", "portachat.serve.terminal_chat.CHAT_FALLBACK"),
-    ("generate", "portachat.serve.batch.GENERATE_FALLBACK"),
+    ("serve", "portachat.serve.fallbacks.OPENAI_FALLBACK"),
+    ("chat", "portachat.serve.fallbacks.CHAT_FALLBACK"),
+    ("generate", "portachat.serve.fallbacks.GENERATE_FALLBACK"),
 ])
 def test_each_interface_shows_its_sampling_fallback_in_help(capsys, command, constant):
     # An unset temperature differs by interface (the API follows OpenAI, chat samples, generate is greedy):

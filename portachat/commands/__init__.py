@@ -2,9 +2,11 @@
 
 `cli.py` imports the modules listed here in order. A new command is a new module plus a line here.
 
-Every command module is imported to build `portachat --help`, so a module imports the library (which
-loads torch: seconds) inside its command function, each such line marked `# deferred: loads torch`;
-these are the only imports inside functions that cross a floor (import-linter still checks them).
+Every command module is imported to build `portachat --help`, so it holds only the flags and
+imports nothing that loads torch (tests/commands/test_help_torch_free.py): the defaults it shows
+come from torch-free homes (train/defaults.py, train/optim_config.py, ...). What a command runs is
+in `commands/run/<group>.py`, which imports the library at its top; the parser names it with
+`common.later(group, function)`, imported only when the command runs.
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
-"""Helpers every command module shares: flag spelling, integer parsing, device from flags."""
+"""Helpers every command module shares: flag spelling, integer parsing, the deferred dispatch to run/."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+from collections.abc import Callable
 
 from portachat.i18n import N_, _
 
@@ -18,15 +20,6 @@ def flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup, name: str, *
     if "-" in name[2:]:
         names.append("--" + name[2:].replace("-", "_"))
     parser.add_argument(*names, **kwargs)
-
-
-def report_result(result, is_main: bool) -> int:
-    """A training stage's last lines (rank 0, when it saved a model): its steps and metrics, and where the model is."""
-    if result.final_checkpoint is not None and is_main:
-        shown = ", ".join(f"{k} {v:.4f}" for k, v in result.metrics.items() if isinstance(v, float))
-        print("[portachat] " + _("done: {steps} steps; {metrics}").format(steps=result.steps, metrics=shown))
-        print("[portachat] " + _("model: {path}").format(path=result.final_checkpoint))
-    return 0
 
 
 def usage_error(message: object) -> int:
@@ -54,9 +47,14 @@ positive_int = int_at_least(1)
 nonneg_int = int_at_least(0)
 
 
-def device_from_args(args: argparse.Namespace):
-    """The Device for --device / --dtype / --compile (each None = auto / environment)."""
-    from portachat.device import get_device  # deferred: loads torch
+def later(group: str, function: str) -> Callable[[argparse.Namespace], int]:
+    """A command's `func`: `portachat.commands.run.<group>.<function>`, imported when the command runs.
+    The run modules import the library (torch) at their top; the parsers never import them, so
+    building `--help` stays torch-free (tests/commands/test_help_torch_free.py)."""
 
-    compile_flag = None if getattr(args, "compile", None) is None else args.compile == "1"
-    return get_device(kind=getattr(args, "device", None), dtype=getattr(args, "dtype", None), compile=compile_flag)
+    def run(args: argparse.Namespace) -> int:
+        return getattr(importlib.import_module(f"portachat.commands.run.{group}"), function)(args)
+
+    run.__qualname__ = run.__name__ = function
+    run.target = (group, function)  # type: ignore[attr-defined] - what it runs, for tests and debugging
+    return run

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from portachat.commands.common import EPILOG, flag, positive_int, report_result
-from portachat.commands.launch import maybe_launch
-from portachat.commands.train import add_train_flags, train_config
+from portachat.commands.common import EPILOG, flag, later, positive_int
+from portachat.commands.train import add_train_flags
 from portachat.i18n import _
+from portachat.model.config import ALL_LINEAR
+from portachat.train.defaults import FULL_LR, LORA_LR
 
 
 def _share(text: str) -> float:
@@ -17,45 +18,7 @@ def _share(text: str) -> float:
     return value
 
 
-def distill_options(args: argparse.Namespace, dev) -> object:
-    from portachat.train.distill import DistillOptions  # deferred: loads torch
-    from portachat.train.distill_loss import LOSSES, DistillLoss  # deferred: loads torch
-    from portachat.train.lora import lora_from_flags  # deferred: loads torch
-
-    lora = lora_from_flags(args.lora_rank, args.lora_alpha, args.lora_targets, args.lora_dropout)
-    beta = args.beta if args.beta is not None else LOSSES[args.loss]
-    loss = DistillLoss(beta=beta, temperature=args.temperature, alpha=args.alpha, top_k=args.top_k or None)
-    train = train_config(args, dev, tokens_per_batch=args.tokens_per_batch)
-    return DistillOptions(
-        teacher=args.teacher, teacher_model=args.teacher_model, student=args.student, student_depth=args.student_depth, data=args.data or [],
-        max_conversations=args.max_conversations, loss=loss, on_policy=args.on_policy,
-        max_new_tokens=args.max_new_tokens, sample_temperature=args.sample_temperature, lr=args.lr,
-        weight_decay=args.weight_decay, num_epochs=args.num_epochs, num_iterations=args.num_iterations,
-        max_seq_len=args.max_seq_len, lora=lora, merge=args.merge, activation_checkpointing=args.activation_checkpointing,
-        resume=args.resume, overwrite=args.overwrite, train=train,
-    )
-
-
-def cmd_distill(args: argparse.Namespace) -> int:
-    launched = maybe_launch(args)  # --nproc N: re-run this command under torchrun
-    if launched is not None:
-        return launched
-    from portachat.commands.common import device_from_args  # deferred: loads torch
-    from portachat.device import destroy_distributed, dist_env  # deferred: loads torch
-    from portachat.train.distill import run_distill  # deferred: loads torch
-
-    dev = device_from_args(args)
-    try:
-        result = run_distill(distill_options(args, dev), dev=dev)
-    finally:
-        destroy_distributed()
-    return report_result(result, dist_env().is_main)
-
-
 def register(sub) -> None:
-    from portachat.train.finetune import FULL_LR, LORA_LR  # deferred: loads torch
-    from portachat.train.lora import ALL_LINEAR  # deferred: loads torch
-
     p = sub.add_parser(
         "distill", help=_("train a smaller student to match a teacher model (knowledge distillation)"), epilog=EPILOG,
         description=_("Knowledge distillation: the student learns the teacher's next-token distributions on the "
@@ -102,4 +65,4 @@ def register(sub) -> None:
     flag(g, "--lora-dropout", type=float, default=0.0, help=_("dropout on the LoRA input (default 0)"))
     flag(g, "--merge", action="store_true", help=_("with --lora-rank: also write <stage>/merged/, the adapter folded in"))
     add_train_flags(p)
-    p.set_defaults(func=cmd_distill)
+    p.set_defaults(func=later("distill", "cmd_distill"))

@@ -2,15 +2,8 @@
 
 from __future__ import annotations
 
-import argparse
-
+from portachat.commands.common import later
 from portachat.i18n import _
-
-
-def cmd_doctor(args: argparse.Namespace) -> int:
-    from portachat.speedrun.doctor import run_doctor  # deferred: loads torch
-
-    return run_doctor(as_json=args.json, calibrate=args.calibrate)
 
 
 def register(sub) -> None:
@@ -20,4 +13,4 @@ def register(sub) -> None:
                                    "known-bad setups with their fixes. Exit code 0 = healthy, 1 = something is wrong."))
     p.add_argument("--json", action="store_true", help=_("print the report as JSON"))
     p.add_argument("--calibrate", action="store_true", help=_("measure peak matmul FLOPS (cached) for devices not in the table"))
-    p.set_defaults(func=cmd_doctor)
+    p.set_defaults(func=later("doctor", "cmd_doctor"))

@@ -2,31 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
-
-from portachat.commands.common import EPILOG, flag, int_at_least, positive_int
+from portachat.commands.common import EPILOG, flag, int_at_least, later, positive_int
+from portachat.eval.tasks import CHOICES
 from portachat.i18n import _
 
 
-def cmd_eval(args: argparse.Namespace) -> int:
-    from portachat.eval.report import format_table, to_json  # deferred: loads torch
-    from portachat.eval.run import EvalOptions, run_evals  # deferred: loads torch
-
-    opts = EvalOptions(
-        task=args.task, model=args.model, data=args.data, limit=args.limit, device=args.device, dtype=args.dtype,
-        max_tokens=args.max_tokens, seed=args.seed, workers=args.workers, quantize=args.quantize,
-        shots=args.shots,
-        tensor_parallel_size=args.tensor_parallel_size, allow_unsandboxed_code=args.allow_unsandboxed_code,
-    )
-    log = (lambda _msg: None) if args.json else print
-    results = run_evals(opts, log=log)
-    print(to_json(results) if args.json else format_table(results))
-    return 0
-
-
 def register(sub) -> None:
-    from portachat.eval.run import CHOICES  # deferred: loads torch
-
     p = sub.add_parser(
         "eval", help=_("evaluate a model: bits/byte, synthetic tasks, GSM8K, ARC, MMLU, C-Eval, CMMLU, HumanEval, CORE"), epilog=EPILOG,
         description=_("Evaluate a model (our checkpoint, a Hugging Face directory or a .gguf file). Task data is read "
@@ -55,4 +36,4 @@ def register(sub) -> None:
                    help=_("generative tasks (synthetic, gsm8k, humaneval) over N devices; the command starts its "
                         "N-1 workers itself (default 1)"))
     flag(p, "--json", action="store_true", help=_("print the results as JSON instead of a table"))
-    p.set_defaults(func=cmd_eval)
+    p.set_defaults(func=later("eval", "cmd_eval"))

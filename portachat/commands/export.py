@@ -2,42 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
-
-from portachat.commands.common import flag
+from portachat.commands.common import flag, later
 from portachat.i18n import N_, _, gettext
 
 MODEL_HELP = N_("our checkpoint: a step directory, a stage directory (uses its latest) or RUN/STAGE, e.g. myrun/sft")
-
-
-def cmd_export_hf(args: argparse.Namespace) -> int:
-    from portachat.export import export_hf  # deferred: loads torch
-
-    result = export_hf(args.model, args.output, dtype=args.dtype)
-    print(
-        "[portachat] " + _("exported {arch} ({dtype}, {mib} MiB of weights) to {path}").format(
-            arch=result.architecture, dtype=result.dtype, mib=f"{result.weight_bytes / 2**20:.1f}", path=result.path)
-        + "\n"
-        f"  transformers: AutoModelForCausalLM.from_pretrained({str(result.path)!r})\n"
-        f"  vLLM / vllm-ascend: vllm serve {result.path} --dtype {'bfloat16' if result.dtype == 'bf16' else 'float16'}"
-    )
-    return 0
-
-
-def cmd_export_gguf(args: argparse.Namespace) -> int:
-    from portachat.export import export_gguf  # deferred: loads torch
-
-    result = export_gguf(args.model, args.output, type_=args.type)
-    print(
-        "[portachat] " + _("exported {arch} GGUF ({type}, pre-tokenizer {pre}, {mib} MiB) to {path}").format(
-            arch=result.architecture, type=result.type, pre=repr(result.pre_tokenizer),
-            mib=f"{result.bytes / 2**20:.1f}", path=result.path)
-        + f"\n  llama.cpp: llama-server -m {result.path} --jinja   ("
-        + _("--jinja: use the chat template stored in the file") + ")"
-    )
-    for note in result.notes:
-        print("  " + _("note: {note}").format(note=note))
-    return 0
 
 
 def register(sub) -> None:
@@ -51,9 +19,9 @@ def register(sub) -> None:
     flag(h, "--model", required=True, help=gettext(MODEL_HELP))
     flag(h, "--output", required=True, help=_("directory to create (must not exist)"))
     flag(h, "--dtype", default="bf16", choices=["bf16", "fp16"], help=_("weight dtype (default bf16; fp16 for GPUs without bf16)"))
-    h.set_defaults(func=cmd_export_hf)
+    h.set_defaults(func=later("export", "cmd_export_hf"))
     g = esub.add_parser("gguf", help=_("one GGUF file for llama.cpp (f32 / f16 / q8_0)"))
     flag(g, "--model", required=True, help=gettext(MODEL_HELP))
     flag(g, "--output", required=True, help=_("the .gguf file to create (must not exist)"))
     flag(g, "--type", default="f16", choices=["f32", "f16", "q8_0"], help=_("tensor type for matrices (default f16)"))
-    g.set_defaults(func=cmd_export_gguf)
+    g.set_defaults(func=later("export", "cmd_export_gguf"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from portachat.commands.common import device_from_args, flag, nonneg_int, positive_int
+from portachat.commands.common import flag, later, nonneg_int, positive_int
 from portachat.i18n import N_, _, gettext
 
 MODEL_HELP = N_("the model to prune: our checkpoint, a Hugging Face directory (Llama / SmolLM2, Qwen2, Qwen3) or a "
@@ -19,38 +19,6 @@ def _fraction(text: str) -> float:
     if not 0.0 < value < 1.0:
         raise argparse.ArgumentTypeError(_("must be between 0 and 1 (exclusive), got {value}").format(value=value))
     return value
-
-
-def _prune_options(args: argparse.Namespace, output: str):
-    from portachat.compress.prune import PruneTargets  # deferred: loads torch
-    from portachat.compress.prune_run import PruneOptions  # deferred: loads torch
-
-    targets = PruneTargets(num_layers=args.target_num_layers, ffn_hidden_size=args.target_ffn_hidden_size,
-                           num_attention_heads=args.target_num_attention_heads,
-                           num_query_groups=args.target_num_query_groups, hidden_size=args.target_hidden_size)
-    return PruneOptions(model=args.model, output=output, targets=targets, data=args.data,
-                        calibration_samples=args.calibration_samples, seq_len=args.seq_len,
-                        depth_metric=args.depth_metric, unstructured=args.unstructured,
-                        sparsity_pattern=args.sparsity_pattern)
-
-
-def cmd_prune(args: argparse.Namespace) -> int:
-    from portachat.compress.prune_run import run_prune  # deferred: loads torch
-
-    result = run_prune(_prune_options(args, args.output), dev=device_from_args(args))
-    print(f"  transformers: AutoModelForCausalLM.from_pretrained({str(result.path)!r})")
-    return 0
-
-
-def cmd_compress(args: argparse.Namespace) -> int:
-    from portachat.compress.recipe import CompressOptions, run_compress  # deferred: loads torch
-
-    opts = CompressOptions(prune=_prune_options(args, args.output), output=args.output, heal_data=args.heal_data,
-                           heal=args.heal, heal_steps=args.heal_steps, device_batch_size=args.device_batch_size,
-                           eval_samples=args.eval_samples, gsm8k=args.gsm8k, gsm8k_examples=args.gsm8k_examples,
-                           decode_tokens=args.decode_tokens)
-    run_compress(opts, dev=device_from_args(args))
-    return 0
 
 
 def _add_prune_flags(p: argparse.ArgumentParser, output_help: str) -> None:
@@ -80,7 +48,7 @@ def register(sub) -> None:
     p = sub.add_parser("prune", help=_("prune a model by measured importance (depth, width) or by magnitude; "
                                        "writes a checkpoint of the same family"))
     _add_prune_flags(p, _("directory to create (must not exist)"))
-    p.set_defaults(func=cmd_prune)
+    p.set_defaults(func=later("prune", "cmd_prune"))
     c = sub.add_parser("compress", help=_("prune, heal, evaluate before and after, write a report with a plot"))
     _add_prune_flags(c, _("directory to create for the pruned model, the healing run and the report"))
     flag(c, "--heal-data", help=_("conversations (.jsonl) to heal on (default: --data when it is a chat dataset)"))
@@ -94,4 +62,4 @@ def register(sub) -> None:
     flag(c, "--gsm8k", help=_("a GSM8K .jsonl to measure task accuracy on (default: not measured)"))
     flag(c, "--gsm8k-examples", type=positive_int, default=50, help=_("GSM8K questions (default 50)"))
     flag(c, "--decode-tokens", type=positive_int, default=64, help=_("tokens generated to time decoding (default 64)"))
-    c.set_defaults(func=cmd_compress)
+    c.set_defaults(func=later("prune", "cmd_compress"))

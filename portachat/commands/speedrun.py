@@ -2,38 +2,15 @@
 
 from __future__ import annotations
 
-import argparse
-
-from portachat.commands.common import EPILOG, device_from_args, flag
+from portachat.commands.common import EPILOG, flag, later
 from portachat.commands.inference import nonneg_float
-from portachat.commands.launch import add_launch_flags, maybe_launch
+from portachat.commands.launch import add_launch_flags
 from portachat.i18n import _
-
-
-def cmd_speedrun(args: argparse.Namespace) -> int:
-    launched = maybe_launch(args)
-    if launched is not None:
-        return launched
-    from portachat.device import destroy_distributed  # deferred: loads torch
-    from portachat.speedrun.pipeline import SpeedrunOptions, run_speedrun  # deferred: loads torch
-
-    dev = device_from_args(args)
-    opts = SpeedrunOptions(
-        run=args.run, preset=args.preset, data_dir=args.data_dir, runs_root=args.runs_root,
-        price_per_device_hour=args.price_per_device_hour, overwrite=args.overwrite, stop_after=args.stop_after,
-        seed=args.seed,
-    )
-    try:
-        run_speedrun(opts, dev=dev)
-    finally:
-        destroy_distributed()
-    return 0
+from portachat.speedrun.presets import PRESETS
+from portachat.speedrun.stages import STAGES
 
 
 def register(sub) -> None:
-    from portachat.speedrun.pipeline import STAGES  # deferred: loads torch
-    from portachat.speedrun.presets import PRESETS  # deferred: loads torch
-
     p = sub.add_parser(
         "speedrun", help=_("the whole pipeline: tokenizer -> base -> mid -> SFT -> RL -> evals -> report.md"),
         epilog=EPILOG,
@@ -58,4 +35,4 @@ def register(sub) -> None:
     flag(p, "--dtype", default=None, help=_("bf16|fp16|fp32 (default: the device's best)"))
     flag(p, "--compile", default=None, choices=["0", "1"], help=_("torch.compile the model (default: per device policy)"))
     add_launch_flags(p)
-    p.set_defaults(func=cmd_speedrun)
+    p.set_defaults(func=later("speedrun", "cmd_speedrun"))

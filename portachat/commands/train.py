@@ -4,20 +4,15 @@ from __future__ import annotations
 
 import argparse
 import re
-from dataclasses import replace
 
-from portachat.commands.common import (
-    EPILOG,
-    device_from_args,
-    flag,
-    int_at_least,
-    nonneg_int,
-    positive_int,
-    report_result,
-)
-from portachat.commands.launch import add_launch_flags, maybe_launch
+from portachat.commands.common import EPILOG, flag, int_at_least, later, nonneg_int, positive_int
+from portachat.commands.launch import add_launch_flags
 from portachat.i18n import _
-from portachat.speedrun.presets import training_defaults
+from portachat.model.config import ALL_LINEAR
+from portachat.train.config import TrainConfig
+from portachat.train.defaults import FULL_LR, LORA_LR, PREVIOUS_STAGE, STAGE_DEFAULTS
+from portachat.train.optim_config import OptimConfig
+from portachat.train.rl_options import RLOptions
 
 
 def _batch_size(text: str) -> int | str:
@@ -30,9 +25,6 @@ def _batch_size(text: str) -> int | str:
 
 
 def add_train_flags(p: argparse.ArgumentParser) -> None:
-    from portachat.train.optim import OptimConfig  # deferred: loads torch
-    from portachat.train.trainer import TrainConfig  # deferred: loads torch
-
     d, o = TrainConfig(), OptimConfig()
     g = p.add_argument_group(_("run"))
     # `--run` alone is ambiguous under torchrun (its parser prefix-matches --run-path), hence --run-name.
@@ -83,118 +75,6 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     flag(g, "--keep-last", type=nonneg_int, default=d.keep_last, help=_("checkpoints kept per stage; 0 = all (default %(default)s)"))
 
 
-def train_config(args: argparse.Namespace, dev, **overrides) -> object:
-    """The TrainConfig the shared training flags ask for; `overrides`: a stage's own fields (it is frozen)."""
-    from portachat.train.optim import OptimConfig  # deferred: loads torch
-    from portachat.train.trainer import TrainConfig  # deferred: loads torch
-
-    defaults = training_defaults(dev)
-    return replace(TrainConfig(
-        run=args.run,
-        runs_root=args.runs_root,
-        device_batch_size=args.device_batch_size or defaults.device_batch_size,
-        activation_checkpointing=bool(args.activation_checkpointing),
-        total_batch_size=args.total_batch_size,
-        max_seq_len=args.max_seq_len or defaults.max_seq_len,
-        warmup_ratio=args.warmup_ratio,
-        warmdown_ratio=args.warmdown_ratio,
-        final_lr_frac=args.final_lr_frac,
-        grad_clip=args.grad_clip,
-        eval_every=args.eval_every,
-        eval_tokens=args.eval_tokens,
-        sample_every=args.sample_every,
-        save_every=args.save_every,
-        keep_last=args.keep_last,
-        log_every=args.log_every,
-        seed=args.seed,
-        max_bad_steps=args.max_bad_steps,
-        fsdp=args.fsdp,
-        optim=OptimConfig(
-            matrix_lr=args.matrix_lr,
-            embedding_lr=args.embedding_lr,
-            unembedding_lr=args.unembedding_lr,
-            scalar_lr=args.scalar_lr,
-            weight_decay=args.weight_decay,
-        ),
-    ), **overrides)
-
-
-def cmd_train_base(args: argparse.Namespace) -> int:
-    from portachat.storage.hubs import has_hub_prefix  # deferred: loads torch
-
-    if args.data and has_hub_prefix(args.data):
-        # Downloaded here, before any launch: the ranks then find the shards on disk.
-        from portachat.data.hub import pretraining_data_dir  # deferred: loads torch
-
-        args.data = str(pretraining_data_dir(args.data))
-    launched = maybe_launch(args)  # --nproc N: re-run this command under torchrun
-    if launched is not None:
-        return launched
-    from portachat.device import destroy_distributed, dist_env  # deferred: loads torch
-    from portachat.train.base import BaseOptions, run_base  # deferred: loads torch
-
-    dev = device_from_args(args)
-    opts = BaseOptions(
-        data=args.data,
-        tokenizer=args.tokenizer,
-        vocab_size=args.vocab_size,
-        tokenizer_max_chars=args.tokenizer_max_chars,
-        depth=args.depth if args.depth is not None else training_defaults(dev).depth,
-        target_param_data_ratio=args.target_param_data_ratio,
-        num_iterations=args.num_iterations,
-        resume=args.resume,
-        overwrite=args.overwrite,
-        train=train_config(args, dev),
-    )
-    try:
-        result = run_base(opts, dev=dev)
-    finally:
-        destroy_distributed()
-    if result.final_checkpoint is not None and dist_env().is_main:
-        print("[portachat] " + _("done: {steps} steps, validation bits/byte {bpb}").format(
-            steps=result.steps, bpb=f"{result.val_bpb:.4f}"))
-        print("[portachat] " + _("model: {path}").format(path=result.final_checkpoint))
-    return 0
-
-
-def cmd_train_chat(args: argparse.Namespace) -> int:
-    launched = maybe_launch(args)  # --nproc N: re-run this command under torchrun
-    if launched is not None:
-        return launched
-    from portachat.device import destroy_distributed, dist_env  # deferred: loads torch
-    from portachat.train.chat_stage import ChatOptions, run_chat_stage  # deferred: loads torch
-    from portachat.train.finetune import (  # deferred: loads torch
-        finetune_options,
-        run_finetune,
-        wants_finetune,
-    )
-
-    dev = device_from_args(args)
-    opts = ChatOptions(
-        stage=args.stage,
-        init=args.init,
-        data=args.data or [],
-        max_conversations=args.max_conversations,
-        pack={"pack": True, "pad": False, None: None}[args.rows],
-        lr_scale=args.lr_scale,
-        warmdown_ratio=args.warmdown_ratio,
-        num_epochs=args.num_epochs,
-        num_iterations=args.num_iterations,
-        max_seq_len=args.max_seq_len,
-        eval_examples=args.eval_examples,
-        eval_max_tokens=args.eval_max_tokens,
-        resume=args.resume,
-        overwrite=args.overwrite,
-        train=train_config(args, dev, tokens_per_batch=args.tokens_per_batch),
-    )
-    try:
-        result = (run_finetune(finetune_options(args, opts), dev=dev) if wants_finetune(args)
-                  else run_chat_stage(opts, dev=dev))
-    finally:
-        destroy_distributed()
-    return report_result(result, dist_env().is_main)
-
-
 _DEFAULT_SUFFIX = r" \(default|（默认"  # the shared help's own default note, in either language
 
 
@@ -208,8 +88,6 @@ def _stage_default(parser: argparse.ArgumentParser, dest: str, value, why: str) 
 
 
 def add_finetune_flags(t: argparse.ArgumentParser) -> None:
-    from portachat.train.finetune import FULL_LR, LORA_LR  # deferred: loads torch
-
     g = t.add_argument_group(_("fine-tuning an existing model (--init HF_DIR|FILE.gguf)"),
                              _("With --init naming a Hugging Face directory or a GGUF (Llama/SmolLM2, Qwen2, Qwen3), the "
                                "model keeps its tokenizer and chat template and trains with AdamW at fine-tuning rates."))
@@ -218,8 +96,6 @@ def add_finetune_flags(t: argparse.ArgumentParser) -> None:
 
 
 def add_lora_flags(g) -> None:
-    from portachat.train.lora import ALL_LINEAR  # deferred: loads torch
-
     flag(g, "--lora-rank", type=positive_int, default=None, help=_("train a LoRA adapter (peft) of this rank instead of all weights"))
     flag(g, "--lora-alpha", type=float, default=None, help=_("LoRA scale numerator (default: 2 x rank)"))
     flag(g, "--lora-targets", default=",".join(ALL_LINEAR), help=_("comma-separated modules (default %(default)s)"))
@@ -228,8 +104,6 @@ def add_lora_flags(g) -> None:
 
 
 def add_chat_stage_parser(tsub, stage: str) -> None:
-    from portachat.train.chat_stage import PREVIOUS_STAGE, STAGE_DEFAULTS  # deferred: loads torch
-
     d = STAGE_DEFAULTS[stage]
     previous = PREVIOUS_STAGE[stage]
     what = {"mid": _("mid-train on conversations: the chat format and calculator tool use (packed rows)"),
@@ -265,59 +139,8 @@ def add_chat_stage_parser(tsub, stage: str) -> None:
     flag(g, "--eval-max-tokens", type=positive_int, default=64, help=_("reply length limit when evaluating answers"))
     add_finetune_flags(t)
     add_train_flags(t)
-    t.set_defaults(func=cmd_train_chat)
+    t.set_defaults(func=later("train", "cmd_train_chat"))
     _stage_default(t, "warmdown_ratio", d.warmdown_ratio, _("it starts from trained weights"))
-
-
-def cmd_train_rl(args: argparse.Namespace) -> int:
-    launched = maybe_launch(args)  # --nproc N: re-run this command under torchrun
-    if launched is not None:
-        return launched
-    from portachat.device import destroy_distributed, dist_env  # deferred: loads torch
-    from portachat.train.lora import lora_from_flags  # deferred: loads torch
-    from portachat.train.rl import RLOptions, run_rl  # deferred: loads torch
-
-    dev = device_from_args(args)
-    if args.device_batch_size == "auto":
-        from portachat.train.trainer import TrainingError  # deferred: loads torch
-
-        raise TrainingError(_("train rl: --device-batch-size auto is not supported (rows are groups of replies); "
-                              "give a multiple of --num-samples ({n})").format(n=args.num_samples))
-    rows = args.device_batch_size or args.num_samples * training_defaults(dev).rl_groups_per_row_batch
-    cfg = train_config(args, dev, device_batch_size=rows)
-    opts = RLOptions(
-        init=args.init,
-        data=args.data or [],
-        max_prompts=args.max_prompts,
-        num_samples=args.num_samples,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        normalize_std=args.normalize_std,
-        lr_scale=args.lr_scale,
-        warmdown_ratio=args.warmdown_ratio,
-        num_epochs=args.num_epochs,
-        num_iterations=args.num_iterations,
-        eval_examples=args.eval_examples,
-        rewards=args.reward or [],
-        reward_weights=args.reward_weights,
-        beta=args.beta,
-        epsilon=args.epsilon,
-        epsilon_high=args.epsilon_high,
-        lr=args.lr,
-        lora=lora_from_flags(args.lora_rank, args.lora_alpha, args.lora_targets, args.lora_dropout),
-        merge=args.merge,
-        resume=args.resume,
-        overwrite=args.overwrite,
-        train=cfg,
-    )
-    from portachat.train.grpo import run_grpo, wants_grpo  # deferred: loads torch
-
-    run = run_grpo if wants_grpo(args.init, opts.rewards) else run_rl  # GRPO on any model, scored by the rewards
-    try:
-        result = run(opts, dev=dev)
-    finally:
-        destroy_distributed()
-    return report_result(result, dist_env().is_main)
 
 
 def _floats(text: str) -> list[float]:
@@ -328,8 +151,6 @@ def _floats(text: str) -> list[float]:
 
 
 def add_rl_parser(tsub) -> None:
-    from portachat.train.rl import RLOptions  # deferred: loads torch
-
     d = RLOptions()
     t = tsub.add_parser("rl", help=_("reinforcement learning on verifiable rewards (GRPO-style)"), epilog=EPILOG,
                         description=_("On-policy policy gradient with group-relative advantages: sample G replies per "
@@ -363,7 +184,7 @@ def add_rl_parser(tsub) -> None:
     flag(g, "--lr", type=float, default=None, help=_("AdamW learning rate for GRPO (default 1e-06, 1e-05 with --lora-rank)"))
     add_lora_flags(g)
     add_train_flags(t)
-    t.set_defaults(func=cmd_train_rl)
+    t.set_defaults(func=later("train", "cmd_train_rl"))
     _stage_default(t, "warmdown_ratio", d.warmdown_ratio, _("linear decay to 0"))
     _stage_default(t, "eval_every", 20, _("each step samples many replies"))
 
@@ -385,7 +206,7 @@ def register(sub) -> None:
     flag(g, "--depth", type=int, default=None, help=_("transformer layers; width, heads and horizon follow (default: 20 on accelerators, 4 on CPU)"))
     flag(g, "--target-param-data-ratio", type=float, default=20.0, help=_("training tokens per parameter when --num-iterations is not given (default 20)"))
     add_train_flags(t)
-    t.set_defaults(func=cmd_train_base)
+    t.set_defaults(func=later("train", "cmd_train_base"))
     add_chat_stage_parser(tsub, "mid")
     add_chat_stage_parser(tsub, "sft")
     add_rl_parser(tsub)

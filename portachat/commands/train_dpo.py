@@ -7,48 +7,11 @@ from __future__ import annotations
 
 import argparse
 
-from portachat.commands.common import (
-    EPILOG,
-    device_from_args,
-    flag,
-    int_at_least,
-    nonneg_int,
-    positive_int,
-    report_result,
-)
-from portachat.commands.launch import maybe_launch
-from portachat.commands.train import add_finetune_flags, add_train_flags, train_config
+from portachat.commands.common import EPILOG, flag, int_at_least, later, nonneg_int, positive_int
+from portachat.commands.train import add_finetune_flags, add_train_flags
 from portachat.i18n import _
 
 LOSSES = ("dpo", "ipo", "simpo", "orpo")
-
-
-def cmd_train_dpo(args: argparse.Namespace) -> int:
-    launched = maybe_launch(args)  # --nproc N: re-run this command under torchrun
-    if launched is not None:
-        return launched
-    from portachat.device import destroy_distributed, dist_env  # deferred: loads torch
-    from portachat.train.dpo import DPOOptions, run_dpo  # deferred: loads torch
-    from portachat.train.lora import lora_from_flags  # deferred: loads torch
-
-    dev = device_from_args(args)
-    # Pairs per micro-batch (each pair is two rows): 4 unless --device-batch-size says otherwise.
-    cfg = train_config(args, dev, **({} if args.device_batch_size is not None else {"device_batch_size": 4}))
-    # The LoRA flags are fine-tuning's: parsed by the same function so every stage refuses the same mistakes.
-    lora = lora_from_flags(args.lora_rank, args.lora_alpha, args.lora_targets, args.lora_dropout)
-    opts = DPOOptions(
-        init=args.init, data=args.data or [], loss=args.loss, beta=args.beta, gamma=args.simpo_gamma,
-        reference=args.reference, max_pairs=args.max_pairs, val_pairs=args.val_pairs, lr=args.lr,
-        weight_decay=args.weight_decay, num_epochs=args.num_epochs, num_iterations=args.num_iterations,
-        max_seq_len=args.max_seq_len, eval_examples=args.eval_examples, eval_max_tokens=args.eval_max_tokens,
-        lora=lora, merge=args.merge, activation_checkpointing=args.activation_checkpointing, resume=args.resume,
-        overwrite=args.overwrite, train=cfg,
-    )
-    try:
-        result = run_dpo(opts, dev=dev)
-    finally:
-        destroy_distributed()
-    return report_result(result, dist_env().is_main)
 
 
 def add_dpo_parser(tsub) -> None:
@@ -91,18 +54,7 @@ def add_dpo_parser(tsub) -> None:
             action.help = _("AdamW learning rate (default 5e-06 full, 5e-05 LoRA)")
         if action.dest == "device_batch_size":
             action.help = _("pairs per device per micro-step (each pair is two rows; default 4)")
-    t.set_defaults(func=cmd_train_dpo)
-
-
-def cmd_train_prefs(args: argparse.Namespace) -> int:
-    from portachat.train.self_prefs import PrefsOptions, run_prefs  # deferred: loads torch
-
-    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
-    run_prefs(PrefsOptions(model=args.model, output=args.output, data=args.data or [], tasks=tasks,
-                           num_prompts=args.num_prompts, num_samples=args.num_samples,
-                           pairs_per_prompt=args.pairs_per_prompt, temperature=args.temperature,
-                           max_new_tokens=args.max_new_tokens, seed=args.seed, device=args.device, dtype=args.dtype))
-    return 0
+    t.set_defaults(func=later("train_dpo", "cmd_train_dpo"))
 
 
 def add_prefs_parser(tsub) -> None:
@@ -126,7 +78,7 @@ def add_prefs_parser(tsub) -> None:
     flag(t, "--seed", type=int, default=0, help=_("sampling seed (default %(default)s)"))
     flag(t, "--device", default=None, help=_("cpu|cuda|rocm|dcu|npu|xpu|mps (default: auto-detect)"))
     flag(t, "--dtype", default=None, help=_("inference dtype (default: the device's choice)"))
-    t.set_defaults(func=cmd_train_prefs)
+    t.set_defaults(func=later("train_dpo", "cmd_train_prefs"))
 
 
 def register(sub) -> None:

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
 
-from portachat.commands.common import EPILOG, device_from_args, flag, positive_int, usage_error
+from portachat.commands.common import EPILOG, flag, later, positive_int
 from portachat.i18n import _
 
 UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20,
@@ -25,52 +24,6 @@ def parse_bytes(text: str) -> int:
         raise argparse.ArgumentTypeError(
             _("expected a size such as 24GiB, 512MiB or 2000000 (bytes), got {text}").format(text=repr(text)))
     return int(value * UNITS[unit])
-
-
-def cmd_tune_batch_size(args: argparse.Namespace) -> int:
-    from portachat.device import DeviceError  # deferred: loads torch
-    from portachat.model import ConfigError, GPTConfig  # deferred: loads torch
-    from portachat.train.accumulation import TrainingError  # deferred: loads torch
-    from portachat.train.batch_size import find_batch_size  # deferred: loads torch
-
-    try:
-        dev = device_from_args(args)
-        cfg = GPTConfig.from_depth(args.depth, args.vocab_size, max_seq_len=args.max_seq_len)
-    except (DeviceError, ConfigError) as e:
-        return usage_error(e)
-    dev.set_current()
-    say = (lambda _m: None) if args.json else (lambda m: print(f"[tune] {m}", flush=True))
-    say(_("device {device} {name}, {dtype}; model depth {depth}, vocab {vocab}, {seq_len} tokens per row").format(
-        device=f"{dev.kind}:{dev.index}", name=repr(dev.name), dtype=dev.dtype_name, depth=cfg.n_layer,
-        vocab=cfg.vocab_size, seq_len=args.max_seq_len)
-        + (_(", activation checkpointing") if args.activation_checkpointing else ""))
-    try:
-        result = find_batch_size(cfg, args.max_seq_len, dev, memory_limit=args.memory_limit, safety=args.safety,
-                                 max_batch_size=args.max_batch_size,
-                                 activation_checkpointing=args.activation_checkpointing, say=say)
-    except ValueError as e:
-        return usage_error(e)
-    batch_for_total = accum = None
-    if args.total_batch_size and result.batch_size:
-        try:
-            batch_for_total, accum = result.batch_for_total(args.total_batch_size, args.max_seq_len)
-        except TrainingError as e:
-            return usage_error(e)
-    if args.json:
-        print(json.dumps({"device_batch_size": result.batch_size, "limit_bytes": result.limit_bytes,
-                          "safety": result.safety, "grad_accum_steps": accum,
-                          "device_batch_size_for_total": batch_for_total,
-                          "probes": [vars(p) for p in result.probes]}))
-    elif result.batch_size == 0:
-        print("[tune] " + _("not even batch size 1 fits: use a smaller --depth or --max-seq-len, "
-                            "--activation-checkpointing, or more memory (--memory-limit)"))
-    else:
-        line = "[tune] " + _("largest device batch size: {n} (--device-batch-size {n})").format(n=result.batch_size)
-        if accum is not None:
-            line += _("; with --total-batch-size {total}: {accum} accumulation step(s)").format(
-                total=args.total_batch_size, accum=accum)
-        print(line)
-    return 0 if result.batch_size > 0 else 1
 
 
 def register(sub) -> None:
@@ -95,4 +48,4 @@ def register(sub) -> None:
          help=_("tokens per optimizer step: also print the gradient accumulation it needs"))
     flag(t, "--activation-checkpointing", action="store_true", help=_("recompute each block in backward"))
     flag(t, "--json", action="store_true", help=_("print the result as JSON"))
-    t.set_defaults(func=cmd_tune_batch_size, compile=None)
+    t.set_defaults(func=later("tune", "cmd_tune_batch_size"), compile=None)

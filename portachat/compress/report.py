@@ -28,10 +28,10 @@ def _fmt(value: Any) -> str:
 
 def plot_before_after(columns: dict[str, dict[str, Any]], path: Path) -> Path | None:
     """One bar group per metric that has numbers, one bar per column (before, pruned, healed)."""
-    import matplotlib  # optional heavy dependency: only the report needs it
+    import matplotlib  # deferred: heavy, plots only
 
     matplotlib.use("Agg")  # no display on servers
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: heavy, plots only
 
     # English labels: a plot font may lack CJK glyphs (the table beside it is translated)
     shown = [(k, label) for k, label, _better in METRICS if all(c.get(k) is not None for c in columns.values())]

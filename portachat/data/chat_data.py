@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from portachat.data.document_source import DataError
+from portachat.data.synthetic.tasks import dialogues, heldout_set
 from portachat.i18n import _
 from portachat.storage import hubs
 from portachat.storage.paths import portachat_home
@@ -124,7 +125,7 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
 
 
 def _parquet_rows(path: Path) -> Iterator[tuple[str, Any]]:
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # deferred: slow import, parquet only
 
     for i, row in enumerate(pq.read_table(path).to_pylist()):
         yield f"{path} row {i}", row
@@ -202,8 +203,6 @@ def load_conversations(specs: Sequence[str | Path], limit: int | None = None) ->
 
 def synthetic_heldout(n: int) -> list[Conversation]:
     """The held-out questions `portachat eval synthetic` asks (distinct, never trained on), as conversations."""
-    from portachat.data.synthetic.tasks import heldout_set
-
     return [{"messages": ex.messages, "answer": ex.answer, "task": ex.task, "lang": ex.lang} for ex in heldout_set(n)]
 
 
@@ -213,8 +212,6 @@ def synthetic_conversations(n: int, split: str = "train", seed: int | str = 0,
     tasks drawn by `weights` (None: the curriculum's default mix), in English and Chinese; with
     probability `mixed_turns` a conversation has an earlier turn in the other language (the answer
     and task are the last turn's)."""
-    from portachat.data.synthetic.tasks import dialogues
-
     return [{"messages": [m for ex in turns for m in ex.messages], "answer": turns[-1].answer,
              "task": turns[-1].task, "lang": turns[-1].lang}
             for turns in dialogues(n, split, seed, weights=dict(weights) if weights else None,

@@ -12,8 +12,11 @@ hostile or careless programs fail fast and cleanly instead of hitting those limi
 """
 
 import builtins
+import io
 import os
+import posix
 import resource
+import shutil
 import sys
 
 WORKDIR = os.path.realpath(os.getcwd())
@@ -56,10 +59,6 @@ def _blocked(name):
 
 
 def install_guard() -> None:
-    import io
-    import posix
-    import shutil
-
     real_open, real_os_open = builtins.open, os.open
 
     def guarded_open(file, mode="r", *args, **kwargs):

@@ -126,7 +126,7 @@ def _rows(file: _File) -> list[dict[str, str]]:
     data = file.read()
     try:
         if file.rel.suffix.lower() == ".parquet":
-            import pyarrow.parquet as pq
+            import pyarrow.parquet as pq  # deferred: slow import, parquet only
 
             rows = pq.read_table(io.BytesIO(data)).to_pylist()
         else:

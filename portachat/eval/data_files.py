@@ -62,7 +62,7 @@ def read_rows(path: Path) -> Iterator[dict[str, Any]]:
         name = file.name
         try:
             if name.endswith(".parquet"):
-                import pyarrow.parquet as pq
+                import pyarrow.parquet as pq  # deferred: slow import, parquet only
 
                 yield from pq.read_table(file).to_pylist()
             elif name.endswith((".jsonl", ".jsonl.gz")):

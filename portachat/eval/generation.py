@@ -15,6 +15,7 @@ so verifiers can tell the model's own final answer from the tool's output.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -103,8 +104,6 @@ def next_token_logits(model: torch.nn.Module, prompts: list[list[int]], batch_si
                       autocast: Callable[[], Any] | None = None) -> torch.Tensor:
     """fp32 logits [N, V] of the token after each prompt. Prompts are right-padded into batches: a
     causal model's logits at a position never see the padding after it."""
-    from contextlib import nullcontext
-
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()

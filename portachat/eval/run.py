@@ -10,6 +10,7 @@ and adds the CORE-style centred mean.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,14 +20,21 @@ import torch
 from portachat.data.sources import open_source
 from portachat.device import get_device
 from portachat.engine.loading import LoadOptions, engine_for_model, load_served_model
+from portachat.eval.bpb import evaluate_bpb
+from portachat.eval.chinese_mc import evaluate_chinese_mc, read_chinese_mc
+from portachat.eval.core import core_score
 from portachat.eval.data_files import EvalDataError, default_data_path, resolve_data
+from portachat.eval.generation import engine_complete
+from portachat.eval.gsm8k import evaluate_gsm8k, read_gsm8k
+from portachat.eval.humaneval import evaluate_humaneval, read_humaneval
+from portachat.eval.multiple_choice import evaluate_multiple_choice, read_arc, read_mmlu
 from portachat.eval.report import EvalResult
 from portachat.eval.sandbox import SandboxLimits, SandboxUnavailable, require_isolation
+from portachat.eval.synthetic import evaluate_synthetic
+from portachat.eval.tasks import CHOICES, TASKS
 from portachat.i18n import _
 from portachat.model.load import load_for_inference
 
-TASKS = ("bpb", "synthetic", "gsm8k", "arc", "mmlu", "ceval", "cmmlu", "humaneval")
-CHOICES = (*TASKS, "core", "all")
 MAX_EVAL_CONTEXT = 2048
 
 
@@ -72,8 +80,6 @@ def token_bytes_tensor(tokenizer: Any, vocab_size: int) -> torch.Tensor:
 def text_bpb(model: torch.nn.Module, tokenizer: Any, data: str | None, limit: int | None,
              batch_size: int = 8) -> EvalResult:
     """Bits per byte on the validation split of `data` (default: the built-in synthetic curriculum)."""
-    from portachat.eval.bpb import evaluate_bpb
-
     seq_len = min(512, model.config.max_seq_len)
     rows_wanted = limit or 64
     source = open_source(data, split="val")
@@ -95,7 +101,6 @@ def text_bpb(model: torch.nn.Module, tokenizer: Any, data: str | None, limit: in
     device = next(model.parameters()).device
     batches = [(torch.tensor([r[:-1]]), torch.tensor([r[1:]])) for r in rows]
     table = token_bytes_tensor(tokenizer, model.config.vocab_size)
-    from contextlib import nullcontext
 
     value = evaluate_bpb(model, batches, table, device, nullcontext)
     nbytes = int(sum(table[torch.tensor(r[1:])].sum() for r in rows))
@@ -140,8 +145,6 @@ def run_evals(opts: EvalOptions, log: Callable[[str], None] = print) -> list[Eva
         log(f"[eval] {task} ...")
         results.append(_run_one(task, data[task], model, tokenizer, complete, opts))
     if opts.task in ("all", "core"):
-        from portachat.eval.core import core_score
-
         results.append(core_score(results))
     return results
 
@@ -162,8 +165,6 @@ def _sandbox_ready(opts: EvalOptions, single: bool, log: Callable[[str], None]) 
 def _run_tensor_parallel(opts: EvalOptions, tasks: list[str], data: dict[str, Path | None],
                          log: Callable[[str], None]) -> list[EvalResult]:  # fmt: skip
     """Generative tasks through an engine split over -tp N worker processes (started and stopped here)."""
-    from portachat.eval.generation import engine_complete
-
     forward = [t for t in tasks if t in FORWARD_TASKS and t in data]
     if forward:
         raise EvalDataError(_("{tasks} score the model's own forward on one device: run them without "
@@ -189,8 +190,6 @@ def _run_tensor_parallel(opts: EvalOptions, tasks: list[str], data: dict[str, Pa
 def _make_complete(loaded: Any, opts: EvalOptions) -> tuple[Callable, str]:
     """The generative tasks' complete function over the loaded model, through the engine builder
     the server uses, and the model's description."""
-    from portachat.eval.generation import engine_complete
-
     dev = get_device(kind=opts.device, dtype=opts.dtype)
     # Eval prompts are short (HumanEval's longest ~1k tokens with its reply): no need to reserve a KV
     # cache for a model's full context (8k for SmolLM2) times the batch.
@@ -205,23 +204,14 @@ def _run_one(task: str, data: Path | None, model, tokenizer, complete, opts: Eva
     if task == "bpb":
         return text_bpb(model, tokenizer, str(data) if data else None, opts.limit)
     if task == "synthetic":
-        from portachat.eval.synthetic import evaluate_synthetic
-
         return evaluate_synthetic(complete, n=opts.limit or 200, seed=opts.seed, **kw)
     if task == "gsm8k":
-        from portachat.eval.gsm8k import evaluate_gsm8k, read_gsm8k
-
         return evaluate_gsm8k(complete, read_gsm8k(data, opts.limit), **kw)
     if task in ("arc", "mmlu"):
-        from portachat.eval.multiple_choice import evaluate_multiple_choice, read_arc, read_mmlu
-
         questions = (read_arc if task == "arc" else read_mmlu)(data, opts.limit)
         return evaluate_multiple_choice(task, model, tokenizer, questions)
     if task in ("ceval", "cmmlu"):
-        from portachat.eval.chinese_mc import evaluate_chinese_mc, read_chinese_mc
-
         return evaluate_chinese_mc(read_chinese_mc(task, data, opts.limit), model, tokenizer, shots=opts.shots)
-    from portachat.eval.humaneval import evaluate_humaneval, read_humaneval
 
     return evaluate_humaneval(complete, read_humaneval(data, opts.limit), workers=opts.workers,
                               limits=SandboxLimits(allow_unsandboxed=opts.allow_unsandboxed_code), **kw)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +20,9 @@ import torch
 from portachat.export.errors import ExportError
 from portachat.export.source import check_output_free, load_exportable
 from portachat.i18n import _
+from portachat.model.gguf_names import gguf_name
 from portachat.model.gpt import GPT
+from portachat.storage.atomic import atomic_file
 from portachat.tokenizer import Tokenizer
 from portachat.tokenizer.template import CHAT_TEMPLATE
 
@@ -30,29 +31,6 @@ Q8_0_BLOCK = 32  # values per q8_0 block: a row length must be a multiple of it
 
 # llama.cpp's token types (llama_token_type).
 TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_UNUSED = 1, 3, 5
-
-_LAYER_NAMES = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "self_attn.q_norm.weight": "attn_q_norm.weight",
-    "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "self_attn.q_proj.bias": "attn_q.bias",
-    "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.bias": "attn_v.bias",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
-_GLOBAL_NAMES = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-}
-
 
 @dataclass
 class GGUFExport:
@@ -66,15 +44,11 @@ class GGUFExport:
 
 def gguf_tensor_name(hf_name: str) -> str:
     """llama.cpp's name for an HF parameter (`model.layers.3.self_attn.q_proj.weight` -> `blk.3.attn_q.weight`)."""
-    if hf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[hf_name]
-    prefix = "model.layers."
-    if hf_name.startswith(prefix):
-        index, _unused, rest = hf_name[len(prefix) :].partition(".")
-        if rest in _LAYER_NAMES:
-            return f"blk.{index}.{_LAYER_NAMES[rest]}"
-    raise ExportError(_("no GGUF name for parameter {name!r}: this model has a part llama.cpp does not know").format(
-        name=hf_name))
+    name = gguf_name(hf_name)
+    if name is None:
+        raise ExportError(_("no GGUF name for parameter {name!r}: this model has a part llama.cpp does not know").format(
+            name=hf_name))
+    return name
 
 
 def llama_permute(weight: np.ndarray, n_head: int) -> np.ndarray:
@@ -116,7 +90,7 @@ def _tensor_data(name: str, tensor: torch.Tensor, type_: str, gguf) -> tuple[np.
 
 def export_gguf(model_path: str | Path, output: str | Path, type_: str = "f16") -> GGUFExport:
     """Write the checkpoint at `model_path` as one GGUF file at `output` (atomically)."""
-    import gguf
+    import gguf  # deferred: gguf files only
 
     if type_ not in GGUF_TYPES:
         raise ExportError(_("--type {type!r} is not valid for export gguf; valid values: {valid}").format(
@@ -142,67 +116,63 @@ def export_gguf(model_path: str | Path, output: str | Path, type_: str = "f16") 
     ftype = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
              "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[type_]  # fmt: skip
 
-    tmp = output.parent / f".tmp-{output.name}.{os.getpid()}"
-    writer = gguf.GGUFWriter(str(tmp), arch)
-    try:
-        writer.add_name(loaded.path.name)
-        writer.add_file_type(ftype)
-        writer.add_context_length(cfg.max_seq_len)
-        writer.add_embedding_length(cfg.n_embd)
-        writer.add_block_count(cfg.n_layer)
-        writer.add_feed_forward_length(cfg.intermediate_size)
-        writer.add_head_count(cfg.n_head)
-        writer.add_head_count_kv(cfg.n_kv_head)
-        writer.add_key_length(cfg.head_dim)
-        writer.add_value_length(cfg.head_dim)
-        writer.add_rope_dimension_count(cfg.head_dim)
-        writer.add_rope_freq_base(cfg.rope_theta)
-        writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    with atomic_file(output) as tmp:
+        writer = gguf.GGUFWriter(str(tmp), arch)
+        try:
+            writer.add_name(loaded.path.name)
+            writer.add_file_type(ftype)
+            writer.add_context_length(cfg.max_seq_len)
+            writer.add_embedding_length(cfg.n_embd)
+            writer.add_block_count(cfg.n_layer)
+            writer.add_feed_forward_length(cfg.intermediate_size)
+            writer.add_head_count(cfg.n_head)
+            writer.add_head_count_kv(cfg.n_kv_head)
+            writer.add_key_length(cfg.head_dim)
+            writer.add_value_length(cfg.head_dim)
+            writer.add_rope_dimension_count(cfg.head_dim)
+            writer.add_rope_freq_base(cfg.rope_theta)
+            writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
 
-        tokens, types, merges = tokenizer_arrays(tokenizer, cfg.vocab_size)
-        writer.add_tokenizer_model("gpt2")
-        writer.add_tokenizer_pre(pre)
-        writer.add_token_list(tokens)
-        writer.add_token_types(types)
-        writer.add_token_merges(merges)
-        writer.add_bos_token_id(tokenizer.bos_id)
-        # llama.cpp stops on the eos, eot and eom ids (its end-of-generation set). Ours are two:
-        # <|assistant_end|> as eos (tokenizer_config.json's eos_token too) and <|bos|> in the eot slot.
-        eos_id, eot_id = tokenizer.end_ids
-        writer.add_eos_token_id(eos_id)
-        writer.add_eot_token_id(eot_id)
-        writer.add_pad_token_id(tokenizer.bos_id)  # portachat pads with bos (never a chat target)
-        # Our models are trained on bos-led documents: llama.cpp prepends it to every prompt, and
-        # its chat path drops the template's leading bos_token when it does, so chats get one.
-        writer.add_add_bos_token(True)
-        writer.add_add_eos_token(False)
-        writer.add_chat_template(CHAT_TEMPLATE)
+            tokens, types, merges = tokenizer_arrays(tokenizer, cfg.vocab_size)
+            writer.add_tokenizer_model("gpt2")
+            writer.add_tokenizer_pre(pre)
+            writer.add_token_list(tokens)
+            writer.add_token_types(types)
+            writer.add_token_merges(merges)
+            writer.add_bos_token_id(tokenizer.bos_id)
+            # llama.cpp stops on the eos, eot and eom ids (its end-of-generation set). Ours are two:
+            # <|assistant_end|> as eos (tokenizer_config.json's eos_token too) and <|bos|> in the eot slot.
+            eos_id, eot_id = tokenizer.end_ids
+            writer.add_eos_token_id(eos_id)
+            writer.add_eot_token_id(eot_id)
+            writer.add_pad_token_id(tokenizer.bos_id)  # portachat pads with bos (never a chat target)
+            # Our models are trained on bos-led documents: llama.cpp prepends it to every prompt, and
+            # its chat path drops the template's leading bos_token when it does, so chats get one.
+            writer.add_add_bos_token(True)
+            writer.add_add_eos_token(False)
+            writer.add_chat_template(CHAT_TEMPLATE)
 
-        state = model.state_dict()
-        if cfg.tie_embeddings:
-            state.pop("lm_head.weight", None)  # llama.cpp reuses token_embd when output.weight is absent
-        for name, tensor in state.items():
-            data, qtype = _tensor_data(name, tensor, type_, gguf)
-            if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
-                heads = cfg.n_head if "q_proj" in name else cfg.n_kv_head
-                data = llama_permute(tensor.detach().float().numpy(), heads)
-                data, qtype = _tensor_data(name, torch.from_numpy(data), type_, gguf)
-            if qtype is None:
-                writer.add_tensor(gguf_tensor_name(name), data)
-            else:
-                writer.add_tensor(gguf_tensor_name(name), data, raw_dtype=qtype)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
+            state = model.state_dict()
+            if cfg.tie_embeddings:
+                state.pop("lm_head.weight", None)  # llama.cpp reuses token_embd when output.weight is absent
+            for name, tensor in state.items():
+                data, qtype = _tensor_data(name, tensor, type_, gguf)
+                if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+                    heads = cfg.n_head if "q_proj" in name else cfg.n_kv_head
+                    data = llama_permute(tensor.detach().float().numpy(), heads)
+                    data, qtype = _tensor_data(name, torch.from_numpy(data), type_, gguf)
+                if qtype is None:
+                    writer.add_tensor(gguf_tensor_name(name), data)
+                else:
+                    writer.add_tensor(gguf_tensor_name(name), data, raw_dtype=qtype)
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                writer.close()
+            raise
         writer.close()
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, output)
-    except BaseException:
-        with contextlib.suppress(Exception):
-            writer.close()
-        tmp.unlink(missing_ok=True)
-        raise
     notes = []
     if arch == "qwen3" and cfg.head_dim != 128:
         notes.append(

@@ -22,6 +22,8 @@ class ConfigError(ValueError):
 ARCHITECTURES = ("qwen3", "qwen2", "llama")
 # Rope scaling types we compute exactly as transformers does (both keep attention scaling at 1).
 ROPE_SCALING_TYPES = ("linear", "llama3")
+# A decoder layer's linear projections by their HF module names (LoRA's default targets).
+ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 

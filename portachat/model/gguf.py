@@ -20,6 +20,7 @@ import torch
 from tokenizers import Tokenizer
 
 from portachat.i18n import _
+from portachat.model import gguf_names
 from portachat.model.gguf_file import GGUFFile, GGUFFormatError
 from portachat.model.gguf_tokenizer import GGUFTokenizerError, build_tokenizer, tokenizer_config
 from portachat.model.hf import UnsupportedConfigError
@@ -252,40 +253,13 @@ def generation_config(metadata: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-_LAYER_NAMES = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "attn_q_norm.weight": "self_attn.q_norm.weight",
-    "attn_k_norm.weight": "self_attn.k_norm.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-    "ffn_gate.bias": "mlp.gate_proj.bias",
-    "ffn_up.bias": "mlp.up_proj.bias",
-    "ffn_down.bias": "mlp.down_proj.bias",
-    **{
-        f"attn_{g}.{kind}": f"self_attn.{h}_proj.{kind}"
-        for g, h in (("q", "q"), ("k", "k"), ("v", "v"), ("output", "o"))
-        for kind in ("weight", "bias")
-    },
-}
-_GLOBAL_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-_LAYER = re.compile(r"blk\.(\d+)\.(.+)")
-
-
 def hf_name(gguf_name: str) -> str:
     """HF parameter name of a GGUF tensor (`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`)."""
-    if gguf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[gguf_name]
-    m = _LAYER.fullmatch(gguf_name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
-    raise UnsupportedGGUFError(_(
-        "unexpected tensor {name!r} in the GGUF; this architecture's loader does not know it").format(name=gguf_name))
+    name = gguf_names.hf_name(gguf_name)
+    if name is None:
+        raise UnsupportedGGUFError(_(
+            "unexpected tensor {name!r} in the GGUF; this architecture's loader does not know it").format(name=gguf_name))
+    return name
 
 
 def unpermute_qk(weight: np.ndarray, n_head: int) -> np.ndarray:
@@ -298,7 +272,7 @@ def unpermute_qk(weight: np.ndarray, n_head: int) -> np.ndarray:
 
 def _dequantizable_names() -> list[str]:
     """The types the installed gguf package dequantizes, for error messages (best effort: private table)."""
-    import gguf.quants
+    import gguf.quants  # deferred: gguf files only
 
     traits = getattr(gguf.quants, "_type_traits", {})
     return sorted({"F32", "F16", *(t.name for t in traits)})
@@ -306,8 +280,8 @@ def _dequantizable_names() -> list[str]:
 
 def _check_tensor_types(f: GGUFFile) -> None:
     """Fail before any work when a tensor type cannot be dequantized: one block of each type is tried."""
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-    from gguf.quants import dequantize
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType  # deferred: gguf files only
+    from gguf.quants import dequantize  # deferred: gguf files only
 
     bad = []
     for ggml_type, info in {t.ggml_type: t for t in f.tensors.values()}.items():
@@ -325,8 +299,8 @@ def _check_tensor_types(f: GGUFFile) -> None:
 
 
 def _dequantize(f: GGUFFile, name: str) -> np.ndarray:
-    from gguf.constants import GGMLQuantizationType
-    from gguf.quants import dequantize
+    from gguf.constants import GGMLQuantizationType  # deferred: gguf files only
+    from gguf.quants import dequantize  # deferred: gguf files only
 
     info = f.tensors[name]
     values = dequantize(f.raw(name), GGMLQuantizationType(info.ggml_type))

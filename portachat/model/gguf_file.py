@@ -96,7 +96,7 @@ class _Cursor:
 
 
 def _nbytes(ggml_type: int, shape: tuple[int, ...]) -> int:
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType  # deferred: gguf files only
 
     try:
         block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]

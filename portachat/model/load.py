@@ -20,9 +20,12 @@ from portachat.device import Device, get_device
 from portachat.device.dtypes import parse_dtype
 from portachat.i18n import _
 from portachat.model.config import GPTConfig
+from portachat.model.gguf import read_gguf
 from portachat.model.gpt import GPT
 from portachat.model.hf import from_hf_config
 from portachat.model.hf_dir import ModelParts, read_hf_dir, read_json
+from portachat.model.lora import find_adapter_dir, load_lora, merge_into
+from portachat.model.model_dir import check_tokenizer_matches, read_meta
 from portachat.model.source import GGUF, PEFT, PORTACHAT, ModelSource, display_name, resolve
 from portachat.ops.inference_dtype import inference_dtype
 from portachat.storage.atomic import CheckpointError
@@ -240,8 +243,6 @@ def load_for_inference(
 
 
 def _load_ours(path: Path, parts: ModelParts, device: torch.device, dtype: torch.dtype) -> InferenceModel:
-    from portachat.model.model_dir import check_tokenizer_matches, read_meta
-
     cfg = from_hf_config(parts.config)
     tokenizer = Tokenizer(parts.tokenizer)
     meta = read_meta(path)
@@ -262,12 +263,6 @@ def _load_ours(path: Path, parts: ModelParts, device: torch.device, dtype: torch
 
 
 def _load_gguf(path: Path, device: torch.device, dtype: torch.dtype) -> InferenceModel:
-    try:
-        from portachat.model.gguf import read_gguf
-    except ImportError as exc:
-        raise NotImplementedError(_("loading .gguf files is not available in this build ({error})").format(
-            error=exc)) from exc
-
     parts = read_gguf(path)
     model, tokenizer, generation = build_from_parts(parts, device, dtype, where=str(path))
     return InferenceModel(
@@ -286,8 +281,6 @@ def _load_gguf(path: Path, device: torch.device, dtype: torch.dtype) -> Inferenc
 
 def _with_adapter(path: str | Path | ModelSource, device: Device | torch.device | str | None, dtype: torch.dtype | str | None,
                   adapter: Path) -> InferenceModel:
-    from portachat.model.lora import load_lora, merge_into
-
     torch_device, dtype = _resolve_device(device, dtype)
     lora = load_lora(adapter)  # a damaged adapter fails before the base model is read
     loaded = load_for_inference(path, device=torch_device, dtype=torch.float32)
@@ -302,8 +295,6 @@ def _with_adapter(path: str | Path | ModelSource, device: Device | torch.device 
 
 
 def _adapter_dir(spec: str | Path) -> Path:
-    from portachat.model.lora import find_adapter_dir
-
     return find_adapter_dir(spec)
 
 

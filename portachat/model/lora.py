@@ -25,6 +25,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from portachat.i18n import _
+from portachat.model.config import ALL_LINEAR
 from portachat.model.hf import UnsupportedConfigError
 from portachat.model.source import resolve
 from portachat.storage.atomic import CheckpointError
@@ -32,7 +33,6 @@ from portachat.storage.atomic import CheckpointError
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."  # what PeftModelForCausalLM puts before the base model's names
-ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 @dataclass

@@ -206,7 +206,7 @@ def _hub_snapshot(repo_id: str) -> Path | None:
     if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo_id):
         return None
     try:
-        from huggingface_hub import snapshot_download  # optional heavy dependency: only for hub ids
+        from huggingface_hub import snapshot_download  # deferred: slow import, downloads only
 
         return Path(snapshot_download(repo_id=repo_id, local_files_only=True))
     except Exception:  # noqa: BLE001 - not cached, no huggingface_hub, bad name: all mean "not here"

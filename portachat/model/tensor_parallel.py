@@ -21,6 +21,7 @@ import dataclasses
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from portachat.i18n import _
@@ -104,8 +105,6 @@ class RowParallelLinear(nn.Module):
         self.group = group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        import torch.distributed as dist
-
         y = self.linear(x)
         dist.all_reduce(y, group=self.group)
         return y
@@ -128,8 +127,6 @@ class VocabParallelHead(nn.Module):
         return getattr(self.linear, "weight", None)  # never the embedding table itself: not "tied"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        import torch.distributed as dist
-
         y = self.linear(x)
         pad = self.rows_per_rank - y.size(-1)
         y = torch.nn.functional.pad(y, (0, pad)) if pad else y.contiguous()

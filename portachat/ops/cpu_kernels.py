@@ -26,13 +26,13 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from functools import lru_cache
 from pathlib import Path
 
 import torch
 
 from portachat.i18n import _
+from portachat.storage.atomic import atomic_file
 
 KERNELS = Path(__file__).parent / "kernels"
 SOURCES = tuple(sorted(KERNELS.glob("*.c")))
@@ -96,18 +96,12 @@ def build(flags: tuple[str, ...] = FLAGS, out: Path | None = None) -> Path:
     if cc is None:
         raise RuntimeError(_("no C compiler found (install gcc, or set CC)"))
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=".kernels-", suffix=".so")
-    os.close(fd)
-    try:
-        command = [cc, *flags, "-o", tmp, *map(str, SOURCES), "-lm"]
+    with atomic_file(out) as tmp:  # another process sees no library or the whole one
+        command = [cc, *flags, "-o", str(tmp), *map(str, SOURCES), "-lm"]
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
             message = _("{cc} failed to build the CPU kernels: {error}")
             raise RuntimeError(message.format(cc=cc, error=done.stderr.strip()[-2000:]))
-        os.replace(tmp, out)  # atomic: another process sees the old state or the whole library
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return out
 
 

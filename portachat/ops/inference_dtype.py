@@ -19,6 +19,7 @@ from portachat.device.dtypes import DTYPES as _DTYPES
 from portachat.device.dtypes import parse_dtype
 from portachat.device.inference import Choice, measures_inference_dtype
 from portachat.ops.cpu_linear import kernels_available, pack_linear
+from portachat.storage.atomic import write_text_atomic
 from portachat.storage.paths import portachat_home
 
 _memo: dict[str, str] = {}
@@ -78,9 +79,7 @@ def cpu_inference_dtype() -> Choice:
         except (OSError, ValueError):
             data = {}
         data[name] = choice
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=2))
-        os.replace(tmp, path)
+        write_text_atomic(path, json.dumps(data, indent=2))
     except OSError:
         pass  # a read-only home only costs a re-measurement next time
     return Choice(_DTYPES[choice], f"measured: bf16 matvec {bf16 * 1e6:.0f} us vs fp32 {fp32 * 1e6:.0f} us")

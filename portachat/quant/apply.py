@@ -121,7 +121,7 @@ def _aten_linear(linear: nn.Linear, plan: QuantPlan) -> tuple[nn.Module | None, 
 
 def torchao_config(plan: QuantPlan):
     """torchao's config for a plan: per-channel int8, or int4 in tinygemm's tile-packed layout."""
-    from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig
+    from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig  # deferred: portachat[models]
 
     if plan.mode == "int8":
         return Int8WeightOnlyConfig()
@@ -129,7 +129,7 @@ def torchao_config(plan: QuantPlan):
 
 
 def _torchao_quantize(model: nn.Module, names: list[str], plan: QuantPlan) -> None:
-    from torchao.quantization import quantize_
+    from torchao.quantization import quantize_  # deferred: optional (portachat[models])
 
     wanted = set(names)
     model.to(plan.activation_dtype)  # tinygemm takes bf16 activations and scales

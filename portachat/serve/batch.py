@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from portachat.engine.sampling_params import SamplingFallback
 from portachat.engine.served import ServedModel
 from portachat.engine.types import SamplingParams
 from portachat.i18n import _
@@ -42,10 +41,6 @@ from portachat.serve.api.batch_lines import BatchLine, output_record, read_lines
 from portachat.serve.api.local import LOCAL_OWNER, LocalApp, local_app, running
 from portachat.serve.api.state import ServerSettings
 from portachat.serve.jsonl_rows import BatchInputError, RowWriter, done_ids
-
-# `generate`'s own defaults for what neither a line, the flags nor the model's generation_config
-# set: greedy, so a batch run is reproducible unless it asks for sampling.
-GENERATE_FALLBACK = SamplingFallback(temperature=0.0, max_tokens=256)
 
 OPENAI_LINES, ROWS = "openai", "rows"
 CHAT, COMPLETIONS, EMBEDDINGS = "/v1/chat/completions", "/v1/completions", "/v1/embeddings"

@@ -14,16 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
-from portachat.engine.sampling_params import TEMPERATURE_MAX, SamplingError, SamplingFallback, with_fields
+from portachat.engine.sampling_params import TEMPERATURE_MAX, SamplingError, with_fields
 from portachat.engine.types import EngineError, SamplingParams
 from portachat.i18n import N_, _, gettext
 from portachat.serve.api.reasoning import thinking_of
 from portachat.serve.chat_display import ReplyDisplay
 from portachat.tokenizer.protocol import ChatTokenizer
-
-# `chat`'s own defaults for what neither the flags nor the model's generation_config set: a little
-# below 1 so a small model's replies stay on topic (nanochat's chat_cli samples at 0.6).
-CHAT_FALLBACK = SamplingFallback(temperature=0.6, max_tokens=512)
 
 HELP = N_("""commands:
   /clear            start a new conversation

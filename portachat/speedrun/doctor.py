@@ -13,6 +13,7 @@ import time
 from typing import TextIO
 
 import torch
+import torch.distributed as dist
 
 from portachat.device import (
     Device,
@@ -53,8 +54,6 @@ def _h2d(dev: Device) -> tuple[float, str]:
 
 
 def _allreduce(dev: Device) -> dict:
-    import torch.distributed as dist
-
     env = init_distributed(dev, timeout_s=120)
     try:
         t = torch.ones(4 * 2**20, device=dev.torch_device)  # 16 MiB of fp32

@@ -9,12 +9,14 @@ resumes the interrupted one from its latest checkpoint.
 from __future__ import annotations
 
 import json
-import os
+import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+
+import torch.distributed as dist
 
 from portachat.checkpoint import latest_checkpoint, stage_dir
 from portachat.checkpoint.replicate import rank0_decides
@@ -26,13 +28,14 @@ from portachat.eval.run import EvalOptions, run_evals
 from portachat.i18n import N_, _, gettext
 from portachat.speedrun.presets import Preset, StagePlan, choose_preset, price_per_device_hour
 from portachat.speedrun.report import hardware_summary, write_report
+from portachat.speedrun.stages import STAGES
+from portachat.storage.atomic import write_text_atomic
 from portachat.storage.runs import list_steps
 from portachat.train.base import BaseOptions, prepare_tokenizer, run_base
 from portachat.train.chat_stage import ChatOptions, run_chat_stage
 from portachat.train.rl import RLOptions, run_rl
 from portachat.train.trainer import TrainConfig
 
-STAGES = ("tokenizer", "base", "mid", "sft", "rl", "eval")
 STATE_FILE = "speedrun.json"
 SYNTHETIC_NOTE = N_("built-in synthetic curriculum (offline)")  # stored in the state, shown translated
 
@@ -70,14 +73,11 @@ def load_state(run_dir: Path) -> dict[str, Any]:
 
 def save_state(run_dir: Path, state: dict[str, Any]) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = run_dir / f".{STATE_FILE}.tmp"
-    tmp.write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")  # stage order is the report order
-    os.replace(tmp, run_dir / STATE_FILE)
+    write_text_atomic(run_dir / STATE_FILE, json.dumps(state, indent=2) + "\n")  # stage order is the report order
 
 
 def _plan(preset: Preset, stage: str, overrides: dict[str, Any]) -> StagePlan:
     plan: StagePlan = getattr(preset, stage)
-    from dataclasses import fields, replace
 
     known = {f.name for f in fields(StagePlan)}
     changes = {k.split(".", 1)[1]: v for k, v in overrides.items() if k.startswith(stage + ".")}
@@ -138,12 +138,8 @@ def run_speedrun(opts: SpeedrunOptions, dev: Device | None = None, print_fn: Cal
     state = rank0_decides(lambda: load_state(run_dir))
     if state and opts.overwrite:
         if env.is_main:
-            import shutil
-
             shutil.rmtree(run_dir)
         if env.is_distributed:
-            import torch.distributed as dist
-
             dist.barrier()
         state = {}
     if state and state.get("preset") != preset.name:
@@ -259,8 +255,6 @@ def _chat_stage(stage: str, opts: SpeedrunOptions, preset: Preset, chat_data: li
 
 
 def _rl_stage(opts: SpeedrunOptions, preset: Preset, dev: Device, say) -> dict[str, Any]:
-    from dataclasses import replace
-
     steps = int(opts.overrides.get("rl.steps", preset.rl_steps))
     group = preset.rl_samples_per_prompt
     # One micro-batch = prompts_per_step prompts x G replies (the group must share a micro-batch).
@@ -290,8 +284,6 @@ def _eval_stage(opts: SpeedrunOptions, preset: Preset, dev: Device, env: DistEnv
 
     if not env.is_main:  # evaluation is cheap next to training: rank 0 does it, the others wait
         if env.is_distributed:
-            import torch.distributed as dist
-
             dist.barrier()
         return {}
     limit = int(opts.overrides.get("eval.limit", preset.eval_limit)) or None
@@ -312,8 +304,6 @@ def _eval_stage(opts: SpeedrunOptions, preset: Preset, dev: Device, env: DistEnv
         for r in results:
             headline[f"{stage}_{r.task}"] = r.value
     if env.is_distributed:
-        import torch.distributed as dist
-
         dist.barrier()
     return headline
 

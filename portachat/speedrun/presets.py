@@ -8,9 +8,12 @@ and its effect is measurable on the synthetic curriculum.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from portachat.device import Device
 from portachat.i18n import N_, _
+
+if TYPE_CHECKING:  # torch-free at import: the command line reads PRESETS for --help
+    from portachat.device import Device
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,11 @@ import platform
 from pathlib import Path
 from typing import Any
 
+import torch
+
 import portachat
 from portachat.i18n import N_, _, gettext
+from portachat.storage.atomic import write_text_atomic
 
 # (stage, log key, label) curves drawn when the stage logged them.
 CURVES: dict[str, list[tuple[str, str]]] = {
@@ -53,10 +56,10 @@ def series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[flo
 
 def plot_curves(run_dir: Path, out_dir: Path) -> list[tuple[str, Path]]:
     """One PNG per curve group that has data; returns [(title, path)]."""
-    import matplotlib
+    import matplotlib  # deferred: heavy, plots only
 
     matplotlib.use("Agg")  # no display on servers
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: heavy, plots only
 
     made = []
     for name, curves in CURVES.items():
@@ -183,16 +186,12 @@ def write_report(run_dir: Path, state: dict[str, Any], hardware: dict[str, Any])
     curves = plot_curves(run_dir, run_dir)
     text = render_report(state, hardware, curves, run_dir)
     path = run_dir / "report.md"
-    tmp = run_dir / ".report.md.tmp"
-    tmp.write_text(text + "\n", encoding="utf-8")
-    tmp.replace(path)
+    write_text_atomic(path, text + "\n")
     return path
 
 
 def hardware_summary(dev, world_size: int) -> dict[str, Any]:
     """Hardware and versions for the report, asked of the device layer."""
-    import torch
-
     info = dev.describe()
     return {
         N_("device"): f"{world_size} x {info.get('name', dev.kind)} ({dev.kind})",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import secrets
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -119,14 +120,17 @@ def atomic_directory(final: Path) -> Iterator[Path]:
         raise translated from exc
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write a small text file so readers see the old or the new content, never a mix."""
+@contextlib.contextmanager
+def atomic_file(path: Path) -> Iterator[Path]:
+    """Yield a temporary sibling path for `path`'s new content, written by us or by another program (a
+    compiler, a library's file writer); on clean exit fsync it, rename it over `path` and fsync the
+    directory, so readers see the old file or the whole new one. The name is unique per call, so
+    processes writing the same file at once never share a temporary file."""
     path = Path(path)
-    tmp = path.parent / f".tmp-{path.name}.{os.getpid()}"
+    tmp = path.parent / f".tmp-{path.name}.{os.getpid()}.{secrets.token_hex(4)}"
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
+        yield tmp
+        with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         fsync_dir(path.parent)
@@ -134,3 +138,9 @@ def write_text_atomic(path: Path, text: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write a small text file so readers see the old or the new content, never a mix."""
+    with atomic_file(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")

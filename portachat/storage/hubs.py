@@ -15,6 +15,7 @@ Every download in portachat (pretraining shards, chat and evaluation data, model
 from __future__ import annotations
 
 import os
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -80,7 +81,7 @@ def parse_repo(spec: str) -> RepoRef:
 
 
 def is_offline() -> bool:
-    from huggingface_hub import constants
+    from huggingface_hub import constants  # deferred: slow import, downloads only
 
     return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in _TRUE or bool(constants.HF_HUB_OFFLINE)
 
@@ -101,7 +102,7 @@ def modelscope_endpoint() -> str | None:
 
 def _modelscope_snapshot_download() -> Any:
     try:
-        from modelscope.hub.snapshot_download import snapshot_download
+        from modelscope.hub.snapshot_download import snapshot_download  # deferred: portachat[china]
     except ImportError:
         raise HubError(MSG_NO_MODELSCOPE.format(install=MODELSCOPE_INSTALL)) from None
     return snapshot_download
@@ -122,7 +123,7 @@ def snapshot(ref: RepoRef, local_dir: Path | None = None, repo_type: str = "mode
             local_dir=str(local_dir) if local_dir is not None else None, endpoint=modelscope_endpoint(),
             local_files_only=local_only)
         return Path(path)
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import snapshot_download  # deferred: slow import, downloads only
 
     path = snapshot_download(repo_id=ref.repo_id, repo_type=repo_type, revision=revision,
                              allow_patterns=allow_patterns, local_dir=local_dir, endpoint=hf_endpoint(),
@@ -134,11 +135,12 @@ def list_files(ref: RepoRef, repo_type: str = "dataset", revision: str | None = 
     """Paths of every file in the repo (ModelScope's client pages through big dataset listings itself)."""
     if ref.hub == MODELSCOPE:
         _modelscope_snapshot_download()  # the clear error when the client is missing
-        from modelscope_hub.api import HubApi  # the client stack `modelscope` >= 1.38 installs and wraps
+        # the client stack `modelscope` >= 1.38 installs and wraps
+        from modelscope_hub.api import HubApi  # deferred: optional (portachat[china])
 
         entries = HubApi(endpoint=modelscope_endpoint()).list_repo_files(ref.repo_id, repo_type, revision=revision)
         return sorted(e.path for e in entries if e.type != "tree")
-    from huggingface_hub import HfApi
+    from huggingface_hub import HfApi  # deferred: slow import, downloads only
 
     return HfApi(endpoint=hf_endpoint()).list_repo_files(ref.repo_id, repo_type=repo_type, revision=revision)
 
@@ -159,8 +161,6 @@ class HubProbe:
 
 def probe_url(name: str, url: str, timeout: float = PROBE_TIMEOUT_S) -> HubProbe:
     """A HEAD request: any HTTP answer (even 404) means the host is reachable from here."""
-    import time
-
     start = time.perf_counter()
     request = urllib.request.Request(url, method="HEAD", headers={"User-Agent": "portachat-doctor"})
     try:

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -35,6 +33,7 @@ from tokenizers import Regex, decoders, models, pre_tokenizers, processors, trai
 from tokenizers import Tokenizer as HFTokenizer
 
 from portachat.i18n import _
+from portachat.storage.atomic import write_text_atomic
 from portachat.tokenizer.errors import TokenizerConfigError, TokenizerFormatError, TokenizerNotFoundError
 from portachat.tokenizer.template import CHAT_TEMPLATE
 
@@ -46,8 +45,6 @@ SPLIT_PATTERN = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 PRE_TOKENIZER_NAME = "qwen2"
-# The previous default (GPT-4's pattern with 1-2 digit groups): no llama.cpp pre-tokenizer splits this way.
-LEGACY_SPLIT_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
 # Split patterns llama.cpp knows -> its pre-tokenizer name (tokenizer.ggml.pre).
 KNOWN_PRE_TOKENIZERS = {
     SPLIT_PATTERN: PRE_TOKENIZER_NAME,
@@ -145,7 +142,7 @@ class Tokenizer:
         """
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        _atomic_write(directory / TOKENIZER_FILE, self._hf.to_str(pretty=True))
+        write_text_atomic(directory / TOKENIZER_FILE, self._hf.to_str(pretty=True))
         config = {
             "tokenizer_class": "PreTrainedTokenizerFast",
             "bos_token": BOS,
@@ -160,7 +157,7 @@ class Tokenizer:
             "portachat_fingerprint": self.fingerprint(),
             "portachat_pre_tokenizer": self.pre_tokenizer_name(),  # llama.cpp's name, None if it has none
         }
-        _atomic_write(directory / CONFIG_FILE, json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+        write_text_atomic(directory / CONFIG_FILE, json.dumps(config, indent=2, ensure_ascii=False) + "\n")
 
     # ---- vocabulary ----------------------------------------------------------------------
 
@@ -250,20 +247,6 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"Tokenizer(vocab_size={self.vocab_size}, fingerprint={self.fingerprint()})"
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def bos_post_processor(bos_id: int) -> processors.TemplateProcessing:

@@ -24,13 +24,13 @@ from typing import Any
 from tokenizers import Tokenizer as HFTokenizer
 
 from portachat.i18n import _
+from portachat.storage.atomic import write_text_atomic
 from portachat.tokenizer.bpe import (
     OUTPUT_END,
     OUTPUT_START,
     PYTHON_END,
     PYTHON_START,
     Tokenizer,
-    _atomic_write,
     _byte_decoder,
 )
 from portachat.tokenizer.chat import render_for_completion
@@ -116,9 +116,9 @@ class PortachatChatTokenizer:
 @lru_cache(maxsize=16)
 def _compile_template(template: str) -> Any:
     """Compile a chat template the way transformers does (sandboxed, same options and helpers)."""
-    import jinja2
-    from jinja2.ext import Extension, loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    import jinja2  # deferred: chat templates only
+    from jinja2.ext import Extension, loopcontrols  # deferred: chat templates only
+    from jinja2.sandbox import ImmutableSandboxedEnvironment  # deferred: chat templates only
 
     class GenerationTag(Extension):  # `{% generation %}` marks assistant text for HF's masks; a no-op here
         tags = {"generation"}
@@ -302,8 +302,8 @@ class TemplateChatTokenizer:
         config = {**self.tokenizer_config, "chat_template": self.chat_template}
         if model_max_length is not None:
             config["model_max_length"] = int(model_max_length)
-        _atomic_write(directory / "tokenizer.json", self._hf_template.to_str(pretty=True))
-        _atomic_write(directory / "tokenizer_config.json", json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+        write_text_atomic(directory / "tokenizer.json", self._hf_template.to_str(pretty=True))
+        write_text_atomic(directory / "tokenizer_config.json", json.dumps(config, indent=2, ensure_ascii=False) + "\n")
 
     # ---- rendering -------------------------------------------------------------------------
 

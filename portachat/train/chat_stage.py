@@ -33,6 +33,7 @@ from portachat.model import GPT
 from portachat.model.model_dir import read_config
 from portachat.tokenizer import Tokenizer, render_conversation
 from portachat.train.chat_eval import answer_accuracy_evaluator
+from portachat.train.defaults import STAGE_DEFAULTS
 from portachat.train.stage import (  # noqa: F401 - PREVIOUS_STAGE, prepare_stage_dir, start_points: their old home
     PREVIOUS_STAGE,
     begin_stage,
@@ -48,21 +49,6 @@ from portachat.train.trainer import (
     resolve_device_batch_size,
     train,
 )
-
-
-@dataclass(frozen=True)
-class StageDefaults:
-    lr_scale: float  # times the optimizer's base learning rates (nanochat's init_lr_frac)
-    warmdown_ratio: float
-    pack: bool
-    synthetic_conversations: int
-
-
-STAGE_DEFAULTS = {
-    # No lr warmup and no Muon momentum ramp: these stages start from trained weights.
-    "mid": StageDefaults(lr_scale=1.0, warmdown_ratio=0.2, pack=True, synthetic_conversations=20_000),
-    "sft": StageDefaults(lr_scale=0.1, warmdown_ratio=1.0, pack=False, synthetic_conversations=5_000),
-}
 
 
 @dataclass

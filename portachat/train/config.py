@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from portachat.train.accumulation import grad_accum_steps
-from portachat.train.optim import OptimConfig
+from portachat.train.optim_config import OptimConfig
 
 
 @dataclass(frozen=True)

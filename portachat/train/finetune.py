@@ -48,6 +48,7 @@ from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
 from portachat.tokenizer.template_masks import render_template_conversation, render_template_prompt
 from portachat.train.chat_eval import is_correct
 from portachat.train.chat_stage import ChatOptions, split_conversations
+from portachat.train.defaults import FULL_LR, LORA_LR
 from portachat.train.engine_copy import engine_weights
 from portachat.train.finetune_batch import probe_rows, resolve_finetune_batch_size
 from portachat.train.finetune_optim import finetune_optimizer
@@ -64,8 +65,6 @@ from portachat.train.lora import (
 from portachat.train.stage import Render, begin_stage, plan_iterations
 from portachat.train.trainer import Stage, TrainConfig, Trainer, TrainingError, TrainResult
 
-FULL_LR = 2e-5
-LORA_LR = 2e-4
 MERGED = "merged"  # <stage>/merged/: the last LoRA checkpoint folded into a plain model (--merge)
 
 

@@ -7,12 +7,11 @@ and 1-D parameters (norm gains) stay on AdamW, where Muon's geometry does not ap
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-
 import torch
 from torch import nn
 
 from portachat.train.muon_split import add_update, full, orthogonalize
+from portachat.train.optim_config import OptimConfig  # noqa: F401 - its home is torch-free (the CLI reads its defaults)
 
 
 @torch.no_grad()
@@ -85,21 +84,6 @@ class Muon(torch.optim.Optimizer):
                 for p, update in zip(params, ortho.unbind(0), strict=True):
                     add_update(p, update, alpha=-group["lr"] * scale)
         return None
-
-
-@dataclass(frozen=True)
-class OptimConfig:
-    matrix_lr: float = 0.02  # Muon
-    embedding_lr: float = 0.2  # AdamW
-    unembedding_lr: float = 0.004  # AdamW
-    scalar_lr: float = 0.02  # AdamW, norm gains
-    weight_decay: float = 0.0
-    adam_betas: tuple[float, float] = (0.8, 0.95)
-
-    def scaled(self, factor: float) -> OptimConfig:
-        """Every learning rate times `factor` (a stage that starts from trained weights trains gentler)."""
-        return replace(self, matrix_lr=self.matrix_lr * factor, embedding_lr=self.embedding_lr * factor,
-                       unembedding_lr=self.unembedding_lr * factor, scalar_lr=self.scalar_lr * factor)
 
 
 def build_optimizers(

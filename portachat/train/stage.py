@@ -33,9 +33,7 @@ from portachat.model.source import resolve
 from portachat.storage.runs import list_steps, stage_dir
 from portachat.train.accumulation import TrainingError
 from portachat.train.config import TrainConfig
-
-# The stage a stage starts from when --init is not given: this run's previous stage, at its latest checkpoint.
-PREVIOUS_STAGE = {"mid": "base", "sft": "mid", "rl": "sft"}
+from portachat.train.defaults import PREVIOUS_STAGE
 
 Render = Callable[[Any, int | None], tuple[list[int], list[int]]]  # (messages, max tokens) -> ids, mask
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from portachat.cli import build_parser, main
-from portachat.commands.inference import load_options
+from portachat.commands.run.inference import load_options
 
 
 def test_docs_errors_follow_the_language(monkeypatch, tmp_path):

@@ -8,9 +8,7 @@ import pytest
 from portachat.engine.sampling_params import SamplingError, SamplingFallback, check_params, with_fields
 from portachat.engine.types import SamplingParams
 from portachat.model.load import GenerationDefaults
-from portachat.serve.api.request_params import OPENAI_FALLBACK
-from portachat.serve.batch import GENERATE_FALLBACK
-from portachat.serve.terminal_chat import CHAT_FALLBACK
+from portachat.serve.fallbacks import CHAT_FALLBACK, GENERATE_FALLBACK, OPENAI_FALLBACK
 
 MODEL = GenerationDefaults(do_sample=True, temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.05)
 FALLBACK = SamplingFallback(temperature=0.3, max_tokens=99, top_p=0.9, top_k=7, repetition_penalty=1.2)

@@ -11,6 +11,10 @@ from portachat.model import GPT, GPTConfig
 from portachat.model.model_dir import save_model_files
 from portachat.storage.atomic import atomic_directory
 
+# portachat's previous default split pattern (GPT-4's with 1-2 digit groups): no llama.cpp pre-tokenizer
+# splits this way, so a tokenizer trained with it cannot be exported to GGUF.
+LEGACY_SPLIT_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
+
 
 def make_checkpoint(directory: Path, tokenizer, generation_defaults: dict | None = None,
                     **overrides) -> tuple[Path, GPT]:

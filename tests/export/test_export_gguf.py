@@ -92,10 +92,10 @@ def test_our_gguf_reader_loads_the_export(tmp_path, checkpoint, small_tokenizer)
 
 
 def test_old_split_pattern_cannot_be_exported_and_says_why(tmp_path, small_tokenizer):
+    from export_testing import LEGACY_SPLIT_PATTERN
     from tokenizers import Regex, pre_tokenizers
 
     from portachat.tokenizer import Tokenizer
-    from portachat.tokenizer.bpe import LEGACY_SPLIT_PATTERN
 
     hf = small_tokenizer._hf.__class__.from_str(small_tokenizer._hf.to_str())
     hf.pre_tokenizer = pre_tokenizers.Sequence(

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import re
 
+from export_testing import LEGACY_SPLIT_PATTERN
 from tokenizers import Regex, pre_tokenizers
 
 from portachat.tokenizer import Tokenizer, train_tokenizer
-from portachat.tokenizer.bpe import LEGACY_SPLIT_PATTERN, PRE_TOKENIZER_NAME, SPLIT_PATTERN
+from portachat.tokenizer.bpe import PRE_TOKENIZER_NAME, SPLIT_PATTERN
 
 
 def test_default_pattern_is_qwen2_and_equals_transformers_gguf_table():

@@ -13,7 +13,7 @@ import pytest
 from api_testing import free_port, tiny_model, wait_healthy
 
 from portachat.cli import build_parser
-from portachat.commands.serve import model_specs
+from portachat.commands.run.serve import model_specs
 from portachat.model.model_dir import save_model_files
 from tests.lora_files import write_random_adapter
 

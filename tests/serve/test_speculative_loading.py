@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from portachat.cli import build_parser
-from portachat.commands.inference import load_options
+from portachat.commands.run.inference import load_options
 from portachat.engine import SamplingParams
 from portachat.engine.loading import LoadOptions, SpeculativeOptions, load_served_model
 from portachat.model import GPT, GPTConfig

@@ -83,7 +83,7 @@ def test_bad_options_are_refused_before_loading_anything(bad, flag):
 
 def test_command_line_maps_to_options(tmp_path):
     from portachat.cli import build_parser
-    from portachat.commands.distill import distill_options
+    from portachat.commands.run.distill import distill_options
 
     args = build_parser().parse_args(["distill", "--teacher", "T", "--student-depth", "2", "--loss", "jsd",
                                       "--top-k", "8", "--on-policy", "0.25", "--temperature", "2", "--alpha", "0.5",

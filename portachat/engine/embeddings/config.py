@@ -8,12 +8,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from portachat.engine.embeddings.modes import POOLING_MODES
 from portachat.i18n import _
 from portachat.model.hf_dir import read_json
 from portachat.model.source import st_modules
 from portachat.storage.atomic import CheckpointError
 
-POOLING_MODES = ("mean", "cls", "last", "max", "mean_sqrt_len")
 # sentence-transformers' Pooling config keys -> our names.
 _ST_POOLING = {
     "pooling_mode_mean_tokens": "mean",

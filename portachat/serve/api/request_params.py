@@ -6,7 +6,7 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
-from portachat.engine.sampling_params import SamplingError, SamplingFallback, with_fields
+from portachat.engine.sampling_params import SamplingError, with_fields
 from portachat.engine.structured import StructuredError, StructuredSpec
 from portachat.engine.structured.fields import structured_spec
 from portachat.engine.types import EngineError, SamplingParams
@@ -14,11 +14,7 @@ from portachat.i18n import _
 from portachat.serve.api.errors import APIError
 from portachat.serve.api.protocol import ChatCompletionRequest, CompletionRequest
 from portachat.serve.api.state import ModelLease
-
-# What a field neither the request nor the model's generation_config sets becomes: OpenAI's
-# defaults (temperature 1). An unset max_tokens is the room the context leaves, as in vLLM (capped at
-# ServerSettings.max_tokens_default where one is set: `portachat generate`'s --max-tokens).
-OPENAI_FALLBACK = SamplingFallback(temperature=1.0)
+from portachat.serve.fallbacks import OPENAI_FALLBACK
 
 
 def sampling_params(state: ModelLease, req: ChatCompletionRequest | CompletionRequest, prompt_len: int,
