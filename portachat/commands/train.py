@@ -15,6 +15,7 @@ from portachat.commands.common import (
     positive_int,
     report_result,
 )
+from portachat.commands.finetune_args import finetune_options, wants_finetune
 from portachat.commands.launch import add_launch_flags, maybe_launch
 from portachat.i18n import _
 from portachat.speedrun.presets import training_defaults
@@ -163,11 +164,7 @@ def cmd_train_chat(args: argparse.Namespace) -> int:
         return launched
     from portachat.device import destroy_distributed, dist_env  # deferred: loads torch
     from portachat.train.chat_stage import ChatOptions, run_chat_stage  # deferred: loads torch
-    from portachat.train.finetune import (  # deferred: loads torch
-        finetune_options,
-        run_finetune,
-        wants_finetune,
-    )
+    from portachat.train.finetune import run_finetune  # deferred: loads torch
 
     dev = device_from_args(args)
     opts = ChatOptions(

@@ -140,9 +140,3 @@ class GroupRollout:
                         for j in range(1, group_size):
                             add(g, j)
         return replies
-
-    def reply_text(self, ids: list[int]) -> str:
-        """A reply's text up to its stop token (control tokens dropped)."""
-        stops = self.tokenizer.stop_ids
-        cut = next((i for i, t in enumerate(ids) if t in stops), len(ids))
-        return self.tokenizer.decode(ids[:cut])

@@ -21,10 +21,11 @@ from portachat.device.inference import training_engine_dtype
 from portachat.engine import LLMEngine, SamplingParams
 from portachat.engine.calculator import calculate
 from portachat.engine.oneshot import engine_for
+from portachat.eval.generation import reply_text
 from portachat.i18n import _
 from portachat.model import GPT
 from portachat.tokenizer import Tokenizer
-from portachat.tokenizer.bpe import ASSISTANT_END, OUTPUT_END, OUTPUT_START, PYTHON_END, PYTHON_START
+from portachat.tokenizer.bpe import OUTPUT_END, OUTPUT_START, PYTHON_END, PYTHON_START
 from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
 from portachat.train.engine_copy import inference_copy, refresh_copy
 
@@ -66,6 +67,7 @@ class RolloutEngine:
 
     def __init__(self, model: GPT, tokenizer: Tokenizer, dev: Device, max_num_seqs: int = 64) -> None:
         self.model, self.tokenizer, self.dev, self.max_num_seqs = model, tokenizer, dev, max_num_seqs
+        self.chat_tokenizer = PortachatChatTokenizer(tokenizer)
         self._engine: LLMEngine | None = None
         self.weights: GPT = model  # what the engine runs: the model itself, or its inference copy
 
@@ -73,7 +75,7 @@ class RolloutEngine:
         if self._engine is None:  # room for max_num_seqs sequences of the model's context; mode kept
             dtype = training_engine_dtype(self.dev)
             self.weights = self.model if dtype is None else inference_copy(self.model, dtype)
-            self._engine = engine_for(self.weights, PortachatChatTokenizer(self.tokenizer), self.dev,
+            self._engine = engine_for(self.weights, self.chat_tokenizer, self.dev,
                                       max_num_seqs=self.max_num_seqs)
         return self._engine
 
@@ -98,12 +100,5 @@ class RolloutEngine:
             if completion.error:
                 raise RuntimeError(_("sampling a rollout failed: {error}").format(error=completion.error))
             ids = list(completion.token_ids)
-            replies[i] = Reply(ids, tool_mask(self.tokenizer, ids), reply_text(self.tokenizer, ids))
+            replies[i] = Reply(ids, tool_mask(self.tokenizer, ids), reply_text(self.chat_tokenizer, ids))
         return replies
-
-
-def reply_text(tokenizer: Tokenizer, ids: list[int]) -> str:
-    """The reply as text up to its end-of-turn token, tool calls as their literal markers."""
-    stops = {tokenizer.special_ids[ASSISTANT_END], tokenizer.bos_id}
-    cut = next((i for i, t in enumerate(ids) if t in stops), len(ids))
-    return tokenizer.decode(ids[:cut])

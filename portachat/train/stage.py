@@ -32,6 +32,7 @@ from portachat.model.model_dir import read_meta
 from portachat.model.source import resolve
 from portachat.storage.runs import list_steps, stage_dir
 from portachat.train.accumulation import TrainingError
+from portachat.train.collectives import SINGLE_PROCESS
 from portachat.train.config import TrainConfig
 
 # The stage a stage starts from when --init is not given: this run's previous stage, at its latest checkpoint.
@@ -40,7 +41,7 @@ PREVIOUS_STAGE = {"mid": "base", "sft": "mid", "rl": "sft"}
 Render = Callable[[Any, int | None], tuple[list[int], list[int]]]  # (messages, max tokens) -> ids, mask
 
 # Where rank 0 decides on its own files (inside rank0_decides): it deletes and waits for nobody.
-RANK0_ALONE = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1)
+RANK0_ALONE = SINGLE_PROCESS
 
 
 @dataclass(frozen=True)

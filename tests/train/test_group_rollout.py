@@ -19,7 +19,8 @@ from portachat.engine.scoring import teacher_forced_logprobs
 from portachat.model import GPT, GPTConfig
 from portachat.ops.cpu_linear import fused_forward_available
 from portachat.train import group_rollout
-from portachat.train.finetune import load_base
+from portachat.train.base_model import load_base
+from portachat.train.collectives import SINGLE_PROCESS
 from portachat.train.group_rollout import GroupRollout
 from portachat.train.grpo import GroupScorer, GroupStream
 from portachat.train.grpo_loss import GRPOLoss
@@ -94,7 +95,7 @@ def test_kv_cache_is_given_back_while_the_backward_runs(tmp_path):
     rollout = GroupRollout(base.model, base.tokenizer, CPU, max_num_seqs=4, max_model_len=64)
     scorer = GroupScorer(base, base.tokenizer, rollout, Rewards(["length:4", "gsm8k"]))
     opts = RLOptions(num_samples=2, max_new_tokens=8)
-    stream = GroupStream(rows, scorer, RolloutStats(CPU), opts, 2, base.tokenizer.bos_id, 0, 1, seed=0, max_len=64)
+    stream = GroupStream(rows, scorer, RolloutStats(CPU, SINGLE_PROCESS), opts, 2, base.tokenizer.bos_id, 0, 1, seed=0, max_len=64)
     batch = stream.next_batch()
     engine = rollout.engine()
     assert batch.inputs.shape[0] == 4 and (batch.targets >= 0).any()
