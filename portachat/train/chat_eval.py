@@ -28,7 +28,7 @@ from portachat.model import GPT
 from portachat.train.collectives import sum_over_ranks
 from portachat.train.engine_copy import engine_weights
 from portachat.train.hooks import Evaluator
-from portachat.train.rollout import RolloutEngine
+from portachat.train.rollout import Rollout
 from portachat.train.stage import Render
 
 MAX_EVAL_SEQS = 16  # answered at once: a KV cache for 16 replies, not one per held-out question
@@ -69,7 +69,7 @@ def greedy_answers(model: GPT, chat_tok: Any, prompts: list[list[int]], dev: Dev
 
 def answer_accuracy_evaluator(conversations: Sequence[Conversation], tokenizer: Any, prompt: Callable[[Any], list[int]],
                               dev: Device, env: DistEnv, max_tokens: int = 64, name: str = "accuracy",
-                              sampler: RolloutEngine | None = None) -> Evaluator:
+                              sampler: Rollout | None = None) -> Evaluator:
     """An evaluator hook: fraction of `conversations` (each with "messages" and "answer") answered right.
     `tokenizer`: ours or the model's ChatTokenizer; `prompt(messages)`: the ids asking for the reply.
     `sampler` shares an existing engine over the same model (RL) instead of building one per evaluation."""

@@ -1,8 +1,8 @@
 """GRPO for any model: `portachat train rl --init MODEL --data prompts.jsonl --reward ...`.
 
 The model loads as fine-tuning loads it (a Hugging Face directory, a GGUF, or one of our
-checkpoints: train.finetune.load_base) and trains with AdamW in fp32. Each micro-batch takes a few
-prompts, samples G replies to each through the engine in this process (train.group_rollout: paged
+checkpoints: train.base_model.load_base) and trains with AdamW in fp32. Each micro-batch takes a few
+prompts, samples G replies to each through the engine in this process (train.rollout: paged
 KV, continuous batching, a prompt's blocks shared by its G replies), scores them with the rewards
 (built-ins or the user's TRL-style functions, weighted: train.rewards), and turns each group's
 rewards into advantages (reward minus the group's mean, optionally over its std). The loss is the
@@ -28,22 +28,20 @@ from portachat.data.prompt_data import PromptRow, load_prompts
 from portachat.device import Device, DistEnv
 from portachat.device.inference import training_engine_dtype
 from portachat.device.shapes import pad_bucket, row_bucket
-from portachat.eval.generation import as_chat_tokenizer, reply_text
+from portachat.eval.generation import as_chat_tokenizer
 from portachat.i18n import _
 from portachat.model import GPT
 from portachat.model.source import PORTACHAT, resolve
-from portachat.tokenizer import Tokenizer
 from portachat.train.base_model import BaseModel, load_base, pad_id
 from portachat.train.collectives import sum_over_ranks
 from portachat.train.engine_copy import inference_copy
 from portachat.train.finetune import fit_finetune
-from portachat.train.group_rollout import GroupRollout
 from portachat.train.grpo_loss import GRPOLoss, group_advantages
 from portachat.train.hooks import Evaluator
 from portachat.train.lora import add_lora
 from portachat.train.rewards import Rewards
 from portachat.train.rl import RLOptions, RolloutStats, rollout_batch
-from portachat.train.rollout import Reply, tool_mask
+from portachat.train.rollout import Reply, Rollout
 from portachat.train.stage import begin_stage
 from portachat.train.trainer import Stage, TrainingError, TrainResult
 
@@ -81,17 +79,15 @@ def columns_of(rows: Sequence[PromptRow], repeat: int) -> dict[str, list]:
 class GroupScorer:
     """Samples and scores groups: (prompts' ids, replies, rewards [groups, G])."""
 
-    def __init__(self, base: BaseModel, chat_tok, sampler: GroupRollout, rewards: Rewards) -> None:
+    def __init__(self, base: BaseModel, chat_tok, sampler: Rollout, rewards: Rewards) -> None:
         self.base, self.chat_tok, self.sampler, self.rewards = base, chat_tok, sampler, rewards
-        self.ours = isinstance(base.tokenizer, Tokenizer)  # our models call the calculator: mask its output
         self.reward_sums = torch.zeros(2 * len(rewards.names), dtype=torch.float64)  # (sum, count) per function
 
     def run(self, rows: Sequence[PromptRow], group_size: int, max_tokens: int, temperature: float, seed: int,
             ) -> tuple[list[list[int]], list[Reply], torch.Tensor]:
         prompts = [prompt_ids(self.base, self.chat_tok, r) for r in rows]
         groups = self.sampler.sample_groups(prompts, group_size, max_tokens, temperature, seed)
-        replies = [Reply(ids, tool_mask(self.base.tokenizer, ids) if self.ours else [1] * len(ids),
-                         reply_text(self.chat_tok, ids)) for group in groups for ids in group]
+        replies = [self.sampler.reply(ids) for group in groups for ids in group]  # the calculator's output masked
         texts = [r.text for r in replies]
         shown_prompts = [r.prompt for r in rows for _ in range(group_size)]
         completions = [[{"role": "assistant", "content": t}] if rows[i // group_size].conversational else t
@@ -200,7 +196,7 @@ def run_grpo(opts: RLOptions, dev: Device | None = None, print_fn=print) -> Trai
     train_rows, heldout = fitting[: len(fitting) - n_val], fitting[len(fitting) - n_val :]
     longest = max(len(prompt_ids(base, chat_tok, r)) for r in fitting) + opts.max_new_tokens
     cfg = replace(cfg, max_seq_len=longest, warmdown_ratio=opts.warmdown_ratio)
-    sampler = GroupRollout(model, chat_tok, dev, max_num_seqs=cfg.device_batch_size, max_model_len=longest,
+    sampler = Rollout(model, chat_tok, dev, max_num_seqs=cfg.device_batch_size, max_model_len=longest,
                            lora=opts.lora is not None)
     scorer = GroupScorer(base, chat_tok, sampler, rewards)
     prompts_per_batch = cfg.device_batch_size // opts.num_samples

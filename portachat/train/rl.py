@@ -40,7 +40,7 @@ from portachat.train.chat_stage import model_from_checkpoint
 from portachat.train.collectives import sum_over_ranks
 from portachat.train.grpo_loss import group_advantages
 from portachat.train.lora import LoraOptions
-from portachat.train.rollout import Reply, RolloutEngine
+from portachat.train.rollout import Reply, Rollout
 from portachat.train.stage import begin_stage
 from portachat.train.trainer import Stage, TrainConfig, TrainingError, TrainResult, load_init_weights, train
 
@@ -142,7 +142,7 @@ class RolloutStats:
 class RolloutStream:
     """Stream s of n: prompts s, s+n, ... of the task list; each batch = prompts_per_batch x G rollouts."""
 
-    def __init__(self, tasks: list[Conversation], tokenizer: Tokenizer, sampler: RolloutEngine, stats: RolloutStats,
+    def __init__(self, tasks: list[Conversation], tokenizer: Tokenizer, sampler: Rollout, stats: RolloutStats,
                  opts: RLOptions, prompts_per_batch: int, stream: int, num_streams: int, seed: int, max_len: int,
                  bucket: Bucket = pad_bucket) -> None:  # fmt: skip
         self.tasks, self.tokenizer, self.sampler, self.stats, self.opts = tasks, tokenizer, sampler, stats, opts
@@ -177,6 +177,7 @@ class RolloutStream:
             if len(informative) >= self.prompts_per_batch:
                 break
         chosen = (informative + flat)[: self.prompts_per_batch]
+        self.sampler.sleep()  # the KV cache's memory is the trainer's until the next batch
         return rollout_batch([p for c in chosen for p in c[0]], [r for c in chosen for r in c[1]],
                              [a for c in chosen for a in c[2]], self.tokenizer.bos_id, self.max_len, self.bucket)
 
@@ -188,7 +189,7 @@ class RolloutStream:
             self.index = int(state["index"])
 
 
-def probe_pass_rates(sampler: RolloutEngine, tokenizer: Tokenizer, env: DistEnv, per_task: int,
+def probe_pass_rates(sampler: Rollout, tokenizer: Tokenizer, env: DistEnv, per_task: int,
                      max_new_tokens: int, temperature: float, seed: int) -> dict[str, float]:
     """Each synthetic task's pass rate under the current policy: one sampled reply to each of `per_task`
     fresh train-split questions per task (each rank answers its share; the counts are summed)."""
@@ -230,7 +231,7 @@ def rl_tasks(opts: RLOptions, seed: int, weights: dict[str, float] | None = None
             f"synthetic tasks ({n} prompts)")
 
 
-def synthetic_task_mix(opts: RLOptions, sampler: RolloutEngine, tokenizer: Tokenizer, env: DistEnv, seed: int,
+def synthetic_task_mix(opts: RLOptions, sampler: Rollout, tokenizer: Tokenizer, env: DistEnv, seed: int,
                        init_from: Path | None, resume_from: Path | None, say) -> dict[str, float] | None:
     """The synthetic tasks' weights for this run (announced): given, probed, or None (the default mix).
     A resumed run keeps the mix it started with (its prompt list must not change under it)."""
@@ -272,7 +273,7 @@ def run_rl(opts: RLOptions, dev: Device | None = None, print_fn=print) -> TrainR
     model, tokenizer = model_from_checkpoint(resume_from or init_from, dev)
     cfg = replace(cfg, max_seq_len=model.config.max_seq_len, muon_momentum_warmup=0,
                   warmdown_ratio=opts.warmdown_ratio, optim=cfg.optim.scaled(opts.lr_scale))
-    sampler = RolloutEngine(model, tokenizer, dev, max_num_seqs=max(cfg.device_batch_size, 1))
+    sampler = Rollout(model, tokenizer, dev, max_num_seqs=max(cfg.device_batch_size, 1))
     weights = None if opts.data else synthetic_task_mix(opts, sampler, tokenizer, env, cfg.seed, init_from,
                                                          resume_from, say)
     tasks, heldout, described = rl_tasks(opts, cfg.seed, weights)
