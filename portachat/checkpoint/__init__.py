@@ -26,7 +26,6 @@ __all__ = [
     "load_model_dir",
     "read_meta",
     "save_checkpoint",
-    "step_directory",
     "stage_dir",
 ]
 

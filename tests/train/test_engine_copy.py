@@ -58,7 +58,7 @@ def test_tied_weights_stay_tied_in_the_copy(small_tokenizer):
 def accelerator_like(monkeypatch):
     """The CPU device, with the copy decision an accelerator makes (bf16)."""
     monkeypatch.setattr(engine_copy, "training_engine_dtype", lambda dev: torch.bfloat16)
-    monkeypatch.setattr(rollout, "training_engine_dtype", lambda dev: torch.bfloat16)
+    monkeypatch.setattr(rollout, "rollout_engine_dtype", lambda dev: torch.bfloat16)
     return get_device("cpu")
 
 
