@@ -28,8 +28,8 @@ from portachat.train.rl import RLOptions
 from portachat.train.rollout import POLICY, Rollout
 from portachat.train.trainer import TrainingError
 from tests.e2e.helpers import cli_env
-from tests.train.test_group_rollout import model_logprobs, trainable_gpt
 from tests.train.test_grpo import tiny_task
+from tests.train.test_rollout import model_logprobs, trainable_gpt
 
 CPU = get_device("cpu", dtype="fp32", compile=False)
 

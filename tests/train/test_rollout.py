@@ -108,3 +108,16 @@ def test_kv_cache_is_given_back_while_the_backward_runs(tmp_path):
     assert seen == [0]  # measured during the backward
     stream.next_batch()  # the next rollouts wake it, and it sleeps again before training
     assert rollout.freed_bytes == full and kv_cache_bytes(engine) == 0
+
+
+def test_rl_samples_and_grpo_groups_are_the_same_engine_and_seeds():
+    """RL's `sample` and GRPO's `sample_groups` draw from one engine: the same prompt with the same seeds
+    gives the same replies either way; a prompt that fills the context gets an empty reply."""
+    model = trainable_gpt()
+    rollout = Rollout(model, TokenIdsOnly(96), CPU, max_num_seqs=4, max_model_len=48)
+    prompt = list(range(3, 23))
+    groups = rollout.sample_groups([prompt], 3, 6, 1.0, seed=7)
+    replies = rollout.sample([prompt, prompt, prompt, list(range(1, 49))], 6, 1.0, seeds=[7, 8, 9, 0])
+    assert [r.token_ids for r in replies[:3]] == groups[0] and len({tuple(g) for g in groups[0]}) > 1
+    assert all(r.mask == [1] * len(r.token_ids) for r in replies)  # no calculator tokens: nothing forced
+    assert replies[3].token_ids == [] and model.training
