@@ -4,9 +4,13 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING
 
 from portachat.i18n import _
+
+if TYPE_CHECKING:  # types only: the library loads torch, which `--help` must not
+    from portachat.train.chat_stage import ChatOptions
+    from portachat.train.finetune import FinetuneOptions
 
 
 def wants_finetune(args: argparse.Namespace) -> bool:
@@ -20,7 +24,7 @@ def wants_finetune(args: argparse.Namespace) -> bool:
     return resolve(args.init).format != PORTACHAT
 
 
-def finetune_options(args: argparse.Namespace, chat: Any) -> Any:
+def finetune_options(args: argparse.Namespace, chat: ChatOptions) -> FinetuneOptions:
     """FinetuneOptions from the parsed `train mid|sft` flags and the ChatOptions made from them."""
     from portachat.train.accumulation import TrainingError  # deferred: loads torch
     from portachat.train.finetune import FinetuneOptions  # deferred: loads torch
