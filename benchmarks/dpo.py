@@ -68,8 +68,9 @@ def main() -> None:
 
     from portachat.data.preference_data import pairs_to_batch
     from portachat.device import get_device
+    from portachat.train.base_model import load_base
     from portachat.train.dpo import PreferenceObjective
-    from portachat.train.finetune import finetune_optimizer, load_base
+    from portachat.train.finetune_optim import finetune_optimizer
     from portachat.train.preference_loss import PreferenceMetrics, sequence_logps
 
     dev = get_device(args.device, dtype=args.dtype, compile=False)

@@ -43,9 +43,9 @@ from portachat.data.batch import Batch
 from portachat.device import get_device
 from portachat.model import GPT, GPTConfig
 from portachat.tokenizer.bpe import train_tokenizer
+from portachat.train.base_model import load_base
 from portachat.train.distill import DistillHook
 from portachat.train.distill_loss import DistillLoss
-from portachat.train.finetune import load_base
 from portachat.train.teacher import InProcessTeacher
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

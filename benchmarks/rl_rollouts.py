@@ -1,5 +1,5 @@
 """RL rollout throughput: G replies per prompt from portachat's engine in the training process
-(train.group_rollout: paged KV, continuous batching, the G replies sharing their prompt's blocks)
+(train.rollout: paged KV, continuous batching, the G replies sharing their prompt's blocks)
 against `transformers.generate` on the same weights, as TRL's GRPOTrainer generates without vLLM
 (each prompt repeated G times, left-padded, sampled in one `generate` call).
 
@@ -31,7 +31,7 @@ import torch
 from portachat.device import Device, get_device
 from portachat.engine.oneshot import TokenIdsOnly
 from portachat.model import GPT, GPTConfig
-from portachat.train.group_rollout import GroupRollout
+from portachat.train.rollout import Rollout
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode import hf_twin, load_smollm2  # noqa: E402  (the decode benchmark's loaders: one home)
@@ -47,7 +47,7 @@ def training_model(name: str, dev: Device, depth: int) -> GPT:
     return model.float().requires_grad_(True).train()
 
 
-def run_ours(rollout: GroupRollout, prompts: list[list[int]], group: int, new_tokens: int, dev: Device) -> float:
+def run_ours(rollout: Rollout, prompts: list[list[int]], group: int, new_tokens: int, dev: Device) -> float:
     dev.synchronize()
     t0 = time.perf_counter()
     replies = rollout.sample_groups(prompts, group, new_tokens, 1.0, seed=0)
@@ -77,9 +77,9 @@ def bench(name: str, args: argparse.Namespace, dev: Device) -> dict:
     g = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     prompts = [torch.randint(0, vocab, (args.prompt_len + 3 * i,), generator=g).tolist() for i in range(args.prompts)]
-    rollout = GroupRollout(model, TokenIdsOnly(vocab), dev, max_num_seqs=args.prompts * args.group,
+    rollout = Rollout(model, TokenIdsOnly(vocab), dev, max_num_seqs=args.prompts * args.group,
                            max_model_len=max(len(p) for p in prompts) + args.new_tokens)
-    in_place = GroupRollout(model, TokenIdsOnly(vocab), dev, max_num_seqs=args.prompts * args.group,
+    in_place = Rollout(model, TokenIdsOnly(vocab), dev, max_num_seqs=args.prompts * args.group,
                             max_model_len=max(len(p) for p in prompts) + args.new_tokens, copy=False)
     sides = {"ours": (run_ours, rollout), "hf": (run_hf, hf)}
     if rollout.engine().model is not model:  # the device copies: also time the engine over the training weights

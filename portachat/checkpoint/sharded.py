@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, distribute_tensor
 
@@ -28,8 +29,6 @@ def full_model(model: GPT) -> GPT:
     weights are all-gathered to CPU (a collective: every rank calls it) into a copy used for writing."""
     if not is_sharded(model):
         return model
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     with torch.device("meta"):
         copy = GPT(model.config)
@@ -45,8 +44,6 @@ def whole_copy(model: GPT) -> GPT:
 
     Evaluation runs on it: each rank can then generate and score its own examples, with no collective
     inside the forward for ranks to disagree about."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     with torch.device("meta"):
         copy = GPT(model.config)

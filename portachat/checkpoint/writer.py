@@ -1,7 +1,7 @@
 """The one step-directory writer: `<stage>/step_<N>/` appears whole or not at all, on every rank's word.
 
-Full checkpoints (`save_checkpoint`) and LoRA adapters (the fine-tuning stage) both write through
-`step_directory`: rank 0 prepares a temporary directory, every rank learns whether that worked, the
+Every checkpoint (`save_checkpoint`: a whole model, or a LoRA run's adapter through its model-files
+hook) writes through `step_directory`: rank 0 prepares a temporary directory, every rank learns whether that worked, the
 caller writes its files (rank 0 only: no shared filesystem is assumed, so per-rank state travels
 through the process group first, `gather_positions` / `gather_rngs`), every rank learns whether
 that worked, then rank 0 commits, moves `latest` and prunes old steps. A failure anywhere removes

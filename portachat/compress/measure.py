@@ -15,7 +15,7 @@ from portachat.engine.oneshot import engine_for, eval_mode
 from portachat.engine.types import SamplingParams
 from portachat.eval.generation import as_chat_tokenizer, model_complete
 from portachat.eval.gsm8k import evaluate_gsm8k, read_gsm8k
-from portachat.train.finetune import BaseModel, load_base
+from portachat.train.base_model import BaseModel, load_base
 
 DECODE_PROMPT = "Once upon a time"
 

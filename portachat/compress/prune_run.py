@@ -20,7 +20,7 @@ from portachat.i18n import _
 from portachat.model.gpt import GPT
 from portachat.model.model_dir import save_model_files
 from portachat.storage.atomic import atomic_directory
-from portachat.train.finetune import BaseModel, load_base
+from portachat.train.base_model import BaseModel, load_base
 
 
 @dataclass

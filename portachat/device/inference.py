@@ -56,7 +56,7 @@ def training_engine_dtype(dev: Device) -> torch.dtype | None:
 
 
 def rollout_engine_dtype(dev: Device) -> torch.dtype | None:
-    """The dtype of the frozen copy RL rollouts sample from (train.group_rollout), refreshed in place
+    """The dtype of the frozen copy RL rollouts sample from (train.rollout), refreshed in place
     after every optimizer step; None: the engine runs the training weights themselves. Accelerators
     as `training_engine_dtype`. A CPU copies in fp32, the training dtype, because a frozen copy takes
     the engine's fused CPU forward (q/k/v and gate/up as one product each, small-batch kernels that

@@ -26,7 +26,7 @@ from portachat.model import GPT, GPTConfig
 from portachat.train.accumulation import grad_accum_steps, largest_dividing_batch
 from portachat.train.activation_checkpointing import apply_activation_checkpointing
 from portachat.train.config import TrainConfig
-from portachat.train.optim import OptimConfig, build_optimizers
+from portachat.train.optim import OptimConfig, training_optimizers
 
 
 @dataclass
@@ -103,7 +103,7 @@ def measure_training_peak(
         model = GPT(cfg).to(dev.torch_device)
         if activation_checkpointing:
             apply_activation_checkpointing(model)
-        optimizers = build_optimizers(model, OptimConfig(), cfg.n_embd, dev.newton_schulz_dtype, dev.fused_optimizer)
+        optimizers = training_optimizers(model, OptimConfig(), dev)
         gen = torch.Generator().manual_seed(0)
         batch = torch.randint(0, cfg.vocab_size, (batch_size, seq_len + 1), generator=gen).to(dev.torch_device)
         inputs, targets = batch[:, :-1], batch[:, 1:]

@@ -9,6 +9,7 @@ Either way a batch is padded only to its longest row (portachat.data.chat_loader
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -31,15 +32,13 @@ from portachat.device.shapes import row_bucket
 from portachat.i18n import _
 from portachat.model import GPT
 from portachat.model.model_dir import read_config
-from portachat.tokenizer import Tokenizer, render_conversation
+from portachat.tokenizer import Tokenizer, render_conversation, render_for_completion
 from portachat.train.chat_eval import answer_accuracy_evaluator
 from portachat.train.defaults import STAGE_DEFAULTS
 from portachat.train.stage import (  # noqa: F401 - PREVIOUS_STAGE, prepare_stage_dir, start_points: their old home
     PREVIOUS_STAGE,
     begin_stage,
     plan_iterations,
-    prepare_stage_dir,
-    start_points,
 )
 from portachat.train.trainer import (
     Stage,
@@ -79,16 +78,17 @@ def model_from_checkpoint(path: Path, dev: Device) -> tuple[GPT, Tokenizer]:
     return model, Tokenizer.load(path)
 
 
-def split_conversations(opts: ChatOptions, seed: int) -> tuple[list[Conversation], list[Conversation], str]:
+def split_conversations(stage: str, data: Sequence[str], max_conversations: int | None, eval_examples: int,
+                        seed: int) -> tuple[list[Conversation], list[Conversation], str]:
     """(train, validation, description): files are split 95/5; synthetic tasks use their held-out split."""
-    if opts.data:
-        convs = load_conversations(opts.data, limit=opts.max_conversations)
+    if data:
+        convs = load_conversations(list(data), limit=max_conversations)
         n_val = min(500, len(convs) // 20) if len(convs) >= 20 else 0
         val = convs[len(convs) - n_val :] if n_val else convs[:1]  # tiny sets validate on a training row
-        return convs[: len(convs) - n_val], val, ", ".join(opts.data)
-    n = opts.max_conversations or STAGE_DEFAULTS[opts.stage].synthetic_conversations
+        return convs[: len(convs) - n_val], val, ", ".join(data)
+    n = max_conversations or STAGE_DEFAULTS[stage].synthetic_conversations
     train_convs = synthetic_conversations(n, "train", seed, mixed_turns=MIXED_TURNS)
-    val = synthetic_heldout(max(opts.eval_examples, 32))
+    val = synthetic_heldout(max(eval_examples, 32))
     return train_convs, val, f"synthetic tasks ({n} conversations)"
 
 
@@ -104,7 +104,8 @@ def run_chat_stage(opts: ChatOptions, dev: Device | None = None, print_fn=print)
     resume_from, init_from = start.resume_from, start.init_from
     model, tokenizer = model_from_checkpoint(resume_from or init_from, dev)
     cfg = replace(cfg, max_seq_len=opts.max_seq_len or model.config.max_seq_len)
-    train_convs, val_convs, described = split_conversations(opts, cfg.seed)
+    train_convs, val_convs, described = split_conversations(opts.stage, opts.data, opts.max_conversations,
+                                                            opts.eval_examples, cfg.seed)
     bucket = row_bucket(dev.type, dev.compile)
     pack = defaults.pack if opts.pack is None else opts.pack
 
@@ -134,7 +135,8 @@ def run_chat_stage(opts: ChatOptions, dev: Device | None = None, print_fn=print)
     evaluators = []
     if opts.eval_examples > 0:
         name = "heldout_accuracy" if not opts.data else "val_accuracy"
-        evaluators.append(answer_accuracy_evaluator(val_convs[: opts.eval_examples], tokenizer, dev,
+        evaluators.append(answer_accuracy_evaluator(val_convs[: opts.eval_examples], tokenizer,
+                                                    lambda m: render_for_completion(tokenizer, m), dev, env,
                                                     opts.eval_max_tokens, name=name))
     stage = Stage(
         make_stream=lambda s, n: ChatLoader(train_convs, tokenizer, B, T, pack=pack, stream=s, num_streams=n,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -27,36 +27,30 @@ import torch
 from portachat.data.batch import Batch
 from portachat.data.chat_data import Conversation
 from portachat.data.chat_loader import Bucket, rows_to_batch
-from portachat.device import Device
+from portachat.device import Device, DistEnv
 from portachat.device.policy import finetune_activation_checkpointing
 from portachat.device.shapes import pad_bucket
-from portachat.engine import SamplingParams
-from portachat.engine.oneshot import generate_once
+from portachat.eval.generation import as_chat_tokenizer
 from portachat.i18n import _
 from portachat.model import GPT
 from portachat.model.load import load_for_inference
 from portachat.model.loss import loss_chunk_size
 from portachat.model.source import resolve
-from portachat.tokenizer import Tokenizer
-from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
-from portachat.train.chat_stage import ChatOptions
+from portachat.train.base_model import BaseModel, load_base, pad_id
+from portachat.train.chat_eval import held_out_sums, val_loss_evaluator
+from portachat.train.chat_stage import split_conversations
 from portachat.train.distill_loss import DistillLoss, TeacherTargets, distill_loss_sum
-from portachat.train.engine_copy import engine_weights
 from portachat.train.finetune import (
     FULL_LR,
     LORA_LR,
-    BaseModel,
-    FinetuneTrainer,
-    Render,
     TemplateChatLoader,
-    held_out_sums,
-    load_base,
-    pad_id,
+    fit_finetune,
     plan_chat_data,
-    val_loss_evaluator,
 )
+from portachat.train.hooks import Evaluator
 from portachat.train.lora import LoraOptions, add_lora
-from portachat.train.stage import begin_stage
+from portachat.train.rollout import Rollout
+from portachat.train.stage import Render, begin_stage
 from portachat.train.student import student_from_teacher
 from portachat.train.teacher import (
     InProcessTeacher,
@@ -137,14 +131,14 @@ class DistillHook:
 
 
 def kd_evaluator(convs: Sequence[Conversation], render: Render, pad: int, batch_size: int, seq_len: int, dev: Device,
-                 hook: DistillHook, bucket: Bucket = pad_bucket) -> Callable[[GPT, int], dict[str, float]]:
+                 env: DistEnv, hook: DistillHook, bucket: Bucket = pad_bucket) -> Evaluator:
     """Mean distillation loss per supervised token on held-out conversations (every rank its share)."""
 
     def evaluate(model: GPT, step: int) -> dict[str, float]:
         was_training = model.training
         model.eval()
         try:
-            total = held_out_sums(convs, render, pad, batch_size, seq_len, dev, bucket, lambda b: hook(model, b))
+            total = held_out_sums(convs, render, pad, batch_size, seq_len, dev, env, bucket, lambda b: hook(model, b))
         finally:
             model.train(was_training)
         if total[1] == 0:  # no held-out reply token fits --max-seq-len: nothing measured, nothing to log
@@ -174,11 +168,11 @@ class OnPolicyStream:
     The coin for a batch is drawn from (seed, stream, batch number), so a resumed run makes the same
     choices; the state is the inner loader's plus those counters."""
 
-    def __init__(self, inner: TemplateChatLoader, prompts: list[list[int]], student: GPT, chat_tokenizer: Any,
-                 opts: DistillOptions, pad: int, batch_size: int, seq_len: int, dev: Device, bucket: Bucket,
-                 stream: int, num_streams: int, seed: int) -> None:  # fmt: skip
-        self.inner, self.student, self.chat_tokenizer, self.opts = inner, student, chat_tokenizer, opts
-        self.pad, self.batch_size, self.seq_len, self.dev, self.bucket = pad, batch_size, seq_len, dev, bucket
+    def __init__(self, inner: TemplateChatLoader, prompts: list[list[int]], rollout: Rollout, opts: DistillOptions,
+                 pad: int, batch_size: int, seq_len: int, bucket: Bucket, stream: int, num_streams: int,
+                 seed: int) -> None:  # fmt: skip
+        self.inner, self.rollout, self.opts = inner, rollout, opts
+        self.pad, self.batch_size, self.seq_len, self.bucket = pad, batch_size, seq_len, bucket
         self.prompts = [p for p in prompts[stream::num_streams] if len(p) < seq_len] or \
             [p for p in prompts if len(p) < seq_len]
         self.stream, self.seed = stream, seed
@@ -193,17 +187,12 @@ class OnPolicyStream:
         picked = [self.prompts[(self.index + k) % len(self.prompts)] for k in range(self.batch_size)]
         self.index += self.batch_size
         base_seed = (self.seed * 7919 + self.stream) * 1_000_003 + self.index
-        params = [SamplingParams(max_tokens=min(self.opts.max_new_tokens, self.seq_len + 1 - len(p)),
-                                 temperature=self.opts.sample_temperature, seed=base_seed + k)
-                  for k, p in enumerate(picked)]
-        was_training = self.student.training
-        try:
-            with engine_weights(self.student, self.dev) as weights:
-                done = generate_once(weights, picked, params, tokenizer=self.chat_tokenizer, device=self.dev)
-        finally:
-            self.student.train(was_training)
-        rows = [(list(p) + list(d.token_ids), [0] * len(p) + [1] * len(d.token_ids))
-                for p, d in zip(picked, done, strict=True)]
+        # The rollout engine's context is seq_len + 1: each reply fills at most what its row leaves.
+        replies = self.rollout.sample(picked, self.opts.max_new_tokens, self.opts.sample_temperature,
+                                      seeds=[base_seed + k for k in range(len(picked))])
+        self.rollout.sleep()  # the KV cache's memory is the trainer's until the next sampled batch
+        rows = [(list(p) + r.token_ids, [0] * len(p) + [1] * len(r.token_ids))
+                for p, r in zip(picked, replies, strict=True)]
         batch = rows_to_batch(rows, self.pad, self.seq_len, self.bucket)
         batch.weights = torch.zeros(batch.targets.shape)  # CE weight 0: the student's own tokens are no labels
         return batch
@@ -242,20 +231,16 @@ def load_teacher(opts: DistillOptions, dev: Device) -> tuple[InProcessTeacher | 
     return InProcessTeacher(loaded.model, str(loaded.path)), loaded.tokenizer
 
 
-def chat_tokenizer_of(base: BaseModel) -> Any:
-    return PortachatChatTokenizer(base.tokenizer) if isinstance(base.tokenizer, Tokenizer) else base.tokenizer
-
-
 def make_student(opts: DistillOptions, teacher: InProcessTeacher | RemoteTeacher, teacher_tokenizer: Any,
                  dev: Device) -> BaseModel:  # fmt: skip
     """The student, its vocabulary checked against the teacher's (before any data is read)."""
     if opts.student is not None:
         base = load_base(opts.student, dev)
         if isinstance(teacher, RemoteTeacher):
-            teacher.check_vocabulary(chat_tokenizer_of(base), base.model.config.vocab_size, str(base.path))
+            teacher.check_vocabulary(as_chat_tokenizer(base.tokenizer), base.model.config.vocab_size, str(base.path))
         else:
             check_shared_vocabulary(teacher.model, teacher_tokenizer, teacher.name, base.model,
-                                    chat_tokenizer_of(base), str(base.path))
+                                    as_chat_tokenizer(base.tokenizer), str(base.path))
         return base
     base = load_base(opts.teacher, dev)  # fp32 and trainable, with the teacher's tokenizer and template
     base.model = student_from_teacher(base.model, opts.student_depth)
@@ -290,7 +275,7 @@ def run_distill(opts: DistillOptions, dev: Device | None = None, print_fn=print)
                   activation_checkpointing=finetune_activation_checkpointing(dev.type) if ac is None else ac)
     lr = opts.lr if opts.lr is not None else (LORA_LR if opts.lora else FULL_LR)
 
-    split = ChatOptions(stage="sft", data=opts.data, max_conversations=opts.max_conversations, eval_examples=0)
+    split = split_conversations("sft", opts.data, opts.max_conversations, 0, cfg.seed)
     # `--device-batch-size auto` probes the teacher's forward too (a remote one's answer takes only its top k)
     in_process = isinstance(teacher, InProcessTeacher)
     hook = DistillHook(model, teacher, loss)
@@ -304,7 +289,7 @@ def run_distill(opts: DistillOptions, dev: Device | None = None, print_fn=print)
     B, T, pad = cfg.device_batch_size, cfg.max_seq_len, pad_id(base.tokenizer)
     val = val_convs[: opts.val_conversations]
     prompts = reply_prompts(train_convs, base) if opts.on_policy > 0 else []
-    chat_tok = chat_tokenizer_of(base)
+    rollout = Rollout(model, base.tokenizer, dev, max_num_seqs=B, max_model_len=T + 1, lora=opts.lora is not None)
 
     def make_stream(s: int, n: int) -> Any:
         inner = TemplateChatLoader(train_convs, base.render, pad, B, T, pack=False, stream=s, num_streams=n,
@@ -312,15 +297,14 @@ def run_distill(opts: DistillOptions, dev: Device | None = None, print_fn=print)
                                    length_cache=lengths).prepare()
         if opts.on_policy == 0:
             return inner
-        return OnPolicyStream(inner, prompts, model, chat_tok, opts, pad, B, T, dev, bucket, s, n, cfg.seed)
+        return OnPolicyStream(inner, prompts, rollout, opts, pad, B, T, bucket, s, n, cfg.seed)
 
     stage = Stage(make_stream=make_stream, loss=hook,
-                  evaluators=[kd_evaluator(val, base.render, pad, B, T, dev, hook, bucket),
-                              val_loss_evaluator(val, base.render, pad, B, T, dev, bucket)])
+                  evaluators=[kd_evaluator(val, base.render, pad, B, T, dev, env, hook, bucket),
+                              val_loss_evaluator(val, base.render, pad, B, T, dev, env, bucket)])
     extra = {"data": described, "teacher": teacher.name, "init_from": str(base.path),
              "student": opts.student or {"depth": opts.student_depth, "from": teacher.name},
              "distill": {**asdict(loss), "on_policy": opts.on_policy}, "finetune": "lora" if opts.lora else "full",
              "lr": lr}
-    trainer = FinetuneTrainer(model, base.tokenizer, stage, cfg, dev, env, path, extra_meta=extra, print_fn=print_fn,
-                              lr=lr, weight_decay=opts.weight_decay, lora=opts.lora, base=base)
-    return trainer.run(resume_from, opts.merge)
+    return fit_finetune(model, base, stage, cfg, dev, env, path, lr=lr, weight_decay=opts.weight_decay, lora=opts.lora,
+                        merge=opts.merge, resume_from=resume_from, extra_meta=extra, print_fn=print_fn)

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from portachat.data.batch import Batch
 from portachat.data.preference_data import (
@@ -33,18 +32,16 @@ from portachat.data.preference_data import (
     pair_rows,
     trainable,
 )
-from portachat.device import Device
+from portachat.device import Device, DistEnv
 from portachat.device.policy import finetune_activation_checkpointing
 from portachat.device.shapes import row_bucket
 from portachat.i18n import _
-from portachat.train.finetune import (
-    FULL_LR,
-    FinetuneTrainer,
-    answer_evaluator,
-    load_base,
-    pad_id,
-)
+from portachat.train.base_model import load_base, pad_id
+from portachat.train.chat_eval import answer_accuracy_evaluator
+from portachat.train.collectives import SINGLE_PROCESS, sum_over_ranks
+from portachat.train.finetune import FULL_LR, fit_finetune
 from portachat.train.finetune_batch import probe_rows, resolve_finetune_batch_size
+from portachat.train.hooks import Evaluator
 from portachat.train.lora import LoraOptions, adapters_disabled, add_lora
 from portachat.train.preference_loss import (
     DEFAULT_BETA,
@@ -102,18 +99,12 @@ def pair_count(batch: PreferenceBatch) -> torch.Tensor:
     return torch.tensor(float(batch.num_pairs), device=batch.inputs.device)
 
 
-def _rank_world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
 @torch.no_grad()
 def reference_logps(model: torch.nn.Module, pairs: Sequence[PreferencePair], base: Any, seq_len: int, batch_size: int,
-                    dev: Device, bucket: Callable[[int, int], int]) -> torch.Tensor:
+                    dev: Device, bucket: Callable[[int, int], int], env: DistEnv = SINGLE_PROCESS) -> torch.Tensor:
     """[N, 2] summed log-probs (chosen, rejected) of every pair under `model` as it is now (adapters off);
     each rank scores its share, one all-reduce gives every rank the whole table."""
-    rank, world = _rank_world()
+    rank, world = env.rank, env.world_size
     out = torch.zeros(len(pairs), 2, dtype=torch.float32, device=dev.torch_device)
     was_training = model.training
     model.eval()
@@ -128,9 +119,7 @@ def reference_logps(model: torch.nn.Module, pairs: Sequence[PreferencePair], bas
                 out[index] = logps.float().view(2, -1).t()
     finally:
         model.train(was_training)
-    if world > 1:
-        dist.all_reduce(out)
-    return out.cpu()
+    return sum_over_ranks(out, env).cpu()
 
 
 class PreferenceObjective:
@@ -162,14 +151,14 @@ class PreferenceObjective:
 
 
 def preference_evaluator(objective: PreferenceObjective, pairs: Sequence[PreferencePair], base: Any, seq_len: int,
-                         batch_size: int, dev: Device, bucket: Callable[[int, int], int],
-                         ref_logps: torch.Tensor | None) -> Callable[[Any, int], dict[str, float]]:  # fmt: skip
+                         batch_size: int, dev: Device, env: DistEnv, bucket: Callable[[int, int], int],
+                         ref_logps: torch.Tensor | None) -> Evaluator:  # fmt: skip
     """TRL's reward metrics and the loss on held-out pairs (every rank its share)."""
 
     @torch.no_grad()
     def evaluate(model: Any, step: int) -> dict[str, float]:
-        rank, world = _rank_world()
-        metrics = PreferenceMetrics(dev.torch_device, dev.accumulate_dtype)
+        rank, world = env.rank, env.world_size
+        metrics = PreferenceMetrics(dev.torch_device, dev.accumulate_dtype, env)
         judge = PreferenceObjective(objective.kind, objective.beta, objective.gamma, model, metrics)
         loss = torch.zeros((), dtype=dev.accumulate_dtype, device=dev.torch_device)
         for batch in all_pair_batches(pairs, base.render, base.prompt, pad_id(base.tokenizer), batch_size, seq_len,
@@ -179,8 +168,7 @@ def preference_evaluator(objective: PreferenceObjective, pairs: Sequence[Prefere
             batch = batch.to(dev.torch_device)
             with dev.autocast():
                 loss += judge(model, batch).to(loss.dtype)
-        if world > 1:
-            dist.all_reduce(loss)
+        loss = sum_over_ranks(loss, env)
         return {"loss": loss.item() / max(len(pairs), 1), **metrics.read()}
 
     return evaluate
@@ -264,8 +252,8 @@ def run_dpo(opts: DPOOptions, dev: Device | None = None, print_fn=print) -> Trai
     if cached:  # before any step: the initial weights (adapter off) are the reference
         say(f"[portachat] {STAGE}: " + _("reference log-probs of {n} pairs computed once (no second model in "
                                          "memory)").format(n=len(train_pairs) + len(val_pairs)))
-        train_ref = reference_logps(model, train_pairs, base, cfg.max_seq_len, B, dev, bucket)
-        val_ref = reference_logps(model, val_pairs, base, cfg.max_seq_len, B, dev, bucket) if val_pairs else None
+        train_ref = reference_logps(model, train_pairs, base, cfg.max_seq_len, B, dev, bucket, env)
+        val_ref = reference_logps(model, val_pairs, base, cfg.max_seq_len, B, dev, bucket, env) if val_pairs else None
     lr = opts.lr if opts.lr is not None else (LORA_LR if opts.lora else DPO_FULL_LR)
     streams = env.world_size * cfg.grad_accum_steps(env.world_size)
     cfg = replace(cfg, num_iterations=opts.num_iterations or max(
@@ -277,15 +265,17 @@ def run_dpo(opts: DPOOptions, dev: Device | None = None, print_fn=print) -> Trai
         loss=opts.loss, beta=f"{beta:g}", n=len(train_pairs), source=", ".join(opts.data), held_out=len(val_pairs),
         reference=reference, trainable=f"{trainable_n:,}", lr=f"{lr:g}"))
 
-    metrics = PreferenceMetrics(dev.torch_device, dev.accumulate_dtype)
+    metrics = PreferenceMetrics(dev.torch_device, dev.accumulate_dtype, env)
     objective = PreferenceObjective(opts.loss, beta, opts.gamma, model, metrics)
     pad = pad_id(base.tokenizer)
     evaluators = []
     if val_pairs:
-        evaluators.append(preference_evaluator(objective, val_pairs, base, cfg.max_seq_len, B, dev, bucket, val_ref))
+        evaluators.append(preference_evaluator(objective, val_pairs, base, cfg.max_seq_len, B, dev, env, bucket,
+                                               val_ref))
     answered = [{"messages": p.prompt, "answer": p.answer} for p in val_pairs if p.answer is not None]
     if opts.eval_examples > 0 and answered:
-        evaluators.append(answer_evaluator(answered[: opts.eval_examples], base, dev, opts.eval_max_tokens))
+        evaluators.append(answer_accuracy_evaluator(answered[: opts.eval_examples], base.tokenizer, base.prompt, dev,
+                                                    env, opts.eval_max_tokens, name="answer_accuracy"))
     stage = Stage(
         make_stream=lambda s, n: PreferenceLoader(train_pairs, base.render, base.prompt, pad, B, cfg.max_seq_len,
                                                   stream=s, num_streams=n, seed=cfg.seed, bucket=bucket,
@@ -298,6 +288,5 @@ def run_dpo(opts: DPOOptions, dev: Device | None = None, print_fn=print) -> Trai
     extra = {"data": ", ".join(opts.data), "init_from": str(base.path), "finetune": "lora" if opts.lora else "full",
              "lr": lr, "preference": {"loss": opts.loss, "beta": beta, "gamma": opts.gamma,
                                       "reference": "cache" if cached else ("live" if needs_ref else "none")}}
-    trainer = FinetuneTrainer(model, base.tokenizer, stage, cfg, dev, env, path, extra_meta=extra, print_fn=print_fn,
-                              lr=lr, weight_decay=opts.weight_decay, lora=opts.lora, base=base)
-    return trainer.run(resume_from, opts.merge)
+    return fit_finetune(model, base, stage, cfg, dev, env, path, lr=lr, weight_decay=opts.weight_decay, lora=opts.lora,
+                        merge=opts.merge, resume_from=resume_from, extra_meta=extra, print_fn=print_fn)

@@ -2,9 +2,11 @@
 
 Training keeps fp32 master weights; an engine sampling from them would read twice the bytes per
 decode step that bf16 needs, and could never be cast in place (the optimizer owns them). So
-evaluations, samples and RL rollouts run on a copy made by `inference_copy`: every parameter cast to
-`device.inference.training_engine_dtype(dev)`, buffers shared, the module structure (wrappers, tied
-weights) kept. On a CPU that decision is None and the engine runs the master weights themselves.
+evaluations and samples run on a copy made by `inference_copy` (`engine_weights`: every parameter cast
+to `device.inference.training_engine_dtype(dev)`, buffers shared, the module structure (wrappers, tied
+weights) kept; on a CPU that decision is None and the engine runs the master weights themselves), and
+the rollout engine (train/rollout.py) keeps one in the device's rollout dtype, refreshed in place by
+`refresh_copy`.
 """
 
 from __future__ import annotations

@@ -1,15 +1,18 @@
-"""Fine-tuning an existing model (a Hugging Face directory or a GGUF of the Llama / SmolLM2, Qwen2,
-Qwen3 families, or one of our checkpoints): full or LoRA, with the Trainer every stage shares.
+"""Fine-tuning an existing model (train/base_model.py loads it): full or LoRA, with the Trainer every
+stage shares. The stages that start from a loaded model (sft/mid fine-tuning, DPO, GRPO,
+distillation, compress's healing) hand `fit_finetune` their `Stage`; it plugs in fine-tuning's
+optimizer and, for LoRA, adapter-only checkpoints, trains, then merges when asked.
 
-The model keeps its own tokenizer and chat template; loss masks come from that template
-(portachat.tokenizer.template_masks). Full fine-tuning saves an HF directory of the same
-architecture (same config family, tokenizer files, chat template); LoRA saves only the adapter, in
-PEFT's format, and `merge` also writes a plain checkpoint with the adapter folded in.
+Full fine-tuning saves an HF directory of the same architecture (same config family, tokenizer files,
+chat template); LoRA saves only the adapter, in PEFT's format, through the same checkpoint writer
+(optimizer, fp16 scaler, RNG and data positions included, so a LoRA run resumes exactly), and `merge`
+also writes a plain checkpoint with the adapter folded in.
 
 Optimizer: AdamW alone, at fine-tuning learning rates (2e-5 full, 2e-4 LoRA: the usual ranges for
 models of this size). Muon's orthogonalized updates are sized for training from scratch: applied to
 trained weights at its from-scratch rates they move every matrix by a large fixed-norm step and wreck
 what the model knows, and LoRA's low-rank A/B pairs are not the matrices Muon's geometry is about.
+The command line's flags become `FinetuneOptions` in commands/run/finetune_args.py.
 """
 
 from __future__ import annotations
@@ -23,47 +26,37 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from portachat.checkpoint import read_meta
+from portachat.checkpoint import ModelWriter, read_meta
 from portachat.checkpoint.sharded import is_sharded
-from portachat.checkpoint.trainer_state import collect_optimizers, save_rng, write_optimizers
-from portachat.checkpoint.writer import gather_positions, gather_rngs, step_directory
-from portachat.data.batch import Batch
 from portachat.data.chat_data import Conversation
-from portachat.data.chat_loader import Bucket, ChatLoader, longest_chat_row, rows_to_batch
+from portachat.data.chat_loader import Bucket, ChatLoader, longest_chat_row
 from portachat.device import Device, DistEnv
 from portachat.device.policy import finetune_activation_checkpointing
-from portachat.device.shapes import pad_bucket, row_bucket
-from portachat.engine import SamplingParams
-from portachat.engine.oneshot import engine_for
-from portachat.eval.generation import reply_text
+from portachat.device.shapes import row_bucket
 from portachat.i18n import _
 from portachat.model import GPT
 from portachat.model.load import load_for_inference
 from portachat.model.model_dir import META, save_model_files
-from portachat.model.source import PEFT, PORTACHAT, is_portachat_dir, resolve
+from portachat.model.source import resolve
 from portachat.storage.atomic import atomic_directory
-from portachat.tokenizer import Tokenizer, render_conversation
-from portachat.tokenizer.chat import render_for_completion
-from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
-from portachat.tokenizer.template_masks import render_template_conversation, render_template_prompt
-from portachat.train.chat_eval import is_correct
-from portachat.train.chat_stage import ChatOptions, split_conversations
+from portachat.train.base_model import BaseModel, load_base, pad_id
+from portachat.train.chat_eval import answer_accuracy_evaluator, val_loss_evaluator
+from portachat.train.chat_stage import split_conversations
 from portachat.train.defaults import FULL_LR, LORA_LR
-from portachat.train.engine_copy import engine_weights
 from portachat.train.finetune_batch import probe_rows, resolve_finetune_batch_size
 from portachat.train.finetune_optim import finetune_optimizer
-from portachat.train.hooks import LossHook, token_loss
+from portachat.train.hooks import LossHook, ModelFiles, token_loss
 from portachat.train.lora import (
     LoraOptions,
     adapter_state_dict,
     add_lora,
     load_adapter,
-    lora_from_flags,
     merge_lora,
+    restore_adapter,
     save_adapter,
 )
 from portachat.train.stage import Render, begin_stage, plan_iterations
-from portachat.train.trainer import Stage, TrainConfig, Trainer, TrainingError, TrainResult
+from portachat.train.trainer import Stage, TrainConfig, TrainingError, TrainResult, train
 
 MERGED = "merged"  # <stage>/merged/: the last LoRA checkpoint folded into a plain model (--merge)
 
@@ -92,46 +85,7 @@ class FinetuneOptions:
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
-# ----------------------------------------------------------------------------- model and data
-
-
-@dataclass
-class BaseModel:
-    model: GPT  # fp32, trainable, on the device
-    tokenizer: Any  # our Tokenizer or the model's TemplateChatTokenizer (both save next to a checkpoint)
-    render: Render
-    prompt: Callable[[Any], list[int]]  # messages -> ids asking for the next assistant reply
-    generation: dict[str, Any]
-    path: Path
-
-
-def load_base(spec: str | Path, dev: Device) -> BaseModel:
-    """The model to fine-tune, in fp32 on the device (autocast gives the compute dtype), with its tokenizer."""
-    source = resolve(spec)
-    path = source.path
-    loaded = load_for_inference(source, device=dev.torch_device, dtype=torch.float32)
-    model = loaded.model
-    model.requires_grad_(True)
-    if model.config.tie_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
-    model.train()
-    gen = loaded.generation
-    generation = {k: v for k, v in vars(gen).items() if v is not None and k != "max_new_tokens"}
-    if source.format == PORTACHAT or (source.format == PEFT and is_portachat_dir(path)):  # a LoRA run of ours
-        tok = Tokenizer.load(path)
-        return BaseModel(model, tok, lambda m, n: render_conversation(tok, m, n),
-                         lambda m: render_for_completion(tok, m), generation, path)
-    tok = loaded.tokenizer
-    return BaseModel(model, tok, lambda m, n: render_template_conversation(tok, m, n),
-                     lambda m: render_template_prompt(tok, m), generation, path)
-
-
-def pad_id(tokenizer: Any) -> int:
-    """Any id the model embeds: padded positions are never targets and come after the real tokens."""
-    if tokenizer.bos_id is not None:
-        return tokenizer.bos_id
-    eos = tokenizer.eos_id
-    return eos if isinstance(eos, int) else eos[0]
+# ----------------------------------------------------------------------------- data
 
 
 class TemplateChatLoader(ChatLoader):
@@ -142,143 +96,40 @@ class TemplateChatLoader(ChatLoader):
         super().__init__(conversations, None, batch_size, seq_len, render=render, pad_id=pad, **kwargs)
 
 
-def held_out_sums(convs: Sequence[Conversation], render: Render, pad: int, batch_size: int, seq_len: int,
-                  dev: Device, bucket: Bucket, loss_sum: Callable[[Batch], torch.Tensor]) -> torch.Tensor:
-    """[summed loss, supervised tokens] over held-out conversations, every rank its share, summed over ranks
-    (no gradients). `loss_sum(batch on the device)` is the batch's summed loss, computed under autocast."""
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    mine = list(convs[rank::world])
-    total = torch.zeros(2, dtype=dev.accumulate_dtype, device=dev.torch_device)
-    with torch.no_grad():
-        for i in range(0, len(mine), batch_size):
-            rows = [render(c["messages"], seq_len + 1) for c in mine[i : i + batch_size]]
-            batch = rows_to_batch(rows, pad, seq_len, bucket).to(dev.torch_device)
-            with dev.autocast():
-                loss = loss_sum(batch)
-            total += torch.stack([loss.to(total.dtype), (batch.targets >= 0).sum().to(total.dtype)])
-    if world > 1:
-        dist.all_reduce(total)
-    return total
-
-
-def val_loss_evaluator(convs: Sequence[Conversation], render: Render, pad: int, batch_size: int, seq_len: int,
-                       dev: Device, bucket: Bucket = pad_bucket) -> Callable[[GPT, int], dict[str, float]]:
-    """Mean cross-entropy per supervised token on held-out conversations (every rank its share)."""
-
-    def evaluate(model: GPT, step: int) -> dict[str, float]:
-        total = held_out_sums(convs, render, pad, batch_size, seq_len, dev, bucket,
-                              lambda b: model(b.inputs, b.targets, loss_reduction="sum"))
-        return {"val_loss": (total[0] / total[1].clamp(min=1)).item()}
-
-    return evaluate
-
-
-def answer_evaluator(convs: Sequence[Conversation], base: BaseModel, dev: Device, max_tokens: int
-                     ) -> Callable[[GPT, int], dict[str, float]]:  # fmt: skip
-    """Fraction of held-out questions answered right (greedy, through the inference engine)."""
-    items = [c for c in convs if c.get("answer") is not None]
-    chat_tok = PortachatChatTokenizer(base.tokenizer) if isinstance(base.tokenizer, Tokenizer) else base.tokenizer
-
-    def evaluate(model: GPT, step: int) -> dict[str, float]:
-        rank = dist.get_rank() if dist.is_initialized() else 0
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        mine = items[rank::world]
-        right = 0
-        if mine:
-            was_training = model.training
-            prompts = [base.prompt(c["messages"]) for c in mine]
-            # A KV cache for these prompts and replies, not for 16 x 2,048 tokens (1.5 GB for SmolLM2 in fp32).
-            need = max(len(p) for p in prompts) + max_tokens
-            context = min(max(model.config.max_seq_len, need), -(-need // 64) * 64)
-            try:  # on a copy in the device's inference dtype (the CPU: the model itself), freed after
-                with engine_weights(model, dev) as weights:
-                    engine = engine_for(weights, chat_tok, dev, max_num_seqs=min(len(mine), 16), max_model_len=context)
-                    model.eval()  # engine_for gives the model back in its mode: no LoRA dropout while answering
-                    params = [SamplingParams(max_tokens=max_tokens, temperature=0.0, seed=0) for _ in prompts]
-                    done = engine.generate(prompts, params)
-                    del engine
-            finally:
-                model.train(was_training)
-            right = sum(is_correct(reply_text(chat_tok, d.token_ids), c["answer"]) for d, c in zip(done, mine, strict=True))
-        counts = torch.tensor([right, len(mine)], dtype=torch.int64, device=dev.torch_device)
-        if world > 1:
-            dist.all_reduce(counts)
-        return {"answer_accuracy": counts[0].item() / max(counts[1].item(), 1.0)} if counts[1] > 0 else {}
-
-    return evaluate
-
-
 # ----------------------------------------------------------------------------- the trainer
 
 
-class FinetuneTrainer(Trainer):
-    """The shared Trainer with fine-tuning's optimizer, and adapter-only checkpoints for LoRA."""
+def adapter_files(lora: LoraOptions, base_path: Path) -> ModelFiles:
+    """A LoRA run's checkpoints hold only its adapter (PEFT format), the tokenizer and portachat.json."""
 
-    def __init__(self, *args: Any, lr: float, weight_decay: float, lora: LoraOptions | None, base: BaseModel,
-                 **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.lr, self.weight_decay, self.lora, self.base = lr, weight_decay, lora, base
+    def gather(model: torch.nn.Module, tokenizer: Any) -> ModelWriter:
+        tensors = adapter_state_dict(model)  # a collective under FSDP2: every rank gathers its shards
 
-    def setup(self, resume_from: Path | None = None, init_from: Path | None = None) -> None:
-        super().setup()  # placement, DDP, compile; its Muon + AdamW are replaced below
-        self.optimizers = [finetune_optimizer(self.model, self.lr, self.weight_decay, self.dev.fused_optimizer)]
-        if resume_from is not None:
-            if self.lora is not None:
-                raise TrainingError(_("--resume of a LoRA fine-tuning run is not supported yet; start it again "
-                                      "with --overwrite"))
-            rng = self._resume(resume_from)
-            if self.start_step > self.cfg.num_iterations:
-                raise TrainingError(_("{path} is at step {step}, past this run's horizon of {horizon} steps. "
-                                      "Pass a larger --num-iterations.").format(
-                    path=resume_from, step=self.start_step, horizon=self.cfg.num_iterations))
-            self.step_count = self.start_step
-            if rng is not None:
-                self.dev.set_rng_state(rng)
-            self.say("[portachat] " + _("resumed from {path} at step {step}").format(path=resume_from,
-                                                                                    step=self.start_step))
+        def write(tmp: Path, meta: dict[str, Any]) -> None:
+            save_adapter(tmp, tensors, lora, base_model=str(base_path))
+            tokenizer.save(tmp, model_max_length=model.config.max_seq_len)
+            full = {**meta, "model_config": model.config.to_dict(), "tokenizer_fingerprint": tokenizer.fingerprint()}
+            (tmp / META).write_text(json.dumps(full, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
 
-    def save(self, step: int, final: bool) -> Path:
-        if self.lora is None:
-            return super().save(step, final)
-        return self._save_adapter(step, final)
+        return write
 
-    def run(self, resume_from: Path | None, merge: bool) -> TrainResult:
-        """Every fine-tuning stage's end: set up (resuming where asked), train, then `--merge`."""
-        self.setup(resume_from=resume_from)
-        result = self.fit()
-        merge_if_asked(merge, result, self.stage_path, self.model, self.base, self.env, self.say)
-        return result
-
-    def _save_adapter(self, step: int, final: bool) -> Path:
-        """<stage>/step_N/ with the adapter (PEFT format), the tokenizer, portachat.json and trainer state,
-        through the one step-directory writer (every rank agrees before `latest` moves)."""
-        env = self.env
-        meta = dict(self.meta_base)
-        metrics = {**self.metrics, "train_loss": self.last_loss, "total_training_time_s": self.total_time}
-        meta.update(step=step, final=final, metrics=metrics, lora=vars(self.lora))
-        meta["data_position"] = gather_positions(self.streams, env.rank * self.accum, self.num_streams)
-        rngs = gather_rngs(env.rank, self.dev.get_rng_state())
-        # Collectives under FSDP2 (every rank gathers its shards), so outside the rank-0-only block.
-        tensors = adapter_state_dict(self.model)
-        optimizer_state = collect_optimizers(self.model, self.optimizers, None)
-        with step_directory(self.stage_path, step, is_main=env.is_main, device=self.dev.torch_device,
-                            keep_last=self.cfg.keep_last) as out:
-            if env.is_main:
-                save_adapter(out.tmp, tensors, self.lora, base_model=str(self.base.path))
-                self.tokenizer.save(out.tmp, model_max_length=self.model.config.max_seq_len)
-                meta.update(model_config=self.model.config.to_dict(), tokenizer_fingerprint=self.tokenizer.fingerprint())
-                (out.tmp / META).write_text(_json(meta), encoding="utf-8")
-                write_optimizers(out.tmp, *optimizer_state)
-                for r, state in rngs.items():
-                    save_rng(out.tmp, r, state)
-        final_dir = out.final
-        self.say("[portachat] " + _("saved LoRA adapter {path}").format(path=final_dir))
-        return final_dir
+    return ModelFiles(gather=gather, load=restore_adapter)
 
 
-def _json(obj: Any) -> str:
-    return json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n"
+def fit_finetune(model: GPT, base: BaseModel, stage: Stage, cfg: TrainConfig, dev: Device, env: DistEnv, path: Path,
+                 *, lr: float, weight_decay: float, lora: LoraOptions | None, merge: bool, resume_from: Path | None,
+                 extra_meta: dict[str, Any], print_fn: Callable[[str], None] = print) -> TrainResult:
+    """Every fine-tuning stage's end: the Trainer with fine-tuning's optimizer (and adapter checkpoints for
+    LoRA) plugged into `stage`, trained (resuming where asked), then `--merge`."""
+    fused = dev.fused_optimizer
+    stage = replace(stage, optimizers=lambda m: [finetune_optimizer(m, lr, weight_decay, fused)],
+                    model_files=adapter_files(lora, base.path) if lora is not None else None)
+    meta = {**extra_meta, "lora": vars(lora)} if lora is not None else extra_meta
+    result = train(model, base.tokenizer, stage, cfg, dev, env, path, resume_from=resume_from, extra_meta=meta,
+                   print_fn=print_fn)
+    say = print_fn if env.is_main else (lambda _m: None)
+    merge_if_asked(merge, result, path, model, base, env, say)
+    return result
 
 
 def write_merged(stage_path: Path, model: GPT, base: BaseModel, meta: dict[str, Any]) -> Path:
@@ -321,15 +172,18 @@ class ChatDataPlan:
     lengths: dict[int, int]  # rendered lengths, shared by the planner and every stream
 
 
-def plan_chat_data(stage: str, split: ChatOptions, base: BaseModel, cfg: TrainConfig, dev: Device, env: DistEnv,
+Split = tuple[list[Conversation], list[Conversation], str]  # (train, held out, where they came from)
+
+
+def plan_chat_data(stage: str, split: Split, base: BaseModel, cfg: TrainConfig, dev: Device, env: DistEnv,
                    lr: float, pack: bool, num_epochs: float, num_iterations: int | None,
                    say: Callable[[str], None], loss: LossHook = token_loss,
                    resident: Sequence[torch.nn.Module] = (), describe: str | None = None) -> ChatDataPlan:
-    """Split the conversations, warn about rows whose prompt leaves no reply token, settle
-    `--device-batch-size auto` (base.model probed as it trains, with the stage's `loss` and the `resident`
+    """Given the split conversations (chat_stage.split_conversations): warn about rows whose prompt leaves
+    no reply token, settle `--device-batch-size auto` (base.model probed as it trains, with the stage's `loss` and the `resident`
     modules it keeps in memory, on the data's widest rows; `describe`: the line saying so) and plan the
     steps: what sft/mid and distillation do before they build their streams."""
-    train_convs, val_convs, described = split_conversations(split, cfg.seed)
+    train_convs, val_convs, described = split
     say(f"[portachat] {stage}: " + _("{n} training conversations from {source}, {held_out} held out; "
                                      "AdamW lr {lr}").format(
         n=len(train_convs), source=described, held_out=len(val_convs), lr=f"{lr:g}"))
@@ -380,15 +234,15 @@ def run_finetune(opts: FinetuneOptions, dev: Device | None = None, print_fn=prin
     lr = opts.lr if opts.lr is not None else (LORA_LR if opts.lora else FULL_LR)
     pack = opts.pack if opts.pack is not None else opts.stage == "mid"
 
-    split = ChatOptions(stage=opts.stage, data=opts.data, max_conversations=opts.max_conversations,
-                        eval_examples=opts.eval_examples)
+    split = split_conversations(opts.stage, opts.data, opts.max_conversations, opts.eval_examples, cfg.seed)
     data = plan_chat_data(opts.stage, split, base, cfg, dev, env, lr, pack, opts.num_epochs, opts.num_iterations, say)
     cfg, train_convs, val_convs, described, bucket, lengths = (
         data.cfg, data.train, data.val, data.described, data.bucket, data.lengths)
     B, T, pad = cfg.device_batch_size, cfg.max_seq_len, pad_id(base.tokenizer)
-    evaluators = [val_loss_evaluator(val_convs[: opts.val_conversations], base.render, pad, B, T, dev, bucket)]
+    evaluators = [val_loss_evaluator(val_convs[: opts.val_conversations], base.render, pad, B, T, dev, env, bucket)]
     if opts.eval_examples > 0:
-        evaluators.append(answer_evaluator(val_convs[: opts.eval_examples], base, dev, opts.eval_max_tokens))
+        evaluators.append(answer_accuracy_evaluator(val_convs[: opts.eval_examples], base.tokenizer, base.prompt, dev,
+                                                    env, opts.eval_max_tokens, name="answer_accuracy"))
     stage = Stage(
         make_stream=lambda s, n: TemplateChatLoader(train_convs, base.render, pad, B, T, pack=pack, stream=s,
                                                     num_streams=n, seed=cfg.seed, tokens_per_batch=cfg.tokens_per_batch,
@@ -397,33 +251,5 @@ def run_finetune(opts: FinetuneOptions, dev: Device | None = None, print_fn=prin
     )
     extra = {"data": described, "init_from": str(base.path), "pack": pack, "finetune": "lora" if opts.lora else "full",
              "lr": lr}
-    trainer = FinetuneTrainer(model, base.tokenizer, stage, cfg, dev, env, path, extra_meta=extra, print_fn=print_fn,
-                              lr=lr, weight_decay=opts.weight_decay, lora=opts.lora, base=base)
-    return trainer.run(resume_from, opts.merge)
-
-
-# ----------------------------------------------------------------------------- the command line
-
-
-def wants_finetune(args: Any) -> bool:
-    """`train mid|sft` fine-tunes when asked for LoRA or when --init names a model that is not ours."""
-    if getattr(args, "lora_rank", None) or getattr(args, "merge", False):
-        return True
-    if not getattr(args, "init", None):
-        return False
-    return resolve(args.init).format != PORTACHAT
-
-
-def finetune_options(args: Any, chat: ChatOptions) -> FinetuneOptions:
-    """FinetuneOptions from the parsed `train mid|sft` flags (and the ChatOptions made from them)."""
-    if not chat.init:
-        raise TrainingError(_("fine-tuning needs --init: a Hugging Face model directory, a .gguf file or a "
-                              "checkpoint"))
-    lora = lora_from_flags(args.lora_rank, args.lora_alpha, args.lora_targets, args.lora_dropout)
-    return FinetuneOptions(
-        init=chat.init, stage=chat.stage, data=chat.data, max_conversations=chat.max_conversations, pack=chat.pack,
-        lr=args.lr, weight_decay=args.weight_decay, num_epochs=chat.num_epochs, num_iterations=chat.num_iterations,
-        max_seq_len=chat.max_seq_len, eval_examples=min(chat.eval_examples, 16), eval_max_tokens=chat.eval_max_tokens,
-        lora=lora, merge=args.merge, resume=chat.resume, overwrite=chat.overwrite, train=chat.train,
-        activation_checkpointing=getattr(args, "activation_checkpointing", None),
-    )
+    return fit_finetune(model, base, stage, cfg, dev, env, path, lr=lr, weight_decay=opts.weight_decay, lora=opts.lora,
+                        merge=opts.merge, resume_from=resume_from, extra_meta=extra, print_fn=print_fn)

@@ -1,8 +1,8 @@
 """GRPO for any model: `portachat train rl --init MODEL --data prompts.jsonl --reward ...`.
 
 The model loads as fine-tuning loads it (a Hugging Face directory, a GGUF, or one of our
-checkpoints: train.finetune.load_base) and trains with AdamW in fp32. Each micro-batch takes a few
-prompts, samples G replies to each through the engine in this process (train.group_rollout: paged
+checkpoints: train.base_model.load_base) and trains with AdamW in fp32. Each micro-batch takes a few
+prompts, samples G replies to each through the engine in this process (train.rollout: paged
 KV, continuous batching, a prompt's blocks shared by its G replies), scores them with the rewards
 (built-ins or the user's TRL-style functions, weighted: train.rewards), and turns each group's
 rewards into advantages (reward minus the group's mean, optionally over its std). The loss is the
@@ -21,27 +21,27 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
-import torch.distributed as dist
 
 from portachat.data.batch import Batch
 from portachat.data.chat_loader import Bucket
 from portachat.data.prompt_data import PromptRow, load_prompts
-from portachat.device import Device
+from portachat.device import Device, DistEnv
 from portachat.device.inference import training_engine_dtype
 from portachat.device.shapes import pad_bucket, row_bucket
+from portachat.eval.generation import as_chat_tokenizer
 from portachat.i18n import _
 from portachat.model import GPT
 from portachat.model.source import PORTACHAT, resolve
-from portachat.tokenizer import Tokenizer
-from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
+from portachat.train.base_model import BaseModel, load_base, pad_id
+from portachat.train.collectives import sum_over_ranks
 from portachat.train.engine_copy import inference_copy
-from portachat.train.finetune import BaseModel, FinetuneTrainer, load_base, pad_id
-from portachat.train.group_rollout import GroupRollout
+from portachat.train.finetune import fit_finetune
 from portachat.train.grpo_loss import GRPOLoss, group_advantages
+from portachat.train.hooks import Evaluator
 from portachat.train.lora import add_lora
 from portachat.train.rewards import Rewards
 from portachat.train.rl import RLOptions, RolloutStats, rollout_batch
-from portachat.train.rollout import Reply, tool_mask
+from portachat.train.rollout import Reply, Rollout
 from portachat.train.stage import begin_stage
 from portachat.train.trainer import Stage, TrainingError, TrainResult
 
@@ -79,17 +79,15 @@ def columns_of(rows: Sequence[PromptRow], repeat: int) -> dict[str, list]:
 class GroupScorer:
     """Samples and scores groups: (prompts' ids, replies, rewards [groups, G])."""
 
-    def __init__(self, base: BaseModel, chat_tok, sampler: GroupRollout, rewards: Rewards) -> None:
+    def __init__(self, base: BaseModel, chat_tok, sampler: Rollout, rewards: Rewards) -> None:
         self.base, self.chat_tok, self.sampler, self.rewards = base, chat_tok, sampler, rewards
-        self.ours = isinstance(base.tokenizer, Tokenizer)  # our models call the calculator: mask its output
         self.reward_sums = torch.zeros(2 * len(rewards.names), dtype=torch.float64)  # (sum, count) per function
 
     def run(self, rows: Sequence[PromptRow], group_size: int, max_tokens: int, temperature: float, seed: int,
             ) -> tuple[list[list[int]], list[Reply], torch.Tensor]:
         prompts = [prompt_ids(self.base, self.chat_tok, r) for r in rows]
         groups = self.sampler.sample_groups(prompts, group_size, max_tokens, temperature, seed)
-        replies = [Reply(ids, tool_mask(self.base.tokenizer, ids) if self.ours else [1] * len(ids),
-                         self.sampler.reply_text(ids)) for group in groups for ids in group]
+        replies = [self.sampler.reply(ids) for group in groups for ids in group]  # the calculator's output masked
         texts = [r.text for r in replies]
         shown_prompts = [r.prompt for r in rows for _ in range(group_size)]
         completions = [[{"role": "assistant", "content": t}] if rows[i // group_size].conversational else t
@@ -101,12 +99,9 @@ class GroupScorer:
         rewards = torch.tensor(values, dtype=torch.float32).view(len(rows), group_size)
         return [p for p in prompts for _ in range(group_size)], replies, rewards
 
-    def read_means(self, dev: Device) -> dict[str, float]:
+    def read_means(self, dev: Device, env: DistEnv) -> dict[str, float]:
         """Each reward function's mean since the last read, over every rank (a collective when distributed)."""
-        totals = self.reward_sums.to(dev.accumulate_dtype).to(dev.torch_device)
-        if dist.is_initialized():
-            dist.all_reduce(totals)
-        values = totals.tolist()
+        values = sum_over_ranks(self.reward_sums.to(dev.torch_device), env).tolist()
         self.reward_sums.zero_()
         return {f"reward/{name}": values[2 * k] / values[2 * k + 1] for k, name in enumerate(self.rewards.names)
                 if values[2 * k + 1] > 0}
@@ -143,13 +138,12 @@ class GroupStream:
             self.index = int(state["index"])
 
 
-def heldout_reward_evaluator(rows: Sequence[PromptRow], scorer: GroupScorer, dev: Device, max_tokens: int):
+def heldout_reward_evaluator(rows: Sequence[PromptRow], scorer: GroupScorer, dev: Device, env: DistEnv,
+                             max_tokens: int) -> Evaluator:
     """Mean reward of greedy replies to held-out prompts (each rank its share, summed)."""
+    mine = list(rows[env.rank :: env.world_size])
 
     def evaluate(model: GPT, step: int) -> dict[str, float]:
-        rank = dist.get_rank() if dist.is_initialized() else 0
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        mine = list(rows[rank::world])
         total = torch.zeros(2, dtype=torch.float64)
         if mine:
             saved = scorer.reward_sums.clone()  # greedy held-out replies do not count as training rollouts
@@ -159,9 +153,7 @@ def heldout_reward_evaluator(rows: Sequence[PromptRow], scorer: GroupScorer, dev
             total += torch.tensor([float(rewards.sum()), float(rewards.numel())], dtype=torch.float64)
         else:
             scorer.sampler.sync()  # under FSDP2 a collective: every rank takes part
-        if world > 1:
-            total = total.to(dev.torch_device)
-            dist.all_reduce(total)
+        total = sum_over_ranks(total.to(dev.torch_device), env)
         return {"heldout_reward": float(total[0] / total[1])} if total[1] > 0 else {}
 
     return evaluate
@@ -190,7 +182,7 @@ def run_grpo(opts: RLOptions, dev: Device | None = None, print_fn=print) -> Trai
     model = base.model
     if opts.lora is not None:  # only the adapter trains; the engine runs the frozen base plus the adapter
         add_lora(model, opts.lora)
-    chat_tok = PortachatChatTokenizer(base.tokenizer) if isinstance(base.tokenizer, Tokenizer) else base.tokenizer
+    chat_tok = as_chat_tokenizer(base.tokenizer)
     rows = load_prompts(opts.data, opts.max_prompts)
     limit = model.config.max_seq_len - opts.max_new_tokens
     fitting = [r for r in rows if len(prompt_ids(base, chat_tok, r)) <= limit]
@@ -204,7 +196,7 @@ def run_grpo(opts: RLOptions, dev: Device | None = None, print_fn=print) -> Trai
     train_rows, heldout = fitting[: len(fitting) - n_val], fitting[len(fitting) - n_val :]
     longest = max(len(prompt_ids(base, chat_tok, r)) for r in fitting) + opts.max_new_tokens
     cfg = replace(cfg, max_seq_len=longest, warmdown_ratio=opts.warmdown_ratio)
-    sampler = GroupRollout(model, chat_tok, dev, max_num_seqs=cfg.device_batch_size, max_model_len=longest,
+    sampler = Rollout(model, chat_tok, dev, max_num_seqs=cfg.device_batch_size, max_model_len=longest,
                            lora=opts.lora is not None)
     scorer = GroupScorer(base, chat_tok, sampler, rewards)
     prompts_per_batch = cfg.device_batch_size // opts.num_samples
@@ -226,17 +218,17 @@ def run_grpo(opts: RLOptions, dev: Device | None = None, print_fn=print) -> Trai
         reference = model
     elif opts.beta != 0.0:  # the starting weights, frozen (in the inference dtype where the device has one)
         reference = inference_copy(model, training_engine_dtype(dev) or torch.float32)
-    stats = RolloutStats(dev)
+    stats = RolloutStats(dev, env)
     pad = pad_id(base.tokenizer)
 
     def step_metrics() -> dict[str, float]:
-        return {**stats.read(), **scorer.read_means(dev), "kv_freed_bytes": float(sampler.freed_bytes)}
+        return {**stats.read(), **scorer.read_means(dev, env), "kv_freed_bytes": float(sampler.freed_bytes)}
 
     stage = Stage(
         make_stream=lambda s, n: GroupStream(train_rows, scorer, stats, opts, prompts_per_batch, pad, s, n, cfg.seed,
                                              cfg.max_seq_len, row_bucket(dev.type, dev.compile)),
         loss=GRPOLoss(opts.epsilon, opts.epsilon_high, opts.beta, reference, reference_is_base=opts.lora is not None),
-        evaluators=[heldout_reward_evaluator(heldout, scorer, dev, opts.max_new_tokens)] if heldout else [],
+        evaluators=[heldout_reward_evaluator(heldout, scorer, dev, env, opts.max_new_tokens)] if heldout else [],
         step_metrics=step_metrics,
     )
     extra = {"data": ", ".join(opts.data), "init_from": str(base.path), "finetune": "lora" if opts.lora else "full",
@@ -244,6 +236,5 @@ def run_grpo(opts: RLOptions, dev: Device | None = None, print_fn=print) -> Trai
              "grpo": {"num_samples": opts.num_samples, "rewards": rewards.specs, "reward_weights": rewards.weights,
                       "beta": opts.beta, "epsilon": opts.epsilon, "epsilon_high": opts.epsilon_high,
                       "normalize_std": opts.normalize_std}}
-    trainer = FinetuneTrainer(model, base.tokenizer, stage, cfg, dev, env, path, extra_meta=extra, print_fn=print_fn,
-                              lr=lr, weight_decay=0.0, lora=opts.lora, base=base)
-    return trainer.run(resume_from, opts.merge)
+    return fit_finetune(model, base, stage, cfg, dev, env, path, lr=lr, weight_decay=0.0, lora=opts.lora,
+                        merge=opts.merge, resume_from=resume_from, extra_meta=extra, print_fn=print_fn)

@@ -1,13 +1,16 @@
-"""What a stage gives the Trainer: its data streams, its loss, its evaluators (the `Stage` hooks)."""
+"""What a stage gives the Trainer: its data streams, its loss, its evaluators, its optimizers and how
+its checkpoints hold the model (the `Stage` hooks). The Trainer owns the step; stages plug in."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 
+from portachat.checkpoint import ModelWriter
 from portachat.data.batch import Batch
 from portachat.model import GPT
 
@@ -22,6 +25,18 @@ class BatchStream(Protocol):
 LossHook = Callable[[torch.nn.Module, Batch], torch.Tensor]
 # (model, step) -> metrics; runs on every rank (collectives allowed), logged by rank 0
 Evaluator = Callable[[GPT, int], dict[str, float]]
+# (the model, placed and sharded) -> the optimizers that train it
+OptimizerHook = Callable[[torch.nn.Module], list[torch.optim.Optimizer]]
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """How a stage's checkpoints hold the model, when not as a whole HF directory (LoRA: the adapter).
+    `gather(model, tokenizer)` runs on every rank (collectives allowed) and returns the writer rank 0
+    calls inside the step directory; `load(model, path)` puts a saved checkpoint's values back (resume)."""
+
+    gather: Callable[[torch.nn.Module, Any], ModelWriter]
+    load: Callable[[torch.nn.Module, Path], None]
 
 
 def token_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
@@ -54,6 +69,8 @@ class Stage:
     prefetch: int = 0
     # (batch on the device) -> the units the loss hook sums over (preference stages: pairs, not tokens)
     count: Callable[[Batch], torch.Tensor] = supervised_count
+    # None = Muon for hidden matrices + AdamW for the rest (train/optim.py), sized for training from scratch
+    optimizers: OptimizerHook | None = None
+    # None = checkpoints hold the whole model (an HF directory)
+    model_files: ModelFiles | None = None
 
-
-StageData = Stage  # the name stages used before the Trainer split

@@ -24,7 +24,9 @@ class RunLogger:
         stage_path.mkdir(parents=True, exist_ok=True)
         self._jsonl = open(stage_path / "log.jsonl", "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
         try:  # optional and slow to import (it pulls in tensorboard): only when logging is on
-            from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard import (
+                SummaryWriter,  # deferred: loads tensorboard, only when logging
+            )
 
             self._tb = SummaryWriter(log_dir=str(stage_path / "tensorboard"))
         except ImportError:  # tensorboard is a dependency, but logging must never stop training

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 from torch import nn
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from portachat.i18n import _
 from portachat.model.lora import (  # noqa: F401 - re-exported: the trainer's callers import them from here
@@ -44,7 +44,7 @@ ADAPTER_NAME = "default"
 
 def _peft() -> Any:
     try:  # optional dependency (the `models` extra): only LoRA's save and load need it
-        import peft
+        import peft  # deferred: optional (the `models` extra)
     except ImportError as exc:
         raise ImportError(_("LoRA needs the `peft` package: pip install 'portachat[models]' (or pip install peft)")) from exc
     return peft
@@ -159,10 +159,18 @@ def save_adapter(directory: Path, tensors: dict[str, torch.Tensor], opts: LoraOp
 
 def load_adapter(model: nn.Module, directory: str | Path) -> nn.Module:
     """Add the adapter saved in `directory` to `model` (in place), its weights loaded and checked."""
-    opts, _raw, tensors = read_adapter(directory)
+    opts, _raw, _tensors = read_adapter(directory)
     if has_lora(model):
         raise ValueError("the model already has a LoRA adapter")
     add_lora(model, opts)
+    restore_adapter(model, directory)
+    return model
+
+
+def restore_adapter(model: nn.Module, directory: str | Path) -> None:
+    """Copy the adapter saved in `directory` into `model`'s adapter of the same shape (a resumed LoRA run);
+    under FSDP2 each rank keeps its shard of every saved matrix."""
+    _opts, _raw, tensors = read_adapter(directory)
     ours = {name: p for name, p in model.named_parameters() if ".lora_" in name}
     expected = {PEFT_PREFIX + n.replace(f".{ADAPTER_NAME}.", "."): n for n in ours}
     missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
@@ -176,8 +184,10 @@ def load_adapter(model: nn.Module, directory: str | Path) -> nn.Module:
             if tuple(p.shape) != tuple(t.shape):
                 raise CheckpointError(_("{directory}: {key} has shape {shape}, this model needs {needed}").format(
                     directory=directory, key=key, shape=tuple(t.shape), needed=tuple(p.shape)))
-            p.copy_(t)
-    return model
+            if isinstance(p, DTensor):
+                p.copy_(distribute_tensor(t.to(p.device, p.dtype), p.device_mesh, p.placements, src_data_rank=None))
+            else:
+                p.copy_(t)
 
 
 @torch.no_grad()

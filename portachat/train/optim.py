@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from portachat.device import Device
 from portachat.train.muon_split import add_update, full, orthogonalize
 from portachat.train.optim_config import OptimConfig  # noqa: F401 - its home is torch-free (the CLI reads its defaults)
 
@@ -111,3 +112,10 @@ def build_optimizers(
         for group in opt.param_groups:
             group["initial_lr"] = group["lr"]
     return optimizers
+
+
+def training_optimizers(model: nn.Module, cfg: OptimConfig, dev: Device) -> list[torch.optim.Optimizer]:
+    """Muon + AdamW as the Trainer builds them, and so as the batch-size finder and the profiler measure
+    them: Newton-Schulz in the device's dtype (`Device.newton_schulz_dtype`, the one rule), AdamW fused
+    where the device supports it."""
+    return build_optimizers(model, cfg, model.config.n_embd, dev.newton_schulz_dtype, dev.fused_optimizer)

@@ -20,10 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from portachat.data.batch import Batch
+from portachat.device import DistEnv
+from portachat.train.collectives import SINGLE_PROCESS, sum_over_ranks
 
 LOSSES = ("dpo", "ipo", "simpo", "orpo")
 NEEDS_REFERENCE = ("dpo", "ipo")
@@ -78,8 +79,8 @@ class PreferenceMetrics:
     NAMES = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
              "logps/rejected")
 
-    def __init__(self, device: torch.device, dtype: torch.dtype = torch.float32) -> None:
-        self.device, self.dtype = device, dtype
+    def __init__(self, device: torch.device, dtype: torch.dtype = torch.float32, env: DistEnv = SINGLE_PROCESS) -> None:
+        self.device, self.dtype, self.env = device, dtype, env
         self.sums: torch.Tensor | None = None
 
     def add(self, scores: PairScores, chosen: torch.Tensor, rejected: torch.Tensor) -> None:
@@ -92,9 +93,6 @@ class PreferenceMetrics:
     def read(self) -> dict[str, float]:
         sums = self.sums if self.sums is not None else torch.zeros(len(self.NAMES) + 1, dtype=self.dtype,
                                                                     device=self.device)
-        if dist.is_available() and dist.is_initialized():
-            sums = sums.to(self.device)
-            dist.all_reduce(sums)
-        *totals, pairs = sums.tolist()
+        *totals, pairs = sum_over_ranks(sums.to(self.device), self.env).tolist()
         self.sums = None
         return {name: total / max(pairs, 1.0) for name, total in zip(self.NAMES, totals, strict=True)}

@@ -22,7 +22,7 @@ from portachat.engine import SamplingParams
 from portachat.engine.oneshot import engine_for
 from portachat.i18n import _
 from portachat.model import GPT, GPTConfig
-from portachat.train.optim import OptimConfig, build_optimizers
+from portachat.train.optim import OptimConfig, training_optimizers
 
 PHASES = ("data", "forward", "backward", "optimizer", "communication")
 # Collective ops by their generic names; the backend's own name (dev.dist_backend) is added per device.
@@ -79,7 +79,7 @@ def profile_training(
     batches: Iterator[tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> ProfileResult:
     model = GPT(cfg).to(dev.torch_device)
-    optimizers = build_optimizers(model, OptimConfig(), cfg.n_embd, dev.newton_schulz_dtype, dev.fused_optimizer)
+    optimizers = training_optimizers(model, OptimConfig(), dev)
     runner = torch.compile(model) if dev.compile else model
     batches = batches or random_batches(cfg, batch_size, seq_len)
     times: dict[str, list[float]] = {p: [] for p in PHASES}

@@ -11,7 +11,7 @@ import torch
 
 from portachat.checkpoint.trainer_state import load_optimizers, load_rng
 from portachat.i18n import _
-from portachat.model import GPT
+from portachat.model import GPT, GPTConfig
 from portachat.model.model_dir import check_tokenizer_matches, load_weights_into, read_config, read_meta
 from portachat.tokenizer import Tokenizer
 from portachat.train.accumulation import TrainingError
@@ -45,18 +45,24 @@ class Restored:
 
 def restore_training_state(path: Path, model: GPT, tokenizer: Any, optimizers: Sequence[torch.optim.Optimizer],
                            scaler: Any, streams: Sequence[Any], stream_offset: int, num_streams: int, rank: int,
-                           say: Callable[[str], None]) -> Restored:
-    """Load weights, optimizer state (and the fp16 scaler's) and this rank's data positions from `path`."""
+                           say: Callable[[str], None],
+                           load_model: Callable[[torch.nn.Module, Path], None] | None = None) -> Restored:
+    """Load weights, optimizer state (and the fp16 scaler's) and this rank's data positions from `path`.
+    `load_model`: how the stage's checkpoints hold the model when not whole (a LoRA run: its adapter)."""
     meta = read_meta(path)
     check_tokenizer_matches(tokenizer, model.config, meta, where=str(path))
-    saved_cfg = read_config(path)
+    # An adapter checkpoint has no config.json: its portachat.json names the model it was trained on.
+    saved_cfg = read_config(path) if load_model is None else GPTConfig.from_dict(meta.get("model_config") or {})
     if saved_cfg != model.config:
         raise TrainingError(
             _("cannot resume from {path}: it holds a different model ({saved}) than this run asks for "
               "({wanted}). Drop --resume or use the same --depth / --max-seq-len as the run you continue.").format(
                 path=path, saved=saved_cfg, wanted=model.config)
         )
-    load_weights(model, path)  # straight into the training model (its shard under FSDP2): no second copy
+    if load_model is None:
+        load_weights(model, path)  # straight into the training model (its shard under FSDP2): no second copy
+    else:
+        load_model(model, path)
     # The implementation flags are this device's choice, not the saving machine's (fused AdamW on a
     # CUDA run resumed on a CPU would fail).
     impl = [[{k: g[k] for k in ("fused", "foreach") if k in g} for g in opt.param_groups] for opt in optimizers]

@@ -20,7 +20,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from portachat.data.batch import Batch
 from portachat.data.chat_data import (
@@ -31,17 +30,17 @@ from portachat.data.chat_data import (
 )
 from portachat.data.chat_loader import Bucket
 from portachat.data.synthetic.tasks import TASKS, task_examples
-from portachat.device import Device
+from portachat.device import Device, DistEnv
 from portachat.device.shapes import pad_bucket, row_bucket
 from portachat.i18n import _
-from portachat.model import GPT
 from portachat.model.model_dir import read_meta
 from portachat.tokenizer import Tokenizer, render_for_completion
 from portachat.train.chat_eval import answer_accuracy_evaluator, is_correct
 from portachat.train.chat_stage import model_from_checkpoint
+from portachat.train.collectives import sum_over_ranks
 from portachat.train.grpo_loss import group_advantages
 from portachat.train.rl_options import RLOptions
-from portachat.train.rollout import Reply, RolloutEngine
+from portachat.train.rollout import Reply, Rollout
 from portachat.train.stage import begin_stage
 from portachat.train.trainer import Stage, TrainingError, TrainResult, load_init_weights, train
 
@@ -71,8 +70,8 @@ class RolloutStats:
     """Per-step rollout metrics, summed over micro-batches and ranks when read; `tasks` (the task names
     prompts may carry) get their own mean reward, `reward/<task>`, in steps that sampled them."""
 
-    def __init__(self, dev: Device, tasks: Sequence[str] = ()) -> None:
-        self.dev = dev
+    def __init__(self, dev: Device, env: DistEnv, tasks: Sequence[str] = ()) -> None:
+        self.dev, self.env = dev, env
         self.tasks = list(tasks)  # a fixed order, so every rank reduces the same vector
         self.reset()
 
@@ -95,9 +94,7 @@ class RolloutStats:
 
     def read(self) -> dict[str, float]:
         totals = torch.tensor(self.sums, dtype=self.dev.accumulate_dtype, device=self.dev.torch_device)
-        if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(totals)
-        values = totals.tolist()
+        values = sum_over_ranks(totals, self.env).tolist()
         reward, replies, solved, groups, tokens = values[:5]
         self.reset()
         out = {"reward": reward / max(replies, 1), "pass_at_k": solved / max(groups, 1),
@@ -111,7 +108,7 @@ class RolloutStats:
 class RolloutStream:
     """Stream s of n: prompts s, s+n, ... of the task list; each batch = prompts_per_batch x G rollouts."""
 
-    def __init__(self, tasks: list[Conversation], tokenizer: Tokenizer, sampler: RolloutEngine, stats: RolloutStats,
+    def __init__(self, tasks: list[Conversation], tokenizer: Tokenizer, sampler: Rollout, stats: RolloutStats,
                  opts: RLOptions, prompts_per_batch: int, stream: int, num_streams: int, seed: int, max_len: int,
                  bucket: Bucket = pad_bucket) -> None:  # fmt: skip
         self.tasks, self.tokenizer, self.sampler, self.stats, self.opts = tasks, tokenizer, sampler, stats, opts
@@ -146,6 +143,7 @@ class RolloutStream:
             if len(informative) >= self.prompts_per_batch:
                 break
         chosen = (informative + flat)[: self.prompts_per_batch]
+        self.sampler.sleep()  # the KV cache's memory is the trainer's until the next batch
         return rollout_batch([p for c in chosen for p in c[0]], [r for c in chosen for r in c[1]],
                              [a for c in chosen for a in c[2]], self.tokenizer.bos_id, self.max_len, self.bucket)
 
@@ -157,25 +155,21 @@ class RolloutStream:
             self.index = int(state["index"])
 
 
-def probe_pass_rates(sampler: RolloutEngine, tokenizer: Tokenizer, per_task: int, max_new_tokens: int,
-                     temperature: float, seed: int) -> dict[str, float]:
+def probe_pass_rates(sampler: Rollout, tokenizer: Tokenizer, env: DistEnv, per_task: int,
+                     max_new_tokens: int, temperature: float, seed: int) -> dict[str, float]:
     """Each synthetic task's pass rate under the current policy: one sampled reply to each of `per_task`
     fresh train-split questions per task (each rank answers its share; the counts are summed)."""
-
-    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    rank, world = env.rank, env.world_size
     names = list(TASKS)
     examples = [ex for name in names for ex in task_examples(per_task, "train", f"rl-probe:{seed}", tasks=[name])]
     mine = list(range(rank, len(examples), world))
     prompts = [render_for_completion(tokenizer, examples[i].prompt) for i in mine]
     replies = sampler.sample(prompts, max_new_tokens, temperature, seeds=[seed * 1_000_003 + i for i in mine])
-    counts = torch.zeros(len(names), 2, dtype=torch.float64)
+    counts = torch.zeros(len(names), 2, dtype=torch.int64)  # (right, answered): exact in any backend
     for i, reply in zip(mine, replies, strict=True):
         ex = examples[i]
-        counts[names.index(ex.task)] += torch.tensor([float(is_correct(reply.text, ex.answer)), 1.0])
-    if world > 1:
-        counts = counts.to(sampler.dev.torch_device)
-        dist.all_reduce(counts)
+        counts[names.index(ex.task)] += torch.tensor([int(is_correct(reply.text, ex.answer)), 1])
+    counts = sum_over_ranks(counts.to(sampler.dev.torch_device), env).cpu()
     return {name: float(counts[k, 0] / max(float(counts[k, 1]), 1.0)) for k, name in enumerate(names)}
 
 
@@ -203,7 +197,7 @@ def rl_tasks(opts: RLOptions, seed: int, weights: dict[str, float] | None = None
             f"synthetic tasks ({n} prompts)")
 
 
-def synthetic_task_mix(opts: RLOptions, sampler: RolloutEngine, tokenizer: Tokenizer, seed: int,
+def synthetic_task_mix(opts: RLOptions, sampler: Rollout, tokenizer: Tokenizer, env: DistEnv, seed: int,
                        init_from: Path | None, resume_from: Path | None, say) -> dict[str, float] | None:
     """The synthetic tasks' weights for this run (announced): given, probed, or None (the default mix).
     A resumed run keeps the mix it started with (its prompt list must not change under it)."""
@@ -215,7 +209,7 @@ def synthetic_task_mix(opts: RLOptions, sampler: RolloutEngine, tokenizer: Token
     if opts.probe_examples <= 0 or init_from is None:
         return None
     load_init_weights(sampler.model, tokenizer, init_from)  # the Trainer loads them again; the probe needs them now
-    rates = probe_pass_rates(sampler, tokenizer, opts.probe_examples, opts.max_new_tokens, opts.temperature, seed)
+    rates = probe_pass_rates(sampler, tokenizer, env, opts.probe_examples, opts.max_new_tokens, opts.temperature, seed)
     weights = informative_weights(rates, opts.probe_floor)
     say("[portachat] " + _("rl: probed pass rates ({n} sampled replies per task): {rates}").format(
         n=opts.probe_examples, rates=_fmt_mix(rates)))
@@ -245,9 +239,9 @@ def run_rl(opts: RLOptions, dev: Device | None = None, print_fn=print) -> TrainR
     model, tokenizer = model_from_checkpoint(resume_from or init_from, dev)
     cfg = replace(cfg, max_seq_len=model.config.max_seq_len, muon_momentum_warmup=0,
                   warmdown_ratio=opts.warmdown_ratio, optim=cfg.optim.scaled(opts.lr_scale))
-    sampler = RolloutEngine(model, tokenizer, dev, max_num_seqs=max(cfg.device_batch_size, 1))
-    weights = None if opts.data else synthetic_task_mix(opts, sampler, tokenizer, cfg.seed, init_from, resume_from,
-                                                         say)
+    sampler = Rollout(model, tokenizer, dev, max_num_seqs=max(cfg.device_batch_size, 1))
+    weights = None if opts.data else synthetic_task_mix(opts, sampler, tokenizer, env, cfg.seed, init_from,
+                                                         resume_from, say)
     tasks, heldout, described = rl_tasks(opts, cfg.seed, weights)
     prompts_per_batch = cfg.device_batch_size // opts.num_samples
     streams = env.world_size * cfg.grad_accum_steps(env.world_size)
@@ -260,11 +254,12 @@ def run_rl(opts: RLOptions, dev: Device | None = None, print_fn=print) -> TrainR
     if not opts.data:
         say("[portachat] " + _("NOTE: no --data given: RL on the built-in SYNTHETIC tasks (offline)."))
 
-    stats = RolloutStats(dev, sorted({t["task"] for t in tasks if t.get("task")}))
+    stats = RolloutStats(dev, env, sorted({t["task"] for t in tasks if t.get("task")}))
     evaluators = []
     if opts.eval_examples > 0:
-        evaluators.append(answer_accuracy_evaluator(heldout[: opts.eval_examples], tokenizer, dev,
-                                                    opts.max_new_tokens, name="heldout_accuracy", sampler=sampler))
+        evaluators.append(answer_accuracy_evaluator(
+            heldout[: opts.eval_examples], tokenizer, lambda m: render_for_completion(tokenizer, m), dev, env,
+            opts.max_new_tokens, name="heldout_accuracy", sampler=sampler))
     stage = Stage(
         make_stream=lambda s, n: RolloutStream(tasks, tokenizer, sampler, stats, opts, prompts_per_batch, s, n,
                                                cfg.seed, cfg.max_seq_len, row_bucket(dev.type, dev.compile)),
@@ -276,11 +271,3 @@ def run_rl(opts: RLOptions, dev: Device | None = None, print_fn=print) -> TrainR
     return train(model, tokenizer, stage, cfg, dev, env, path, resume_from=resume_from, init_from=init_from,
                  extra_meta=extra, print_fn=print_fn)
 
-
-def logprob_of(model: GPT, prompt: list[int], reply: list[int]) -> float:
-    """Sum of log p(reply | prompt) under `model` (for tests and diagnostics)."""
-    ids = torch.tensor([prompt + reply])
-    with torch.no_grad():
-        nll = model(ids[:, :-1], ids[:, 1:].masked_fill(torch.arange(ids.shape[1] - 1) < len(prompt) - 1, -1),
-                    loss_reduction="sum")
-    return -float(nll)

@@ -32,13 +32,14 @@ from portachat.model.model_dir import read_meta
 from portachat.model.source import resolve
 from portachat.storage.runs import list_steps, stage_dir
 from portachat.train.accumulation import TrainingError
+from portachat.train.collectives import SINGLE_PROCESS
 from portachat.train.config import TrainConfig
 from portachat.train.defaults import PREVIOUS_STAGE
 
 Render = Callable[[Any, int | None], tuple[list[int], list[int]]]  # (messages, max tokens) -> ids, mask
 
 # Where rank 0 decides on its own files (inside rank0_decides): it deletes and waits for nobody.
-RANK0_ALONE = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1)
+RANK0_ALONE = SINGLE_PROCESS
 
 
 @dataclass(frozen=True)

@@ -95,7 +95,7 @@ class RemoteTeacher:
     """A teacher behind an OpenAI-compatible server that returns `prompt_logprobs` (vLLM's layout)."""
 
     def __init__(self, url: str, model: str | None = None, api_key: str | None = None, timeout_s: float = 600.0) -> None:
-        import httpx  # optional dependency (portachat[serve]): only a remote teacher needs it
+        import httpx  # deferred: optional (portachat[serve]); only a remote teacher needs it
 
         self.url, self.name = url.rstrip("/").removesuffix("/v1"), url
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}

@@ -48,7 +48,6 @@ from portachat.train.hooks import (
     Evaluator,
     LossHook,
     Stage,
-    StageData,
     supervised_count,
     token_loss,
 )
@@ -63,7 +62,7 @@ from portachat.train.hot_path import (
     thaw_gc,
 )
 from portachat.train.logger import RunLogger, format_progress, format_run_banner
-from portachat.train.optim import build_optimizers
+from portachat.train.optim import training_optimizers
 from portachat.train.parallel import choose_parallel, grad_sync_paused, no_buffer_sync, shard_model
 from portachat.train.replicas import check_replicas_in_sync
 from portachat.train.resume import load_init_weights, restore_training_state
@@ -71,7 +70,7 @@ from portachat.train.signals import StopRequest
 from portachat.train.step import StepStats, apply_schedules, clip_and_step
 
 # What stages import from here: the Trainer's own names, kept importable from this module after the split.
-__all__ = ["BatchStream", "Evaluator", "LossHook", "Stage", "StageData", "StepStats", "TrainConfig", "TrainResult",
+__all__ = ["BatchStream", "Evaluator", "LossHook", "Stage", "StepStats", "TrainConfig", "TrainResult",
            "Trainer", "TrainingError", "load_init_weights", "resolve_device_batch_size", "supervised_count",
            "token_loss", "train"]
 
@@ -135,23 +134,12 @@ class Trainer:
                                         self.say)
         if self.parallel == "fsdp2":
             shard_model(model, dev, self.world)
-        self.optimizers = build_optimizers(
-            model,
-            cfg.optim,
-            model_dim=model.config.n_embd,
-            ns_dtype=torch.bfloat16 if dev.dtype == torch.bfloat16 else torch.float32,
-            fused=dev.fused_optimizer,
-        )
+        # The stage's optimizers, or Muon + AdamW with the device's Newton-Schulz dtype (the one rule the
+        # batch-size finder and the profiler use too, so they measure the optimizer that trains).
+        self.optimizers = (self.stage.optimizers(model) if self.stage.optimizers is not None
+                           else training_optimizers(model, cfg.optim, dev))
         self.scaler = dev.grad_scaler()
-        rng_state = None
-        if resume_from is not None:
-            rng_state = self._resume(resume_from)
-            if self.start_step > cfg.num_iterations:
-                raise TrainingError(
-                    _("{path} is at step {step}, past this run's horizon of {horizon} steps. "
-                      "Pass --num-iterations larger than {step} to train on.").format(
-                        path=resume_from, step=self.start_step, horizon=cfg.num_iterations)
-                )
+        rng_state = self._resume(resume_from) if resume_from is not None else None
         self.step_count = self.start_step
 
         # DDP first, then compile: the compiled graph is split at DDP's gradient buckets (DDPOptimizer), so
@@ -194,10 +182,19 @@ class Trainer:
             self.say("[portachat] " + _("resumed from {path} at step {step}").format(path=resume_from, step=self.start_step))
 
     def _resume(self, path: Path) -> dict[str, torch.Tensor] | None:
-        """Load weights, optimizer state and data positions; returns this rank's saved RNG state
-        (applied just before training, after anything that draws random numbers)."""
+        """Load weights, optimizer and fp16 scaler state and data positions, refusing a checkpoint past this
+        run's horizon; returns this rank's saved RNG state (applied just before training, after anything
+        that draws random numbers)."""
+        files = self.stage.model_files
         restored = restore_training_state(path, self.model, self.tokenizer, self.optimizers, self.scaler, self.streams,
-                                          self.env.rank * self.accum, self.num_streams, self.env.rank, self.say)
+                                          self.env.rank * self.accum, self.num_streams, self.env.rank, self.say,
+                                          load_model=files.load if files is not None else None)
+        if restored.step > self.cfg.num_iterations:
+            raise TrainingError(
+                _("{path} is at step {step}, past this run's horizon of {horizon} steps. "
+                  "Pass --num-iterations larger than {step} to train on.").format(
+                    path=path, step=restored.step, horizon=self.cfg.num_iterations)
+            )
         self.start_step, self.total_time, self.metrics = restored.step, restored.total_time, restored.metrics
         return restored.rng
 
@@ -334,6 +331,7 @@ class Trainer:
         metrics = {**self.metrics, "train_loss": self.last_loss, "total_training_time_s": self.total_time}
         metrics.setdefault("val_bpb", None)
         meta.update(step=step, final=final, metrics=metrics)
+        files = self.stage.model_files  # None: the whole model; LoRA: its adapter (gathered on every rank)
         path = save_checkpoint(
             self.stage_path,
             step,
@@ -349,6 +347,7 @@ class Trainer:
             env=self.env,
             device=self.dev.torch_device,
             keep_last=self.cfg.keep_last,
+            write_model=files.gather(self.model, self.tokenizer) if files is not None else None,
         )
         self.say("[portachat] " + _("saved checkpoint {path}").format(path=path))
         return path

@@ -17,7 +17,7 @@ from portachat.engine.runner import ModelRunner
 from portachat.eval.run import EvalOptions, run_evals
 from portachat.model import GPT, GPTConfig
 from portachat.model.model_dir import save_model_files
-from portachat.train.rollout import RolloutEngine
+from portachat.train.rollout import Rollout
 from portachat.train.samples import greedy_samples
 
 
@@ -60,7 +60,7 @@ def test_server_eval_rollouts_and_samples_build_through_the_one_builder(built, m
     training.load_state_dict(model.state_dict())
     training.train()
     dev = get_device("cpu")
-    replies = RolloutEngine(training, small_tokenizer, dev, max_num_seqs=2).sample([[small_tokenizer.bos_id]], 2, 0.0,
+    replies = Rollout(training, small_tokenizer, dev, max_num_seqs=2).sample([[small_tokenizer.bos_id]], 2, 0.0,
                                                                                    [0])
     assert len(replies) == 1 and len(built) == 3 and training.training
 

@@ -17,6 +17,7 @@ from portachat.model.model_dir import save_model_files
 from portachat.train.distill import DistillOptions, OnPolicyStream, run_distill
 from portachat.train.distill_loss import DistillLoss
 from portachat.train.lora import LoraOptions
+from portachat.train.rollout import Rollout
 from portachat.train.student import kept_layers, student_from_teacher
 from portachat.train.trainer import TrainConfig, TrainingError
 from tests.model.hf_families import VOCAB, make_hf_dir
@@ -187,10 +188,11 @@ def test_on_policy_stream_mixes_own_samples_and_resumes_exactly():
 
     student = tiny_model(64, seed=0)
     opts = DistillOptions(teacher="t", student_depth=1, on_policy=0.5, max_new_tokens=5)
+    rollout = Rollout(student, None, cpu(), max_num_seqs=2, max_model_len=17)
 
     def stream() -> OnPolicyStream:
-        return OnPolicyStream(FixedLoader(), [[1, 2, 3], [4, 5, 6, 7]], student, None, opts, pad=0, batch_size=2,
-                              seq_len=16, dev=cpu(), bucket=lambda n, _m: n, stream=0, num_streams=1, seed=3)
+        return OnPolicyStream(FixedLoader(), [[1, 2, 3], [4, 5, 6, 7]], rollout, opts, pad=0, batch_size=2,
+                              seq_len=16, bucket=lambda n, _m: n, stream=0, num_streams=1, seed=3)
 
     whole = stream()
     straight = [whole.next_batch() for _ in range(8)]

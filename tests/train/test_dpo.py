@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 
 from portachat.data.preference_data import pair_rows, pairs_to_batch, row_to_pair
 from portachat.device import get_device
+from portachat.train.base_model import load_base, pad_id
 from portachat.train.dpo import DPOOptions, PreferenceObjective, reference_logps, run_dpo
-from portachat.train.finetune import load_base, pad_id
 from portachat.train.lora import LoraOptions, adapters_disabled, add_lora
 from portachat.train.preference_loss import PreferenceMetrics, sequence_logps
 from portachat.train.trainer import TrainConfig, TrainingError

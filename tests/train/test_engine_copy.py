@@ -12,7 +12,7 @@ from portachat.device import Device, get_device
 from portachat.device.inference import rollout_engine_dtype, training_engine_dtype
 from portachat.train import engine_copy, rollout, samples
 from portachat.train.engine_copy import engine_weights, inference_copy, refresh_copy
-from portachat.train.rollout import RolloutEngine
+from portachat.train.rollout import Rollout
 from tests.device.device_sim import ascend, cpu, h100
 
 
@@ -58,7 +58,7 @@ def test_tied_weights_stay_tied_in_the_copy(small_tokenizer):
 def accelerator_like(monkeypatch):
     """The CPU device, with the copy decision an accelerator makes (bf16)."""
     monkeypatch.setattr(engine_copy, "training_engine_dtype", lambda dev: torch.bfloat16)
-    monkeypatch.setattr(rollout, "training_engine_dtype", lambda dev: torch.bfloat16)
+    monkeypatch.setattr(rollout, "rollout_engine_dtype", lambda dev: torch.bfloat16)
     return get_device("cpu")
 
 
@@ -81,7 +81,7 @@ def test_the_cpu_runs_the_model_itself(small_tokenizer):
 
 def test_rollouts_sample_from_a_copy_refreshed_from_this_steps_weights(small_tokenizer, accelerator_like):
     model = small_gpt(small_tokenizer.vocab_size)
-    sampler = RolloutEngine(model, small_tokenizer, accelerator_like, max_num_seqs=2)
+    sampler = Rollout(model, small_tokenizer, accelerator_like, max_num_seqs=2)
     ids = small_tokenizer.encode("the", prepend_bos=True)
     sampler.sample([ids], 3, temperature=0.0, seeds=[0])
     copy = sampler.weights

@@ -65,8 +65,8 @@ def test_result_is_the_same_architecture_with_its_own_tokenizer_and_template(fin
 
 def test_cli_routes_init_of_an_existing_model_to_finetuning(tmp_path):
     from portachat.cli import build_parser
+    from portachat.commands.run.finetune_args import finetune_options, wants_finetune
     from portachat.train.chat_stage import ChatOptions
-    from portachat.train.finetune import finetune_options, wants_finetune
 
     base = tmp_path / "base"
     make_hf_dir(base, "llama")

@@ -14,10 +14,11 @@ from portachat.data.chat_loader import longest_chat_row
 from portachat.device import DistEnv, get_device
 from portachat.device.memory import MemoryStats
 from portachat.device.shapes import row_bucket
+from portachat.train.base_model import load_base
 from portachat.train.distill import DistillHook, DistillOptions, run_distill
 from portachat.train.distill_loss import DistillLoss
 from portachat.train.dpo import DPOOptions, run_dpo
-from portachat.train.finetune import FinetuneOptions, load_base, run_finetune
+from portachat.train.finetune import FinetuneOptions, run_finetune
 from portachat.train.finetune_batch import (
     finetune_peak,
     probe_rows,

@@ -21,15 +21,15 @@ from portachat.engine.oneshot import TokenIdsOnly
 from portachat.engine.scoring import teacher_forced_logprobs
 from portachat.model.load import load_for_inference
 from portachat.model.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
-from portachat.train.group_rollout import POLICY, GroupRollout
 from portachat.train.grpo import run_grpo
 from portachat.train.grpo_loss import GRPOLoss, token_logprobs
 from portachat.train.lora import LoraOptions, adapters_disabled, add_lora, lora_from_flags
 from portachat.train.rl import RLOptions
+from portachat.train.rollout import POLICY, Rollout
 from portachat.train.trainer import TrainingError
 from tests.e2e.helpers import cli_env
-from tests.train.test_group_rollout import model_logprobs, trainable_gpt
 from tests.train.test_grpo import tiny_task
+from tests.train.test_rollout import model_logprobs, trainable_gpt
 
 CPU = get_device("cpu", dtype="fp32", compile=False)
 
@@ -43,7 +43,7 @@ def lora_gpt():
 
 def test_engine_samples_with_the_trained_adapter_without_a_reload():
     model, plain = lora_gpt()
-    rollout = GroupRollout(model, TokenIdsOnly(96), CPU, max_num_seqs=4, max_model_len=64, lora=True)
+    rollout = Rollout(model, TokenIdsOnly(96), CPU, max_num_seqs=4, max_model_len=64, lora=True)
     prompt = list(range(3, 23))
     rollout.sample_groups([prompt], 2, 6, 1.0, seed=0)
     engine = rollout.engine()

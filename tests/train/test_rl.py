@@ -13,12 +13,12 @@ from portachat.device import get_device
 from portachat.device.shapes import row_bucket
 from portachat.model import GPT, GPTConfig
 from portachat.tokenizer import render_for_completion
+from portachat.train.collectives import SINGLE_PROCESS
 from portachat.train.rl import (
     RLOptions,
     RolloutStats,
     group_advantages,
     informative_weights,
-    logprob_of,
     probe_pass_rates,
     rl_tasks,
     rollout_batch,
@@ -26,6 +26,16 @@ from portachat.train.rl import (
 )
 from portachat.train.rollout import Reply, tool_mask
 from portachat.train.trainer import TrainConfig, token_loss
+
+
+def logprob_of(model: GPT, prompt: list[int], reply: list[int]) -> float:
+    """Sum of log p(reply | prompt) under `model` (for tests and diagnostics)."""
+    ids = torch.tensor([prompt + reply])
+    with torch.no_grad():
+        nll = model(ids[:, :-1], ids[:, 1:].masked_fill(torch.arange(ids.shape[1] - 1) < len(prompt) - 1, -1),
+                    loss_reduction="sum")
+    return -float(nll)
+
 
 
 def tiny_model(tok, seq: int = 96) -> GPT:
@@ -149,7 +159,7 @@ def test_task_mix_follows_the_probed_pass_rates(small_tokenizer):
     per_task, seed = 16, 3
     answers = {ex.question: (ex.task, ex.answer) for name in TASKS
                for ex in task_examples(per_task, "train", f"rl-probe:{seed}", tasks=[name])}
-    rates = probe_pass_rates(ScriptedSampler(small_tokenizer, answers), small_tokenizer, per_task, 16, 1.0, seed)
+    rates = probe_pass_rates(ScriptedSampler(small_tokenizer, answers), small_tokenizer, SINGLE_PROCESS, per_task, 16, 1.0, seed)
     assert rates == {"calc_arithmetic": 1.0, "mental_arithmetic": 0.0, "letter_count": 1.0, "comparison": 0.5,
                      "spelling": 0.0}
     weights = informative_weights(rates, floor=0.02)
@@ -161,7 +171,7 @@ def test_task_mix_follows_the_probed_pass_rates(small_tokenizer):
 
 
 def test_rollout_stats_report_reward_per_task():
-    stats = RolloutStats(get_device("cpu"), ["comparison", "spelling"])
+    stats = RolloutStats(get_device("cpu"), SINGLE_PROCESS, ["comparison", "spelling"])
     stats.add(torch.tensor([[1.0, 0.0], [1.0, 1.0]]), [3, 3, 3, 3], ["comparison", "spelling"])
     stats.add(torch.tensor([[0.0, 0.0]]), [2, 2], ["comparison"])
     out = stats.read()

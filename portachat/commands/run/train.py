@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from portachat.commands.launch import maybe_launch
 from portachat.commands.run.common import device_from_args, report_result
+from portachat.commands.run.finetune_args import finetune_options, wants_finetune
 from portachat.data.hub import pretraining_data_dir
 from portachat.device import Device, destroy_distributed, dist_env
 from portachat.i18n import _
@@ -16,11 +17,7 @@ from portachat.speedrun.presets import training_defaults
 from portachat.storage.hubs import has_hub_prefix
 from portachat.train.base import BaseOptions, run_base
 from portachat.train.chat_stage import ChatOptions, run_chat_stage
-from portachat.train.finetune import (
-    finetune_options,
-    run_finetune,
-    wants_finetune,
-)
+from portachat.train.finetune import run_finetune
 from portachat.train.grpo import run_grpo, wants_grpo
 from portachat.train.lora import lora_from_flags
 from portachat.train.optim import OptimConfig

@@ -18,13 +18,14 @@ from portachat.engine.packed_forward import PackedModel
 from portachat.engine.scoring import teacher_forced_logprobs
 from portachat.model import GPT, GPTConfig
 from portachat.ops.cpu_linear import fused_forward_available
-from portachat.train import group_rollout
-from portachat.train.finetune import load_base
-from portachat.train.group_rollout import GroupRollout
+from portachat.train import rollout as rollout_module
+from portachat.train.base_model import load_base
+from portachat.train.collectives import SINGLE_PROCESS
 from portachat.train.grpo import GroupScorer, GroupStream
 from portachat.train.grpo_loss import GRPOLoss
 from portachat.train.rewards import Rewards
 from portachat.train.rl import RLOptions, RolloutStats
+from portachat.train.rollout import Rollout
 from tests.model.hf_families import make_hf_dir
 
 CPU = get_device("cpu", dtype="fp32", compile=False)
@@ -46,12 +47,12 @@ def model_logprobs(model: GPT, ids: list[int]) -> list[float]:
 @pytest.mark.parametrize("weights", ["cpu-fused-copy", "same-weights", "inference-copy"])
 def test_engine_follows_the_optimizer_without_a_reload(weights, monkeypatch):
     if weights == "same-weights":  # a device that decides no copy
-        monkeypatch.setattr(group_rollout, "rollout_engine_dtype", lambda dev: None)
+        monkeypatch.setattr(rollout_module, "rollout_engine_dtype", lambda dev: None)
     if weights == "inference-copy":  # what an accelerator does (a bf16 copy), here in fp32 so the logits
         # compare exactly, and without the CPU's fused forward (accelerators have none)
         monkeypatch.setattr(PackedModel, "build", classmethod(lambda cls, model: None))
     model = trainable_gpt()
-    rollout = GroupRollout(model, TokenIdsOnly(96), CPU, max_num_seqs=4, max_model_len=64)
+    rollout = Rollout(model, TokenIdsOnly(96), CPU, max_num_seqs=4, max_model_len=64)
     prompt = list(range(3, 23))
     rollout.sample_groups([prompt], 2, 6, 1.0, seed=0)
     engine = rollout.engine()
@@ -74,7 +75,7 @@ def test_engine_follows_the_optimizer_without_a_reload(weights, monkeypatch):
 
 def test_a_groups_replies_share_the_prompts_kv_blocks():
     model = trainable_gpt()
-    rollout = GroupRollout(model, TokenIdsOnly(96), CPU, max_num_seqs=8, max_model_len=96)
+    rollout = Rollout(model, TokenIdsOnly(96), CPU, max_num_seqs=8, max_model_len=96)
     prompts = [list(range(1, 41)), list(range(41, 81))]  # 2 full blocks of 16 each, and a tail
     groups = rollout.sample_groups(prompts, 4, 8, 1.0, seed=1)
     assert [len(g) for g in groups] == [4, 4] and all(len(r) == 8 for g in groups for r in g)
@@ -91,10 +92,10 @@ def test_kv_cache_is_given_back_while_the_backward_runs(tmp_path):
                             for i in range(4)))
     base = load_base(str(base_dir), CPU)
     rows = load_prompts([str(data)])
-    rollout = GroupRollout(base.model, base.tokenizer, CPU, max_num_seqs=4, max_model_len=64)
+    rollout = Rollout(base.model, base.tokenizer, CPU, max_num_seqs=4, max_model_len=64)
     scorer = GroupScorer(base, base.tokenizer, rollout, Rewards(["length:4", "gsm8k"]))
     opts = RLOptions(num_samples=2, max_new_tokens=8)
-    stream = GroupStream(rows, scorer, RolloutStats(CPU), opts, 2, base.tokenizer.bos_id, 0, 1, seed=0, max_len=64)
+    stream = GroupStream(rows, scorer, RolloutStats(CPU, SINGLE_PROCESS), opts, 2, base.tokenizer.bos_id, 0, 1, seed=0, max_len=64)
     batch = stream.next_batch()
     engine = rollout.engine()
     assert batch.inputs.shape[0] == 4 and (batch.targets >= 0).any()
@@ -107,3 +108,16 @@ def test_kv_cache_is_given_back_while_the_backward_runs(tmp_path):
     assert seen == [0]  # measured during the backward
     stream.next_batch()  # the next rollouts wake it, and it sleeps again before training
     assert rollout.freed_bytes == full and kv_cache_bytes(engine) == 0
+
+
+def test_rl_samples_and_grpo_groups_are_the_same_engine_and_seeds():
+    """RL's `sample` and GRPO's `sample_groups` draw from one engine: the same prompt with the same seeds
+    gives the same replies either way; a prompt that fills the context gets an empty reply."""
+    model = trainable_gpt()
+    rollout = Rollout(model, TokenIdsOnly(96), CPU, max_num_seqs=4, max_model_len=48)
+    prompt = list(range(3, 23))
+    groups = rollout.sample_groups([prompt], 3, 6, 1.0, seed=7)
+    replies = rollout.sample([prompt, prompt, prompt, list(range(1, 49))], 6, 1.0, seeds=[7, 8, 9, 0])
+    assert [r.token_ids for r in replies[:3]] == groups[0] and len({tuple(g) for g in groups[0]}) > 1
+    assert all(r.mask == [1] * len(r.token_ids) for r in replies)  # no calculator tokens: nothing forced
+    assert replies[3].token_ids == [] and model.training
