@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from portachat.commands.common import flag, int_at_least, positive_int
-from portachat.engine.sampling_params import SamplingError, SamplingFallback, check_field
+from portachat.engine.sampling_params import SamplingError, SamplingFallback, check_field, from_request
 from portachat.engine.types import SamplingParams
 from portachat.i18n import _
 from portachat.model.load import GenerationDefaults
@@ -172,4 +172,4 @@ def speculative_options(args: argparse.Namespace):
 def sampling_params(args: argparse.Namespace, defaults: GenerationDefaults, fallback: SamplingFallback) -> SamplingParams:
     """SamplingParams from the flags; unset ones take the model's generation_config, then `fallback`."""
     flags = {name: getattr(args, name) for name in ("max_tokens", "temperature", "top_p", "top_k", "seed")}
-    return SamplingParams.from_request(flags, defaults, fallback)
+    return from_request(flags, defaults, fallback)

@@ -12,13 +12,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from portachat.engine.types import EngineError, SamplingParams
 from portachat.i18n import _
-
-if TYPE_CHECKING:
-    from portachat.model.load import GenerationDefaults
+from portachat.model.load import GenerationDefaults
 
 TEMPERATURE_MAX = 2.0  # OpenAI's; past it a draw is close to uniform noise
 PENALTY_MAX = 2.0  # presence_penalty and frequency_penalty lie in [-2, 2] (OpenAI's)

@@ -121,11 +121,17 @@ def atomic_directory(final: Path) -> Iterator[Path]:
 
 def write_text_atomic(path: Path, text: str) -> None:
     """Write a small text file so readers see the old or the new content, never a mix."""
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write a file so readers see the old or the new content, never a mix: a `.tmp-*` sibling,
+    fsynced, renamed into place, the rename made durable (a crash leaves only the `.tmp-*`)."""
     path = Path(path)
     tmp = path.parent / f".tmp-{path.name}.{os.getpid()}"
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
+        with open(tmp, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -13,6 +13,8 @@ import ctypes.util
 import sys
 from functools import cache
 
+import psutil
+
 
 class _MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in
@@ -40,8 +42,4 @@ def heap_in_use() -> int | None:
     if fn is not None:
         info = fn()
         return int(info.uordblks + info.hblkhd)
-    try:
-        import psutil
-    except ImportError:
-        return None
     return int(psutil.Process().memory_info().rss)

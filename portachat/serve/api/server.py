@@ -9,6 +9,8 @@ chunk and `data: [DONE]`.
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import uvicorn
 from fastapi import FastAPI
@@ -70,9 +72,6 @@ class RunningServer:
 def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, grace_s: float = 5.0,
                     startup_timeout_s: float = 30.0) -> RunningServer:
     """Start `app` under uvicorn on a thread (port 0 = a free port) and return once it listens."""
-    import threading
-    import time
-
     server = make_server(app, host, port, grace_s, log_level="warning")
     thread = threading.Thread(target=server.run, name="portachat-uvicorn", daemon=True)
     thread.start()
