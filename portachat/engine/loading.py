@@ -11,7 +11,12 @@ from portachat.device.dist import shard_device_index
 from portachat.device.dtypes import dtype_name, parse_dtype
 from portachat.engine.build import build_engine
 from portachat.engine.config import EngineConfig
-from portachat.engine.embeddings import DEFAULT_POOLING, decoder_embedder, load_embedding_model, read_pooling_config
+from portachat.engine.embeddings import (
+    DEFAULT_POOLING,
+    decoder_embedder,
+    load_embedding_model,
+    read_pooling_config,
+)
 from portachat.engine.engine import LLMEngine
 from portachat.engine.served import ServedModel
 from portachat.engine.speculative import SpeculativeConfig

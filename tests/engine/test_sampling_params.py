@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from portachat.engine.sampling_params import SamplingError, SamplingFallback, check_params, from_request, with_fields
+from portachat.engine.sampling_params import (
+    SamplingError,
+    SamplingFallback,
+    check_params,
+    from_request,
+    with_fields,
+)
 from portachat.engine.types import SamplingParams
 from portachat.model.load import GenerationDefaults
 from portachat.serve.api.request_params import OPENAI_FALLBACK

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response

@@ -6,11 +6,11 @@ from typing import Any
 
 from portachat.i18n import _
 from portachat.serve.api.errors import APIError
-from portachat.tokenizer.protocol import ChatTokenizer
 from portachat.serve.api.protocol import ChatCompletionRequest, CompletionRequest
 from portachat.serve.api.reasoning import template_variables
 from portachat.serve.api.state import ModelLease
 from portachat.serve.api.tool_calls import ToolRequest, template_messages
+from portachat.tokenizer.protocol import ChatTokenizer
 
 
 def chat_prompt(state: ModelLease, req: ChatCompletionRequest, tools: ToolRequest | None = None) -> list[int]:

@@ -11,7 +11,14 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidatorFunctionWrapHandler, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from portachat.engine.sampling_params import PENALTY_MAX, SEED_MAX, SEED_MIN, TEMPERATURE_MAX

@@ -82,7 +82,8 @@ class ResponseStore:
                 text = path.read_text(encoding="utf-8")
                 data = json.loads(text)
                 stored = StoredResponse(str(data["owner"]), data["response"], data["input_items"], data["history"])
-                created = float(stored.response.get("created_at") or path.stat().st_mtime)
+                created = stored.response.get("created_at")
+                created = float(path.stat().st_mtime if created is None else created)
             except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 continue  # a file this store did not write: leave it alone
             self._insert(path.stem, stored.owner, created, text)

@@ -22,7 +22,6 @@ in-memory search indexes are an LRU bounded by `index_cache_bytes`.
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import threading
 import time
