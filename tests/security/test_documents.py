@@ -18,12 +18,11 @@ import torch
 
 from portachat.engine.loading import LoadOptions, load_served_model
 from portachat.serve.api import ServerSettings, create_app, documents, protocol
-from portachat.serve.api.server import serve_in_thread
 from portachat.serve.docs import DocStore, chunk_text
 from portachat.serve.docs.ingest import TextEmbedder, attach_file
 from portachat.serve.registry import ModelRegistry, ModelSpec
 from tests.minilm import minilm_dir
-from tests.serve.api_testing import wait_healthy
+from tests.serve.api_testing import serve_in_thread, wait_healthy
 
 TEXT = b"The Moon orbits the Earth every 27 days. Tides follow the Moon."
 

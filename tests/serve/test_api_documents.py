@@ -12,11 +12,10 @@ import docx
 import httpx
 import openai
 import pytest
-from api_testing import chat_tokenizer, served_tiny, tiny_model
+from api_testing import chat_tokenizer, serve_in_thread, served_tiny, tiny_model
 
 from portachat.engine.loading import LoadOptions, load_served_model
 from portachat.serve.api import ServerSettings, create_app
-from portachat.serve.api.server import serve_in_thread
 from portachat.serve.registry import ModelRegistry, ModelSpec
 from tests.minilm import minilm_dir
 
