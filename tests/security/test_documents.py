@@ -22,7 +22,8 @@ from portachat.serve.docs import DocStore, chunk_text
 from portachat.serve.docs.ingest import TextEmbedder, attach_file
 from portachat.serve.registry import ModelRegistry, ModelSpec
 from tests.minilm import minilm_dir
-from tests.serve.api_testing import serve_in_thread, wait_healthy
+from tests.serve.api_testing import wait_healthy
+from tests.serve.threaded_server import serve_in_thread
 
 TEXT = b"The Moon orbits the Earth every 27 days. Tides follow the Moon."
 

@@ -7,7 +7,6 @@ random GPT in the real engine, and a real uvicorn server on a free loopback port
 from __future__ import annotations
 
 import socket
-import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,10 +20,10 @@ from portachat.engine import EngineConfig, LLMEngine, SamplingParams
 from portachat.model import GPT, GPTConfig
 from portachat.serve.api import ServedModel, ServerSettings, create_app
 from portachat.serve.api.local import local_app
-from portachat.serve.api.server import GracefulServer, make_server
 from portachat.serve.batch import BatchSummary, generate_file, read_input
 from portachat.tokenizer.bpe import Tokenizer
 from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
+from tests.serve.threaded_server import RunningServer, serve_in_thread
 
 
 def chat_tokenizer(tok: Tokenizer) -> PortachatChatTokenizer:
@@ -55,34 +54,6 @@ def served_tiny(tokenizer, max_model_len: int = 256, model: GPT | None = None, *
 def prompt_lease(tokenizer: Any, max_messages: int = 100) -> SimpleNamespace:
     """What prompt.chat_prompt (the server's prompt renderer) reads of a model lease, with no engine."""
     return SimpleNamespace(settings=SimpleNamespace(max_messages=max_messages), model=SimpleNamespace(tokenizer=tokenizer))
-
-
-class RunningServer:
-    """A server on a background thread: `url`, then `stop()`."""
-
-    def __init__(self, server: GracefulServer, thread: threading.Thread) -> None:
-        self.server = server
-        self.thread = thread
-        host, port = server.servers[0].sockets[0].getsockname()[:2]
-        self.url = f"http://{host}:{port}"
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout_s)
-
-
-def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0, grace_s: float = 5.0,
-                    startup_timeout_s: float = 30.0) -> RunningServer:
-    """Start `app` under uvicorn on a thread (port 0 = a free port) and return once it listens."""
-    server = make_server(app, host, port, grace_s, log_level="warning")
-    thread = threading.Thread(target=server.run, name="portachat-uvicorn", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + startup_timeout_s
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError(f"the server did not start on {host}:{port}")
-        time.sleep(0.01)
-    return RunningServer(server, thread)
 
 
 def run_batch(served: ServedModel, input_path: Path, output_path: Path, defaults: SamplingParams,

@@ -50,7 +50,7 @@ class AnthropicTool(BaseModel):
 class MessagesRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: str | None = None
-    max_tokens: int = Field(json_schema_extra={"minimum": 1})  # ranges: SamplingParams.from_request checks them
+    max_tokens: int = Field(json_schema_extra={"minimum": 1})  # ranges: sampling_params.from_request checks them
     messages: list[dict[str, Any]]
     system: str | list[dict[str, Any]] | None = None
     stop_sequences: list[str] | None = None

@@ -81,7 +81,7 @@ class Grounding(BaseModel):
 class _SamplingFields(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: str | None = None
-    # Sampling fields: their ranges are checked once, by SamplingParams.from_request (engine/
+    # Sampling fields: their ranges are checked once, by from_request (engine/
     # sampling_params.py), whose messages are translated; the schema only documents them.
     max_tokens: int | None = Field(None, json_schema_extra={"minimum": 1})
     temperature: float | None = Field(None, json_schema_extra={"minimum": 0.0, "maximum": TEMPERATURE_MAX})

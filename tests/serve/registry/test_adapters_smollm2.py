@@ -24,7 +24,8 @@ from portachat.train.finetune import FinetuneOptions, run_finetune
 from portachat.train.lora import LoraOptions
 from portachat.train.trainer import TrainConfig
 from tests.conftest import require_shared
-from tests.serve.api_testing import metric, serve_in_thread, wait_healthy
+from tests.serve.api_testing import metric, wait_healthy
+from tests.serve.threaded_server import serve_in_thread
 from tests.smollm2 import smollm2_gguf_path
 
 pytestmark = pytest.mark.slow
