@@ -130,9 +130,7 @@ class Constraints:
                     param=spec.param, kind=spec.kind, error=template.get_error()), spec.param)
             reason = self._probe(template)
             after = heap_in_use()
-            size = ENTRY_FLOOR_BYTES + TEXT_FACTOR * len(grammar)
-            if before is not None and after is not None:
-                size = max(size, after - before)
+            size = max(ENTRY_FLOOR_BYTES + TEXT_FACTOR * len(grammar), after - before)
             if reason is not None or size > self.cache_bytes:
                 del template  # the error's traceback holds this frame: let the grammar's memory go now
             if reason is not None:

@@ -36,8 +36,8 @@ def _mallinfo2():
     return fn
 
 
-def heap_in_use() -> int | None:
-    """Bytes the heap holds (glibc: allocated chunks plus mmapped blocks; else the RSS); None if unknown."""
+def heap_in_use() -> int:
+    """Bytes the heap holds (glibc: allocated chunks plus mmapped blocks; else the RSS)."""
     fn = _mallinfo2()
     if fn is not None:
         info = fn()
