@@ -28,6 +28,7 @@ from portachat.engine.block_manager import BlockManager
 from portachat.engine.calculator import calculate
 from portachat.engine.config import EngineConfig
 from portachat.engine.detokenizer import Detokenizer
+from portachat.engine.limits import check_context
 from portachat.engine.offline import Completion, generate
 from portachat.engine.runner import ModelRunner
 from portachat.engine.sampler import sample
@@ -36,7 +37,8 @@ from portachat.engine.scheduler import Scheduler
 from portachat.engine.sequence import Sequence
 from portachat.engine.setup import kv_blocks, weights_dtype
 from portachat.engine.speculative import Speculator
-from portachat.engine.structured import TokenMasks, allocate_bitmask
+from portachat.engine.structured.compile import Constraints
+from portachat.engine.structured.masks import TokenMasks, allocate_bitmask
 from portachat.engine.types import EngineError, RequestOutput, SamplingParams
 from portachat.i18n import _
 from portachat.model.gpt import GPT
@@ -128,14 +130,7 @@ class LLMEngine:
         vocab = self.model.config.vocab_size
         if any(not isinstance(t, int) or not 0 <= t < vocab for t in prompt_ids):
             raise EngineError(_("prompt token ids must be integers in [0, {vocab})").format(vocab=vocab), kind="invalid")
-        if len(prompt_ids) + params.max_tokens > self.max_model_len:
-            raise EngineError(
-                _("the prompt has {prompt} tokens and max_tokens is {max_tokens}: {total} > the context window of "
-                  "{window} tokens; shorten the prompt, lower max_tokens, or raise --max-model-len").format(
-                    prompt=len(prompt_ids), max_tokens=params.max_tokens, total=len(prompt_ids) + params.max_tokens,
-                    window=self.max_model_len),
-                kind="too_long",
-            )
+        check_context(len(prompt_ids), params.max_tokens, self.max_model_len)
         if len(self.scheduler.waiting) >= self.config.max_waiting:
             raise EngineError(
                 _("the waiting queue is full ({count} requests); retry later").format(count=self.config.max_waiting),
@@ -176,8 +171,6 @@ class LLMEngine:
         would stall every stream. The server calls it at load; EngineError without llguidance."""
         with self._structured_lock:  # the server's request threads may get here first
             if self._constraints is None:
-                from portachat.engine.structured.compile import Constraints
-
                 self._constraints = Constraints(self.tokenizer, self.model.config.vocab_size,
                                                 self.config.grammar_cache_bytes)
                 self._mask_thread = ThreadPoolExecutor(1, thread_name_prefix="portachat-masks")

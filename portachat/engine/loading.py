@@ -11,9 +11,20 @@ from portachat.device.dist import shard_device_index
 from portachat.device.dtypes import dtype_name, parse_dtype
 from portachat.engine.build import build_engine
 from portachat.engine.config import EngineConfig
+from portachat.engine.embeddings import (
+    DEFAULT_POOLING,
+    decoder_embedder,
+    load_embedding_model,
+    read_pooling_config,
+)
 from portachat.engine.engine import LLMEngine
 from portachat.engine.served import ServedModel
+from portachat.engine.speculative import SpeculativeConfig
+from portachat.engine.speculative.config import NGRAM_NAMES
+from portachat.engine.speculative.vocabulary import check_same_vocabulary
 from portachat.engine.types import EngineError
+from portachat.engine.workers import start_workers
+from portachat.engine.workers.load import load_shard
 from portachat.i18n import _
 from portachat.model.estimate import load_hf_config
 from portachat.model.hf import sizes_config
@@ -62,8 +73,6 @@ class LoadOptions:
 
 def load_embedding_served(options: LoadOptions, device, source: ModelSource) -> ServedModel:
     """An embedding model (BERT encoder or sentence-transformers directory): an embedder, no engine."""
-    from portachat.engine.embeddings import load_embedding_model
-
     for name in ("lora", "quantize", "chat_template"):
         if getattr(options, name):
             raise ValueError(_("--{flag} does not apply to an embedding model ({model})").format(
@@ -86,8 +95,6 @@ def load_served_model(options: LoadOptions, embedding_models: bool = False,
     `on_worker_failure` hears of a worker that died (default: exit the process with status 1). An
     embedding model loads (without an engine) only with `embedding_models`: commands that generate
     text refuse it. `source`: options.model already resolved (else it is resolved here, once)."""
-    from portachat.engine.embeddings import DEFAULT_POOLING, decoder_embedder, read_pooling_config
-
     source = resolve(source or options.model)
     if source.kind == EMBEDDING:
         if not embedding_models:
@@ -99,8 +106,6 @@ def load_served_model(options: LoadOptions, embedding_models: bool = False,
     _check_fits(options, device, source)
     workers = None
     if options.tensor_parallel_size > 1:
-        from portachat.engine.workers import start_workers
-
         # Every rank must compute in one dtype (the all-reduces add their partial sums) and run the
         # same eager step: rank 0 decides for all of them. The workers load the path rank 0 resolved
         # (no hub lookup of their own, and `latest` cannot move between ranks).
@@ -149,10 +154,6 @@ def load_served_model(options: LoadOptions, embedding_models: bool = False,
 def speculative_config(options: SpeculativeOptions, target: Any, device: Any):
     """The engine's SpeculativeConfig; a draft model is loaded like --model, in the target's dtype on
     its device, and must share the target's vocabulary."""
-    from portachat.engine.speculative import SpeculativeConfig
-    from portachat.engine.speculative.config import NGRAM_NAMES
-    from portachat.engine.speculative.vocabulary import check_same_vocabulary
-
     # A lone --ngram-prompt-lookup-max below the default min lowers the min with it.
     lookup_min = min(options.prompt_lookup_min, options.prompt_lookup_max)
     if options.prompt_lookup_min != SpeculativeOptions.prompt_lookup_min:
@@ -196,8 +197,6 @@ def _load_engine(options: LoadOptions, source: ModelSource, replica: int | None,
     index = None if replica is None else shard_device_index(replica, 0, tp)
     device = get_device(kind=options.device, dtype=None, compile=options.compile, replica=index)
     if tp > 1:
-        from portachat.engine.workers.load import load_shard
-
         loaded = load_shard(replace(options, model=str(source.path)), device, 0, tp, group)
     else:
         loaded = load_for_inference(source, device=device, dtype=options.dtype, lora=options.lora)

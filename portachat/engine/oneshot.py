@@ -55,6 +55,10 @@ class TokenIdsOnly:
     def tool_tokens(self) -> ToolTokens | None:
         return None
 
+    @property
+    def chat_template(self) -> str | None:
+        return None  # no tokenizer, no template
+
     def encode(self, text: str) -> list[int]:
         raise EngineError(_("this engine has no tokenizer: give prompts as token ids"), kind="invalid")
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from portachat.engine.types import EngineError, SamplingParams
 from portachat.i18n import _
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only: model.load loads torch, and the flags' checks here must not
     from portachat.model.load import GenerationDefaults
 
 TEMPERATURE_MAX = 2.0  # OpenAI's; past it a draw is close to uniform noise

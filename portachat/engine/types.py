@@ -1,29 +1,19 @@
 """The engine's public data types: what a caller asks for and what it gets back.
 
-Shared by the engine, the server, `chat`, `generate`, RL and evaluations. Plain dataclasses,
-no torch, so the server and the tests can build them cheaply.
+Shared by the engine, the server, `chat`, `generate`, RL and evaluations. Plain dataclasses, so the
+server and the tests can build them cheaply. Imports go one way: `errors` and `structured/spec` below
+this module, `sampling_params` (the one mapping from a caller's fields, and their check) above it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Literal
 
-if TYPE_CHECKING:
-    from portachat.engine.sampling_params import SamplingFallback
-    from portachat.engine.structured.spec import StructuredSpec
-    from portachat.model.load import GenerationDefaults
+from portachat.engine.errors import EngineError
+from portachat.engine.structured.spec import StructuredSpec
 
-
-class EngineError(RuntimeError):
-    """A request the engine refuses (bad parameters, prompt past the context, queue full)."""
-
-    def __init__(
-        self, message: str, kind: Literal["invalid", "too_long", "queue_full", "internal"] = "invalid"
-    ):
-        super().__init__(message)
-        self.kind = kind
+__all__ = ["EngineError", "FinishReason", "RequestOutput", "SamplingParams"]  # EngineError's home: errors.py
 
 
 @dataclass
@@ -46,15 +36,6 @@ class SamplingParams:
     adapter: str | None = None  # a LoRA adapter loaded in the engine (LLMEngine.add_adapter); None = base
     structured: StructuredSpec | None = None  # constrain the output to a schema/regex/choice/grammar
     priority: int = 0  # vLLM's: waiting requests are admitted lowest first (the server's batch lines run at 1)
-
-    @classmethod
-    def from_request(cls, request: Mapping[str, Any], defaults: GenerationDefaults | None,
-                     fallback: SamplingFallback, vocab_size: int | None = None) -> SamplingParams:
-        """request > the model's generation_config > the interface's fallback, checked (see
-        engine/sampling_params.py, which imports this module: hence the import here)."""
-        from portachat.engine.sampling_params import from_request
-
-        return from_request(request, defaults, fallback, vocab_size)
 
 
 FinishReason = Literal["stop", "length", "abort", "error"]

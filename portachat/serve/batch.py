@@ -38,8 +38,7 @@ from portachat.engine.served import ServedModel
 from portachat.engine.types import SamplingParams
 from portachat.i18n import _
 from portachat.serve.api.batch_lines import BatchLine, output_record, read_lines, run_line
-from portachat.serve.api.local import LOCAL_OWNER, LocalApp, local_app, running
-from portachat.serve.api.state import ServerSettings
+from portachat.serve.api.local import LOCAL_OWNER, LocalApp, running
 from portachat.serve.jsonl_rows import BatchInputError, RowWriter, done_ids
 
 OPENAI_LINES, ROWS = "openai", "rows"
@@ -210,11 +209,3 @@ def generate_file(app: LocalApp, batch: BatchInput, output_path: Path,
             return await run_lines(app, batch, output_path, defaults, max_in_flight, progress)
 
     return asyncio.run(main())
-
-
-def run_batch(served: ServedModel, input_path: Path, output_path: Path, defaults: SamplingParams,
-              max_in_flight: int = 64, progress: Progress | None = None) -> BatchSummary:
-    """`portachat generate` over a model already loaded: check `input_path`, run what `output_path` lacks."""
-    app = local_app(ServerSettings(served_model_name="portachat"), lambda: served)
-    batch = read_input(input_path, app)
-    return generate_file(app, batch, output_path, lambda _model: defaults, max_in_flight, progress)

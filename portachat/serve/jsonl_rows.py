@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +33,6 @@ def json_line(raw: str, where: str, n: int) -> Any:
         error = "nested too deeply"
     reason = _("not valid JSON ({error})").format(error=error)
     raise BatchInputError(_("{where}: {error}").format(where=f"{where}:{n}", error=reason), line=n, reason=reason)
-
-
-def json_lines(lines: Iterable[str], where: str) -> Iterator[tuple[int, Any]]:
-    """(1-based line number, parsed JSON) for every non-blank line; BatchInputError naming the first
-    line that is not JSON."""
-    for n, raw in enumerate(lines, start=1):
-        if raw.strip():
-            yield n, json_line(raw, where, n)
 
 
 def done_ids(output: Path, key: str = "id") -> set[str]:

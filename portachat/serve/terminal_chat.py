@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
+from portachat.engine.limits import reply_budget
 from portachat.engine.sampling_params import TEMPERATURE_MAX, SamplingError, with_fields
 from portachat.engine.types import EngineError, SamplingParams
 from portachat.i18n import N_, _, gettext
@@ -115,13 +116,10 @@ def stream_reply(engine, tokenizer: ChatTokenizer, session: ChatSession, out: Te
     raw (text, ids, finish reason), tool tokens and reasoning included, for the conversation; Ctrl-C
     aborts the request and returns what was produced so far with reason "abort"."""
     prompt = tokenizer.render_prompt(session.history())
-    room = engine.max_model_len - len(prompt)
-    if room < 1:
-        raise EngineError(_("the conversation ({tokens} tokens) fills the context window of {window} tokens").format(
-            tokens=len(prompt), window=engine.max_model_len), kind="too_long")
-    # A reply may use whatever room the context leaves, up to --max-tokens.
+    # A reply may use whatever room the context leaves, up to --max-tokens (ContextLengthError when none).
+    max_tokens = reply_budget(len(prompt), None, engine.max_model_len, cap=session.params.max_tokens)
     display = ReplyDisplay(out, tokenizer, thinking_of(tokenizer, prompt), line_start=line_start)
-    rid = engine.add_request(prompt, replace(session.params, max_tokens=min(session.params.max_tokens, room)))
+    rid = engine.add_request(prompt, replace(session.params, max_tokens=max_tokens))
     texts: list[str] = []
     ids: list[int] = []
     try:

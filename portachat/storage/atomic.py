@@ -142,5 +142,10 @@ def atomic_file(path: Path) -> Iterator[Path]:
 
 def write_text_atomic(path: Path, text: str) -> None:
     """Write a small text file so readers see the old or the new content, never a mix."""
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write a file so readers see the old or the new content, never a mix (through `atomic_file`)."""
     with atomic_file(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
+        tmp.write_bytes(data)

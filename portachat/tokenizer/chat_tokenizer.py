@@ -76,6 +76,10 @@ class PortachatChatTokenizer:
         return self._tool
 
     @property
+    def chat_template(self) -> str | None:
+        return None  # our chat format is rendered in code (tokenizer/chat.py), not by a template
+
+    @property
     def adds_bos(self) -> bool:
         """Plain-text prompts start with <|bos|>: our models were trained on bos-led documents."""
         return True

@@ -41,6 +41,12 @@ class ChatTokenizer(Protocol):
         """The calculator tool's tokens, or None when the chat format has no tool."""
         ...
 
+    @property
+    def chat_template(self) -> str | None:
+        """The Jinja chat template prompts render with (what tool-call and reasoning formats are read
+        from), or None for a format without one (portachat's own)."""
+        ...
+
     def encode(self, text: str) -> list[int]:
         """Plain text to ids. Never turns text into control tokens: "<|im_end|>" typed by a
         user stays ordinary text."""

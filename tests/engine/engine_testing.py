@@ -48,6 +48,10 @@ class OurChatTokenizer:
         s = self.tok.special_ids
         return ToolTokens(s[PYTHON_START], s[PYTHON_END], s[OUTPUT_START], s[OUTPUT_END])
 
+    @property
+    def chat_template(self) -> str | None:
+        return None  # our chat format, rendered in code
+
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text)
 

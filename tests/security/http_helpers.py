@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 
 from portachat.serve.api import ServerSettings, create_app
-from portachat.serve.api.server import RunningServer, serve_in_thread
 from portachat.serve.registry import ModelRegistry, ModelSpec
 from tests.serve.api_testing import metric, served_tiny, start_server, tiny_model, wait_healthy
+from tests.serve.threaded_server import RunningServer, serve_in_thread
 
 HELLO = [{"role": "user", "content": "Hello there"}]
 CHAT = {"model": "tiny", "messages": HELLO, "max_tokens": 2}

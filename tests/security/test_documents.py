@@ -17,13 +17,13 @@ import pytest
 import torch
 
 from portachat.engine.loading import LoadOptions, load_served_model
-from portachat.serve.api import ServerSettings, create_app, documents
-from portachat.serve.api.server import serve_in_thread
+from portachat.serve.api import ServerSettings, create_app, documents, protocol
 from portachat.serve.docs import DocStore, chunk_text
 from portachat.serve.docs.ingest import TextEmbedder, attach_file
 from portachat.serve.registry import ModelRegistry, ModelSpec
 from tests.minilm import minilm_dir
 from tests.serve.api_testing import wait_healthy
+from tests.serve.threaded_server import serve_in_thread
 
 TEXT = b"The Moon orbits the Earth every 27 days. Tides follow the Moon."
 
@@ -198,7 +198,7 @@ def test_id_lists_are_capped_and_deduplicated(server, monkeypatch):
     too_many = a.post("/vector_stores", json={"name": "x", "file_ids": [f"file-{i}" for i in range(501)]})
     assert _error(too_many, 400)["param"] == "file_ids"
     with pytest.raises(ValueError, match="at most 16"):  # grounded chat's vector_store_ids (a 400 naming 'documents')
-        documents.Grounding.model_validate({"vector_store_ids": [vs["id"]] * 17})
+        protocol.Grounding.model_validate({"vector_store_ids": [vs["id"]] * 17})
     assert documents.unique([vs["id"], "vs_b", vs["id"]]) == [vs["id"], "vs_b"]
     assert httpx.get(f"{running.url}/health", timeout=30).status_code == 200
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -15,12 +16,14 @@ import httpx
 import torch
 
 from portachat.device import get_device
-from portachat.engine import EngineConfig, LLMEngine
+from portachat.engine import EngineConfig, LLMEngine, SamplingParams
 from portachat.model import GPT, GPTConfig
 from portachat.serve.api import ServedModel, ServerSettings, create_app
-from portachat.serve.api.server import RunningServer, serve_in_thread
+from portachat.serve.api.local import local_app
+from portachat.serve.batch import BatchSummary, generate_file, read_input
 from portachat.tokenizer.bpe import Tokenizer
 from portachat.tokenizer.chat_tokenizer import PortachatChatTokenizer
+from tests.serve.threaded_server import RunningServer, serve_in_thread
 
 
 def chat_tokenizer(tok: Tokenizer) -> PortachatChatTokenizer:
@@ -51,6 +54,13 @@ def served_tiny(tokenizer, max_model_len: int = 256, model: GPT | None = None, *
 def prompt_lease(tokenizer: Any, max_messages: int = 100) -> SimpleNamespace:
     """What prompt.chat_prompt (the server's prompt renderer) reads of a model lease, with no engine."""
     return SimpleNamespace(settings=SimpleNamespace(max_messages=max_messages), model=SimpleNamespace(tokenizer=tokenizer))
+
+
+def run_batch(served: ServedModel, input_path: Path, output_path: Path, defaults: SamplingParams,
+              max_in_flight: int = 64) -> BatchSummary:
+    """`portachat generate` over a model already loaded: check `input_path`, run what `output_path` lacks."""
+    app = local_app(ServerSettings(served_model_name="portachat"), lambda: served)
+    return generate_file(app, read_input(input_path, app), output_path, lambda _model: defaults, max_in_flight)
 
 
 def start_server(served: ServedModel, **settings: Any) -> RunningServer:

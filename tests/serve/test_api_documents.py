@@ -12,11 +12,10 @@ import docx
 import httpx
 import openai
 import pytest
-from api_testing import chat_tokenizer, served_tiny, tiny_model
+from api_testing import chat_tokenizer, serve_in_thread, served_tiny, tiny_model
 
 from portachat.engine.loading import LoadOptions, load_served_model
 from portachat.serve.api import ServerSettings, create_app
-from portachat.serve.api.server import serve_in_thread
 from portachat.serve.registry import ModelRegistry, ModelSpec
 from tests.minilm import minilm_dir
 
@@ -110,6 +109,12 @@ def test_files_vector_stores_search_grounded_chat_and_restart(models, tmp_path):
         assert citations[0]["file_id"] == ids["baking.md"] and "yeast" in citations[0]["text"]
         assert grounded.usage.prompt_tokens > plain.usage.prompt_tokens + 20  # the passages are in the prompt
         assert "citations" not in (plain.model_extra or {})
+        streamed = list(client.chat.completions.create(  # the same request streamed: the same citations, once
+            model="tiny", max_tokens=4, temperature=0, stream=True,
+            messages=[{"role": "user", "content": "What makes bread dough rise?"}],
+            extra_body={"documents": {"vector_store_ids": [vs.id], "max_num_results": 2}}))
+        assert streamed[0].model_extra["citations"] == citations
+        assert all("citations" not in (c.model_extra or {}) for c in streamed[1:])
         # Passages never take more than half a small model's context: the lowest ranked are left out.
         long = " ".join(f"Chapter {i} tells how the baker kneaded the dough for {i} minutes." for i in range(300))
         book = client.files.create(file=("book.txt", long.encode()), purpose="assistants")

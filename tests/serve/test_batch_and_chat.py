@@ -16,9 +16,10 @@ from portachat.model.model_dir import save_model_files
 from portachat.serve.api.batch_lines import BatchLine
 from portachat.serve.api.local import local_app
 from portachat.serve.api.state import ServerSettings
-from portachat.serve.batch import BatchInputError, done_ids, read_input, run_batch, with_flags
+from portachat.serve.batch import BatchInputError, done_ids, read_input, with_flags
 from portachat.serve.terminal_chat import ChatSession, chat_loop, handle_command, reply_parts
 from tests.e2e.helpers import run_cli
+from tests.serve.api_testing import run_batch
 
 
 @pytest.fixture(scope="module")

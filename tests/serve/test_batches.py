@@ -13,15 +13,13 @@ import time
 import httpx
 import openai
 import pytest
-from api_testing import chat_tokenizer, served_tiny
+from api_testing import chat_tokenizer, run_batch, serve_in_thread, served_tiny
 
 from portachat.engine import SamplingParams
 from portachat.engine.loading import LoadOptions, load_served_model
 from portachat.serve.api import ServerSettings, create_app
 from portachat.serve.api.batch_lines import output_record
 from portachat.serve.api.batch_store import BatchJob, BatchStore
-from portachat.serve.api.server import serve_in_thread
-from portachat.serve.batch import run_batch
 from portachat.serve.registry import ModelRegistry, ModelSpec
 from tests.minilm import minilm_dir
 

@@ -4,10 +4,13 @@ ownership on disk, and the route's answers to other API keys (403), missing ids 
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 from api_testing import chat_tokenizer, served_tiny, start_server
 
+from portachat.serve.api import response_store
 from portachat.serve.api.errors import APIError
 from portachat.serve.api.response_items import chat_messages, function_tools, normalised_input, text_format
 from portachat.serve.api.response_store import ResponseStore, StoredResponse
@@ -54,7 +57,7 @@ def test_the_store_is_bounded_oldest_first_and_survives_a_restart(tmp_path):
         assert store.put(_stored(n))
     assert [store.get(f"resp_{n:032x}") is not None for n in range(5)] == [False, False, True, True, True]
     assert not store.put(_stored(9, size=5000))  # one response past max_item_bytes is not kept
-    assert len(list(tmp_path.glob("resp_*.json"))) == 3 and not list(tmp_path.glob(".tmp-*"))
+    assert not list(tmp_path.glob("resp_*.json")) and not list(tmp_path.glob(".tmp-*"))  # all in responses.sqlite
     again = ResponseStore(tmp_path, max_count=3)
     assert again.owner_of(f"resp_{4:032x}") == "a" and again.delete(f"resp_{4:032x}")
     assert again.get(f"resp_{4:032x}") is None and not again.delete(f"resp_{4:032x}")
@@ -62,6 +65,33 @@ def test_the_store_is_bounded_oldest_first_and_survives_a_restart(tmp_path):
     for n in range(4):
         by_bytes.put(_stored(n, size=150))
     assert by_bytes.get(f"resp_{0:032x}") is None and by_bytes.get(f"resp_{3:032x}") is not None
+
+
+def test_opening_a_store_reads_no_response_bodies_and_owner_checks_read_none(tmp_path, monkeypatch):
+    store = ResponseStore(tmp_path)
+    for n in range(50):
+        store.put(_stored(n, owner="a" if n % 2 else "b"))
+    parsed = []
+    real_loads = json.loads
+    monkeypatch.setattr(response_store.json, "loads", lambda text, **kw: parsed.append(text) or real_loads(text, **kw))
+    again = ResponseStore(tmp_path)
+    assert [again.owner_of(f"resp_{n:032x}") for n in range(4)] == ["b", "a", "b", "a"]
+    assert again.owner_of(f"resp_{99:032x}") is None and parsed == []  # start-up and owner checks: no body
+    assert again.get(f"resp_{7:032x}").response["id"] == f"resp_{7:032x}" and len(parsed) == 1  # a read: one
+
+
+def test_a_store_of_json_files_is_moved_into_the_database_at_open(tmp_path):
+    old = [_stored(n, owner="a") for n in range(3)]
+    for stored in old:  # the layout before the database: one file per response
+        (tmp_path / f"{stored.response['id']}.json").write_text(json.dumps(
+            {"owner": stored.owner, "response": stored.response, "input_items": [{"id": "i"}], "history": [{"h": 1}]}))
+    (tmp_path / "resp_notes.json").write_text("not ours")
+    store = ResponseStore(tmp_path, max_count=2)
+    assert store.get(old[0].response["id"]) is None  # over max_count: the oldest goes, as before
+    kept = store.get(old[2].response["id"])
+    assert kept.owner == "a" and kept.input_items == [{"id": "i"}] and kept.history == [{"h": 1}]
+    assert [p.name for p in tmp_path.glob("resp_*.json")] == ["resp_notes.json"]  # a foreign file stays
+    assert ResponseStore(tmp_path).owner_of(old[1].response["id"]) == "a"
 
 
 @pytest.fixture(scope="module")

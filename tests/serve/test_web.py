@@ -149,8 +149,9 @@ def test_chat_page_streams_stops_regenerates_and_edits(small_tokenizer, browser)
 
 @pytest.mark.slow
 def test_model_picker_code_preset_and_chinese_ui(small_tokenizer, browser):
+    from api_testing import serve_in_thread
+
     from portachat.serve.api import ServerSettings, create_app
-    from portachat.serve.api.server import serve_in_thread
     from portachat.serve.registry import ModelRegistry, ModelSpec
 
     tok = chat_tokenizer(small_tokenizer)
@@ -200,9 +201,10 @@ def test_model_picker_code_preset_and_chinese_ui(small_tokenizer, browser):
 
 @pytest.mark.slow
 def test_documents_panel_uploads_a_file_and_answers_show_their_sources(small_tokenizer, browser):
+    from api_testing import serve_in_thread
+
     from portachat.engine.loading import LoadOptions, load_served_model
     from portachat.serve.api import ServerSettings, create_app
-    from portachat.serve.api.server import serve_in_thread
     from portachat.serve.registry import ModelRegistry, ModelSpec
     from tests.minilm import minilm_dir
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from portachat.engine.loading import LoadOptions, SpeculativeOptions
-from portachat.engine.sampling_params import SamplingFallback
+from portachat.engine.sampling_params import SamplingFallback, from_request
 from portachat.engine.types import SamplingParams
 from portachat.i18n import _
 from portachat.model.load import GenerationDefaults
@@ -54,4 +54,4 @@ def speculative_options(args: argparse.Namespace) -> SpeculativeOptions | None:
 def sampling_params(args: argparse.Namespace, defaults: GenerationDefaults, fallback: SamplingFallback) -> SamplingParams:
     """SamplingParams from the flags; unset ones take the model's generation_config, then `fallback`."""
     flags = {name: getattr(args, name) for name in ("max_tokens", "temperature", "top_p", "top_k", "seed")}
-    return SamplingParams.from_request(flags, defaults, fallback)
+    return from_request(flags, defaults, fallback)

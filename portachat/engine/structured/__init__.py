@@ -4,14 +4,14 @@ to it.
 
 `spec` (what a request asks for), `tokenizer` (the library's tokenizer from our protocol),
 `compile` (spec -> matcher, cached; batched mask fills), `masks` (bits -> -inf on the logits).
-The grammar library is imported only when a constrained request arrives.
+The grammar library is imported only when a constrained request arrives; the package itself loads
+no numpy (the command line's flags import the spec).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from portachat.engine.structured.masks import TokenMasks, allocate_bitmask
 from portachat.engine.structured.spec import StructuredError, StructuredSpec
 
 
@@ -20,4 +20,4 @@ def is_constrained(seq: Any) -> bool:
     return getattr(seq, "matcher", None) is not None
 
 
-__all__ = ["StructuredError", "StructuredSpec", "TokenMasks", "allocate_bitmask", "is_constrained"]
+__all__ = ["StructuredError", "StructuredSpec", "is_constrained"]

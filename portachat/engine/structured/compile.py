@@ -53,7 +53,7 @@ def json_options(whitespace_pattern: str | None = None) -> dict[str, Any]:
 
 def grammar_text(spec: StructuredSpec) -> str:
     """The llguidance grammar (a JSON string) for a spec; StructuredError when it cannot be built."""
-    from llguidance import LLMatcher, grammar_from
+    from llguidance import LLMatcher, grammar_from  # deferred: optional package
 
     try:
         if spec.kind in ("json", "json_object"):
@@ -77,7 +77,7 @@ class Constraints:
 
     def __init__(self, tokenizer: ChatTokenizer, vocab_size: int, cache_bytes: int = CACHE_BYTES) -> None:
         try:
-            import llguidance
+            import llguidance  # deferred: optional package
         except ImportError:
             raise EngineError(_("structured output needs the llguidance package: pip install 'portachat[serve]' "
                                 "(or pip install llguidance)"), kind="internal") from None
@@ -109,7 +109,7 @@ class Constraints:
     def compile(self, spec: StructuredSpec) -> Any:
         """The cached template matcher of `spec` (compiled on a miss, on the calling thread: the
         server does it before a request reaches the engine, so a heavy schema never stalls a step)."""
-        from llguidance import LLMatcher
+        from llguidance import LLMatcher  # deferred: optional package
 
         grammar = grammar_text(spec)
         template = self._lookup(grammar)
@@ -130,9 +130,7 @@ class Constraints:
                     param=spec.param, kind=spec.kind, error=template.get_error()), spec.param)
             reason = self._probe(template)
             after = heap_in_use()
-            size = ENTRY_FLOOR_BYTES + TEXT_FACTOR * len(grammar)
-            if before is not None and after is not None:
-                size = max(size, after - before)
+            size = max(ENTRY_FLOOR_BYTES + TEXT_FACTOR * len(grammar), after - before)
             if reason is not None or size > self.cache_bytes:
                 del template  # the error's traceback holds this frame: let the grammar's memory go now
             if reason is not None:
@@ -185,7 +183,7 @@ class Constraints:
                 m.unsafe_compute_mask_ptr(bitmask.data_ptr() + i * words * 4, words * 4)
             return
         if self._executor is None:
-            import llguidance
+            import llguidance  # deferred: optional package
 
             self._executor = llguidance.LLExecutor()
         self._executor.unsafe_compute_mask_ptr([(m, i) for i, m in enumerate(matchers)], bitmask.data_ptr(),

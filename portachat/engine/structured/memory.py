@@ -13,6 +13,8 @@ import ctypes.util
 import sys
 from functools import cache
 
+import psutil
+
 
 class _MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in
@@ -34,14 +36,10 @@ def _mallinfo2():
     return fn
 
 
-def heap_in_use() -> int | None:
-    """Bytes the heap holds (glibc: allocated chunks plus mmapped blocks; else the RSS); None if unknown."""
+def heap_in_use() -> int:
+    """Bytes the heap holds (glibc: allocated chunks plus mmapped blocks; else the RSS)."""
     fn = _mallinfo2()
     if fn is not None:
         info = fn()
         return int(info.uordblks + info.hblkhd)
-    try:
-        import psutil
-    except ImportError:
-        return None
     return int(psutil.Process().memory_info().rss)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from portachat.engine.types import EngineError
+from portachat.engine.errors import EngineError
 from portachat.i18n import _
 
 Kind = Literal["json", "json_object", "regex", "choice", "grammar"]

@@ -38,7 +38,7 @@ class _Wrapped:
 
 def ll_tokenizer(tokenizer: ChatTokenizer, vocab_size: int) -> Any:
     """An llguidance.LLTokenizer over `tokenizer`, its masks `vocab_size` wide (the model's logits)."""
-    import llguidance
+    import llguidance  # deferred: optional package (constrained requests need it)
 
     wrapped = _Wrapped(tokenizer, vocab_size)
     stops = sorted(tokenizer.stop_ids)

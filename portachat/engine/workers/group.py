@@ -27,6 +27,9 @@ import threading
 import time
 from collections.abc import Callable
 
+import torch
+import torch.distributed as dist
+
 from portachat.device import Device
 from portachat.device.dist import (
     DistEnv,
@@ -35,6 +38,7 @@ from portachat.device.dist import (
     private_store,
     shard_device_index,
 )
+from portachat.engine.workers.tp_runner import _send
 from portachat.i18n import _
 
 POLL_S = 0.2
@@ -53,8 +57,6 @@ def worker_place(global_rank: int, tensor_parallel_size: int) -> tuple[int, int]
 def replica_groups(tensor_parallel_size: int, data_parallel_size: int) -> list | None:
     """Each replica's process group (rank 0 and the replica's workers); None for a single replica,
     which uses the default group. Every rank of the world must call this, in the same order."""
-    import torch.distributed as dist
-
     if data_parallel_size == 1:
         return None
     per = tensor_parallel_size - 1
@@ -153,8 +155,6 @@ class WorkerGroup:
         healthy = self.failure is None and all(p.poll() is None for p in self.procs)
         if healthy:
             try:
-                from portachat.engine.workers.tp_runner import _send
-
                 stopped = {id(r.group) for r in runners}
                 for runner in runners:
                     runner.stop_workers()
@@ -175,8 +175,6 @@ def start_workers(options, device: Device, on_failure: Callable[[str], None] | N
                   timeout_s: float = 600) -> WorkerGroup:  # fmt: skip
     """Start ranks 1..N-1 for `options` (a LoadOptions with tensor_parallel_size N) and join the
     process group as rank 0. The workers load their shards while the caller loads its own."""
-    import torch
-
     tp, dp = options.tensor_parallel_size, options.data_parallel_size
     devices = tp * dp
     if device.is_accelerator and device.count < devices:

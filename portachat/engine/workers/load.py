@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from portachat.device import Device
 from portachat.i18n import _
 from portachat.model.load import InferenceModel, load_for_inference
@@ -13,8 +15,6 @@ def load_shard(options, device: Device, rank: int, world_size: int, group=None) 
     """`options` (LoadOptions, dtype resolved by rank 0) loaded and sharded for `rank`; quantized after
     sharding, so that each rank's scales are computed over its own rows and int4 groups stay within a shard.
     `group`: the replica's process group (None: the default group)."""
-    import torch
-
     # Whole weights stay in host memory: only the shard goes to the device (a model split because
     # one device cannot hold it must never be put on one whole).
     loaded = load_for_inference(options.model, device=torch.device("cpu"), dtype=options.dtype, lora=options.lora)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 import torch
+import torch.distributed as dist
 
 from portachat.engine.runner import ModelRunner
 from portachat.engine.step_inputs import StepPlan
@@ -20,14 +21,10 @@ from portachat.model.gpt import GPT
 def _send(message: tuple, group=None, device: torch.device | None = None) -> None:
     """Broadcast from rank 0 over `group` (a replica's group; None: the default group). `device`: where
     the serialized message travels for a device backend; rank 0 of several replicas holds several devices."""
-    import torch.distributed as dist
-
     dist.broadcast_object_list([message], src=0, group=group, device=device)
 
 
 def _receive(group=None, device: torch.device | None = None) -> tuple:
-    import torch.distributed as dist
-
     box: list = [None]
     dist.broadcast_object_list(box, src=0, group=group, device=device)
     return box[0]

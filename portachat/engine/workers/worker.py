@@ -16,6 +16,10 @@ import time
 
 from portachat.device import get_device
 from portachat.device.dist import destroy_distributed, dist_env, init_distributed, private_store
+from portachat.engine.loading import LoadOptions
+from portachat.engine.workers.group import replica_groups, worker_place
+from portachat.engine.workers.load import load_shard
+from portachat.engine.workers.tp_runner import serve_steps
 
 STORE_TIMEOUT_S = 600
 
@@ -32,11 +36,6 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent = int(os.environ.get("PORTACHAT_TP_PARENT", os.getppid()))
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
-
-    from portachat.engine.loading import LoadOptions
-    from portachat.engine.workers.group import replica_groups, worker_place
-    from portachat.engine.workers.load import load_shard
-    from portachat.engine.workers.tp_runner import serve_steps
 
     options = LoadOptions(**json.loads(argv[0]))
     device = get_device(kind=options.device, dtype=None, compile=False)

@@ -108,9 +108,4 @@ async def unload_lora_adapter(request: Request) -> Response:
     return PlainTextResponse(_("Success: LoRA adapter '{name}' removed successfully.").format(name=req.lora_name))
 
 
-ROUTES = [("/v1/load_lora_adapter", load_lora_adapter), ("/v1/unload_lora_adapter", unload_lora_adapter)]
-
-
-def add_routes(app: Any) -> None:
-    for path, endpoint in ROUTES:
-        app.add_api_route(path, endpoint, methods=["POST"])
+ROUTES = [("/v1/load_lora_adapter", load_lora_adapter, "POST"), ("/v1/unload_lora_adapter", unload_lora_adapter, "POST")]

@@ -50,7 +50,7 @@ class AnthropicTool(BaseModel):
 class MessagesRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: str | None = None
-    max_tokens: int = Field(json_schema_extra={"minimum": 1})  # ranges: SamplingParams.from_request checks them
+    max_tokens: int = Field(json_schema_extra={"minimum": 1})  # ranges: sampling_params.from_request checks them
     messages: list[dict[str, Any]]
     system: str | list[dict[str, Any]] | None = None
     stop_sequences: list[str] | None = None
@@ -192,7 +192,7 @@ async def _answer(request: Request, state: ModelLease, req: MessagesRequest) -> 
         "top_p": req.top_p, "top_k": req.top_k, "stop": req.stop_sequences or None,
     })
     params = sampling_params(state, as_openai, len(prompt_ids), "messages")
-    call_fmt = call_format(getattr(state.model.tokenizer, "chat_template", None)) if tools and tools.parse_calls else None
+    call_fmt = call_format(state.model.tokenizer.chat_template) if tools and tools.parse_calls else None
     thinking = thinking_of(state.model.tokenizer, prompt_ids)
     # tool_choice any / tool: the calls are enforced, after any reasoning
     params.structured = after_reasoning(tool_call_spec(tools, call_fmt), thinking)

@@ -17,11 +17,12 @@ from starlette.middleware.cors import CORSMiddleware
 
 from portachat import __version__
 from portachat.i18n import _
-from portachat.serve.api.adapters import add_routes as add_adapter_routes
+from portachat.serve.api.adapters import ROUTES as ADAPTER_ROUTES
 from portachat.serve.api.anthropic import messages
-from portachat.serve.api.batches import add_routes as add_batch_routes
+from portachat.serve.api.batch_runner import BatchRunner
+from portachat.serve.api.batches import ROUTES as BATCH_ROUTES
 from portachat.serve.api.completions import chat_completions, completions
-from portachat.serve.api.documents import add_routes as add_document_routes
+from portachat.serve.api.documents import ROUTES as DOCUMENT_ROUTES
 from portachat.serve.api.embeddings import embeddings
 from portachat.serve.api.errors import APIError, api_error_response, error_response
 from portachat.serve.api.limits import APIKeyCheck, BodySizeLimit
@@ -29,7 +30,7 @@ from portachat.serve.api.metrics import ServerMetrics
 from portachat.serve.api.openapi import openapi_schema
 from portachat.serve.api.origin import RequestGuard
 from portachat.serve.api.protocol import json_body
-from portachat.serve.api.responses import add_routes as add_response_routes
+from portachat.serve.api.responses import ROUTES as RESPONSE_ROUTES
 from portachat.serve.api.state import ServedModel, ServerSettings, ServerState
 from portachat.serve.api.submission import ClientGone
 from portachat.serve.api.tokenize import tokenize
@@ -79,6 +80,69 @@ async def _load_at_startup(state: ServerState, on_error: Callable[[BaseException
             on_error(exc.__cause__ or exc)
     finally:
         state.starting = False
+
+
+def _server(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+async def health(request: Request) -> Response:
+    status, body = _server(request).health()
+    return JSONResponse(body, status_code=status)
+
+
+async def models(request: Request) -> Response:
+    state = _server(request)
+    state.require_ready()
+    return JSONResponse({"object": "list",
+                         "data": [_model_card(state, e) for e in state.registry.entries.values()]})
+
+
+async def load_model(request: Request) -> Response:
+    """llama-server's router convention for explicit loads (requests also load on demand)."""
+    state = _server(request)
+    name = state.resolve(await _model_field(request))
+    lease = await state.acquire(name)
+    lease.release()
+    return JSONResponse({"success": True, "model": name, "status": lease.entry.state})
+
+
+async def unload_model(request: Request) -> Response:
+    state = _server(request)
+    registry = state.registry
+    name = state.resolve(await _model_field(request))
+    if registry.get(name).spec.pinned and not state.settings.allow_unload:
+        raise APIError(403, _("The model '{name}' was given at start-up (--model) and clients may not unload it: "
+                              "restart the server with --allow-unload to allow that.").format(name=name),
+                       param="model", code="unload_not_allowed")
+    if not await registry.unload(name):
+        raise APIError(409, _("The model '{name}' has {in_flight} requests in flight; unload it when "
+                              "they end (or send them with keep_alive 0).").format(
+                              name=name, in_flight=registry.get(name).in_flight), param="model",
+                       code="model_busy")
+    return JSONResponse({"success": True, "model": name, "status": registry.get(name).state})
+
+
+async def metrics(request: Request) -> Response:
+    return Response(generate_latest(_server(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+async def page() -> Response:
+    return HTMLResponse(chat_page_html())
+
+
+# Every route, one table: (path, handler, method). Each module's table lists its own.
+ROUTES = [
+    ("/health", health, "GET"), ("/v1/models", models, "GET"), ("/metrics", metrics, "GET"), ("/", page, "GET"),
+    ("/models/load", load_model, "POST"), ("/models/unload", unload_model, "POST"),  # llama-server's router
+    ("/v1/chat/completions", chat_completions, "POST"), ("/v1/completions", completions, "POST"),
+    ("/v1/messages", messages, "POST"),  # Anthropic's Messages API
+    ("/v1/embeddings", embeddings, "POST"), ("/tokenize", tokenize, "POST"),  # vLLM's: a text's token ids
+    *DOCUMENT_ROUTES,  # /v1/files, /v1/vector_stores (document QA)
+    *BATCH_ROUTES,  # /v1/batches (background jobs over /v1/files)
+    *ADAPTER_ROUTES,  # /v1/load_lora_adapter, /v1/unload_lora_adapter
+    *RESPONSE_ROUTES,  # /v1/responses (OpenAI's Responses API, stored responses)
+]
 
 
 def create_app(settings: ServerSettings, loader: Loader | None = None,
@@ -145,55 +209,9 @@ def create_app(settings: ServerSettings, loader: Loader | None = None,
                                      "running; rerun `portachat serve` with --debug for the traceback.").format(
                                      error_type=type(exc).__name__, exc=exc), code="internal_error")
 
-    @app.get("/health")
-    async def health() -> Response:
-        status, body = state.health()
-        return JSONResponse(body, status_code=status)
-
-    @app.get("/v1/models")
-    async def models() -> Response:
-        state.require_ready()
-        return JSONResponse({"object": "list", "data": [_model_card(state, e) for e in registry.entries.values()]})
-
-    # llama-server's router routes (its convention for explicit loads; requests also load on demand).
-    @app.post("/models/load")
-    async def load_model(request: Request) -> Response:
-        name = state.resolve(await _model_field(request))
-        lease = await state.acquire(name)
-        lease.release()
-        return JSONResponse({"success": True, "model": name, "status": lease.entry.state})
-
-    @app.post("/models/unload")
-    async def unload_model(request: Request) -> Response:
-        name = state.resolve(await _model_field(request))
-        if registry.get(name).spec.pinned and not settings.allow_unload:
-            raise APIError(403, _("The model '{name}' was given at start-up (--model) and clients may not unload it: "
-                                  "restart the server with --allow-unload to allow that.").format(name=name),
-                           param="model", code="unload_not_allowed")
-        if not await registry.unload(name):
-            raise APIError(409, _("The model '{name}' has {in_flight} requests in flight; unload it when "
-                                  "they end (or send them with keep_alive 0).").format(
-                                  name=name, in_flight=registry.get(name).in_flight), param="model",
-                           code="model_busy")
-        return JSONResponse({"success": True, "model": name, "status": registry.get(name).state})
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
-    @app.get("/")
-    async def page() -> Response:
-        return HTMLResponse(chat_page_html())
-
-    app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"])
-    app.add_api_route("/v1/completions", completions, methods=["POST"])
-    app.add_api_route("/v1/messages", messages, methods=["POST"])  # Anthropic's Messages API
-    app.add_api_route("/v1/embeddings", embeddings, methods=["POST"])
-    app.add_api_route("/tokenize", tokenize, methods=["POST"])  # vLLM's: a text's token ids
-    add_document_routes(app)  # /v1/files, /v1/vector_stores (document QA)
-    add_batch_routes(app)  # /v1/batches (background jobs over /v1/files)
-    add_adapter_routes(app)  # /v1/load_lora_adapter, /v1/unload_lora_adapter
-    add_response_routes(app)  # /v1/responses (OpenAI's Responses API, stored responses)
+    app.state.batch_runner = BatchRunner(app)  # /v1/batches' jobs; the lifespan runs it
+    for path, endpoint, method in ROUTES:
+        app.add_api_route(path, endpoint, methods=[method])
 
     # Last added runs first: the Host/Origin/Content-Type guard, CORS (answers preflights), the size
     # limit (before anything reads the body), then the keys (which also say who called).

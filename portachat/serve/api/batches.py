@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -121,10 +120,3 @@ ROUTES = [
     ("/v1/batches", create_batch, "POST"), ("/v1/batches", list_batches, "GET"),
     ("/v1/batches/{batch_id}", get_batch, "GET"), ("/v1/batches/{batch_id}/cancel", cancel_batch, "POST"),
 ]
-
-
-def add_routes(app: Any) -> None:
-    """The routes, and the runner they share (`app.state.batch_runner`; the app's lifespan runs it)."""
-    app.state.batch_runner = BatchRunner(app)
-    for path, endpoint, method in ROUTES:
-        app.add_api_route(path, endpoint, methods=[method])

@@ -13,8 +13,8 @@ from starlette.concurrency import run_in_threadpool
 
 from portachat.i18n import _
 from portachat.serve.api.calculator_steps import split_reply, with_steps
-from portachat.serve.api.documents import ground_chat, with_citations
 from portachat.serve.api.errors import APIError
+from portachat.serve.api.grounding import ground_chat
 from portachat.serve.api.prompt import chat_prompt, completion_prompt
 from portachat.serve.api.protocol import ChatCompletionRequest, CompletionRequest, check_supported, parse_body
 from portachat.serve.api.reasoning import Thinking, after_reasoning, thinking_of
@@ -49,7 +49,7 @@ async def chat_completions(request: Request) -> Response:
 async def _chat_completions(request: Request, state: ModelLease, req: ChatCompletionRequest) -> Response:
     citations = await ground_chat(request, req, state)  # vendor field `documents`: passages into the messages
     tools = tool_request(req.tools, req.tool_choice, req.parallel_tool_calls)
-    call_fmt = call_format(getattr(state.model.tokenizer, "chat_template", None)) if tools and tools.parse_calls else None
+    call_fmt = call_format(state.model.tokenizer.chat_template) if tools and tools.parse_calls else None
     constraint = output_constraint(req)
     enforced_calls = tool_call_spec(tools, call_fmt)
     if constraint is not None and enforced_calls is not None:
@@ -67,10 +67,10 @@ async def _chat_completions(request: Request, state: ModelLease, req: ChatComple
     handles = await submit_n(state, prompt_ids, params, request_id, max_param, req.n)
     if req.stream:
         options = req.stream_options
-        return GuardedStream(with_citations(
+        return GuardedStream(
             chat_stream(state, handles, request_id, created, len(prompt_ids), req.logprobs,
-                         bool(options and options.include_usage), bool(options and options.continuous_usage_stats),
-                         call_fmt, tools.parallel if tools else True, thinking), citations),
+                        bool(options and options.include_usage), bool(options and options.continuous_usage_stats),
+                        call_fmt, tools.parallel if tools else True, thinking, citations),
             on_close=abort_all(handles),
         )
     results = await finished_results(request, handles)

@@ -29,15 +29,12 @@ from portachat.i18n import _
 from portachat.model.source import EMBEDDING, resolve
 from portachat.serve.api.errors import APIError
 from portachat.serve.api.owner import request_owner
-from portachat.serve.api.protocol import parse_body
-from portachat.serve.api.sse import sse_event
+from portachat.serve.api.protocol import MAX_RESULTS, parse_body
 from portachat.serve.api.state import ModelLease, ServerState
 from portachat.serve.docs import DocStore, Hit, StoreError
 from portachat.serve.docs.ingest import TextEmbedder, attach_file, search, text_embedder
 
-MAX_RESULTS = 50  # OpenAI's bound on max_num_results
 MAX_FILE_IDS = 500  # OpenAI's cap on file_ids in one request (vector store create, file batches)
-MAX_VECTOR_STORE_IDS = 16  # a grounded chat searches each store it names: few, so one request stays cheap
 DOCS_MAX_BYTES = 8 * 2**30  # `portachat serve` defaults of --docs-max-bytes / --docs-max-files
 DOCS_MAX_FILES = 10_000
 
@@ -359,77 +356,3 @@ ROUTES = [
     ("/v1/vector_stores/{vector_store_id}/files/{file_id}", detach, "DELETE"),
     ("/v1/vector_stores/{vector_store_id}/search", search_store, "POST"),
 ]
-
-
-def add_routes(app: Any) -> None:
-    for path, endpoint, method in ROUTES:
-        app.add_api_route(path, endpoint, methods=[method])
-
-
-# ------------------------------------------------------------------------------------------ grounded chat
-
-
-class Grounding(BaseModel):
-    """The chat request's vendor field `documents`: search these vector stores for the last user
-    message and answer from the passages found."""
-
-    model_config = ConfigDict(extra="forbid")
-    vector_store_ids: list[str] = Field(min_length=1, max_length=MAX_VECTOR_STORE_IDS)
-    max_num_results: int = Field(4, ge=1, le=MAX_RESULTS)
-
-
-PASSAGE_SHARE = 0.5  # of the chat model's context, at most, for the passages: the rest is the conversation and reply
-
-
-async def ground_chat(request: Request, req: Any, state: ModelLease) -> list[dict] | None:
-    """If the body asks for it, put the best passages into the conversation as a system message
-    (rewriting `req.messages`) and return the citations; None for an ordinary request. Passages
-    beyond half the chat model's context are left out, worst first."""
-    from portachat.serve.api.protocol import ChatMessage
-    from portachat.serve.docs.grounding import citations, passages_prompt
-
-    raw = json.loads(await request.body()).get("documents")  # the body parsed already: it is JSON
-    if raw is None:
-        return None
-    try:
-        grounding = Grounding.model_validate(raw)
-    except ValueError as exc:
-        raise APIError(400, _("Invalid value for 'documents': expected {{\"vector_store_ids\": [..], "
-                              "\"max_num_results\": N}} ({msg}).").format(msg=exc.errors()[0]['msg']),
-                       param="documents") from None
-    query = next((m.text() for m in reversed(req.messages) if m.role == "user"), "")
-    if not query.strip():
-        raise APIError(400, _("'documents' needs a user message to search for."), param="messages")
-    hits = await search_hits(request, grounding.vector_store_ids, query, grounding.max_num_results)
-    hits = await run_in_threadpool(_fitting, hits, state)
-    if hits:
-        system = passages_prompt(hits)
-        messages = list(req.messages)
-        if messages and messages[0].role in ("system", "developer"):
-            messages[0] = ChatMessage(role=messages[0].role, content=f"{messages[0].text()}\n\n{system}")
-        else:
-            messages.insert(0, ChatMessage(role="system", content=system))
-        req.messages = messages
-    return citations(hits)
-
-
-def _fitting(hits: list[Hit], state: ModelLease) -> list[Hit]:
-    budget = int(state.model.max_model_len * PASSAGE_SHARE)
-    kept, used = [], 0
-    for hit in hits:  # best first
-        used += len(state.model.tokenizer.encode(hit.text)) + 16  # + its header line
-        if used > budget:
-            break
-        kept.append(hit)
-    return kept
-
-
-async def with_citations(stream: Any, found: list[dict] | None) -> Any:
-    """A chat stream whose first chunk also carries `citations` (when the request was grounded)."""
-    first = True
-    async for event in stream:
-        if first and found is not None and event.startswith(b"data: {"):
-            payload = json.loads(event[len(b"data: "):])
-            event = sse_event({**payload, "citations": found})
-            first = False
-        yield event

@@ -10,6 +10,7 @@ from portachat.serve.api.protocol import ChatCompletionRequest, CompletionReques
 from portachat.serve.api.reasoning import template_variables
 from portachat.serve.api.state import ModelLease
 from portachat.serve.api.tool_calls import ToolRequest, template_messages
+from portachat.tokenizer.protocol import ChatTokenizer
 
 
 def chat_prompt(state: ModelLease, req: ChatCompletionRequest, tools: ToolRequest | None = None) -> list[int]:
@@ -30,10 +31,10 @@ def chat_prompt(state: ModelLease, req: ChatCompletionRequest, tools: ToolReques
                        param="messages") from None
 
 
-def check_calculator_parts(messages: list[dict[str, Any]], tokenizer: Any) -> None:
+def check_calculator_parts(messages: list[dict[str, Any]], tokenizer: ChatTokenizer) -> None:
     """400 for a calculator step sent to a model without the built-in calculator: only our chat format
     has its tool tokens, and a template would show the step as plain text or fail on it."""
-    if getattr(tokenizer, "tool_tokens", None) is not None:
+    if tokenizer.tool_tokens is not None:
         return
     for i, message in enumerate(messages):
         if not isinstance(message["content"], str):  # parts are kept only for a calculator step

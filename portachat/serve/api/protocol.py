@@ -11,7 +11,15 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from portachat.engine.sampling_params import PENALTY_MAX, SEED_MAX, SEED_MIN, TEMPERATURE_MAX
 from portachat.i18n import _
@@ -23,6 +31,9 @@ MAX_LOGIT_BIAS = 300  # OpenAI's own cap on logit_bias entries
 # vLLM's prompt_logprobs: top tokens per prompt position. Above OpenAI's 5 and vLLM's default 20 because
 # a distillation teacher (`portachat distill --teacher http://...`) asks for its --top-k.
 MAX_PROMPT_LOGPROBS = 100
+MAX_RESULTS = 50  # OpenAI's bound on max_num_results (vector store search, grounded chat)
+MAX_VECTOR_STORE_IDS = 16  # a grounded chat searches each store it names: few, so one request stays cheap
+WHOLE_MESSAGE = "portachat_message"  # a validator's error whose text parse_body shows as it is
 
 
 class StreamOptions(BaseModel):
@@ -58,10 +69,19 @@ class ChatMessage(BaseModel):
         return "".join(part.text for part in self.content)
 
 
+class Grounding(BaseModel):
+    """The chat request's vendor field `documents`: search these vector stores for the last user
+    message and answer from the passages found (serve/api/grounding.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+    vector_store_ids: list[str] = Field(min_length=1, max_length=MAX_VECTOR_STORE_IDS)
+    max_num_results: int = Field(4, ge=1, le=MAX_RESULTS)
+
+
 class _SamplingFields(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: str | None = None
-    # Sampling fields: their ranges are checked once, by SamplingParams.from_request (engine/
+    # Sampling fields: their ranges are checked once, by from_request (engine/
     # sampling_params.py), whose messages are translated; the schema only documents them.
     max_tokens: int | None = Field(None, json_schema_extra={"minimum": 1})
     temperature: float | None = Field(None, json_schema_extra={"minimum": 0.0, "maximum": TEMPERATURE_MAX})
@@ -109,6 +129,17 @@ class ChatCompletionRequest(_SamplingFields):
     # {"enable_thinking": false}) and OpenAI's reasoning_effort, passed to templates that read it.
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_effort: str | None = None
+    documents: Grounding | None = None  # vendor field: grounded chat over vector stores
+
+    @field_validator("documents", mode="wrap")
+    @classmethod
+    def _documents(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Grounding | None:
+        try:
+            return handler(value)
+        except ValidationError as exc:  # one message for the whole field, naming its shape
+            raise PydanticCustomError(WHOLE_MESSAGE, _(
+                "Invalid value for 'documents': expected {{\"vector_store_ids\": [..], \"max_num_results\": N}} "
+                "({msg}).").format(msg=exc.errors()[0]["msg"])) from None
 
 
 class CompletionRequest(_SamplingFields):
@@ -160,7 +191,9 @@ def parse_body(raw: bytes, model: type[BaseModel]) -> Any:
         # A union field reports one error per branch; the first names the field well enough.
         first = errors[0]
         param = _where(tuple(first["loc"]))
-        if first["type"] == "missing":
+        if first["type"] == WHOLE_MESSAGE:
+            message = first["msg"]
+        elif first["type"] == "missing":
             message = _("Missing required parameter: '{param}'.").format(param=param)
         else:
             got = first.get("input")

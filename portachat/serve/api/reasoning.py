@@ -19,6 +19,7 @@ from portachat.engine.structured import StructuredSpec
 from portachat.engine.structured.compile import json_options
 from portachat.i18n import _
 from portachat.serve.api.errors import APIError
+from portachat.tokenizer.protocol import ChatTokenizer
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
@@ -75,9 +76,9 @@ class Thinking:
 NO_THINKING = Thinking()  # a model that does not think: nothing is split off
 
 
-def thinking_of(tokenizer: Any, prompt_ids: list[int]) -> Thinking:
+def thinking_of(tokenizer: ChatTokenizer, prompt_ids: list[int]) -> Thinking:
     """The Thinking of a reply to `prompt_ids` rendered by `tokenizer`'s chat template."""
-    fmt = reasoning_format(getattr(tokenizer, "chat_template", None))
+    fmt = reasoning_format(tokenizer.chat_template)
     if fmt is None:
         return NO_THINKING
     return Thinking(fmt, starts_inside(tokenizer.decode(prompt_ids[-8:])))

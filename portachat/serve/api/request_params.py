@@ -6,7 +6,8 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
-from portachat.engine.sampling_params import SamplingError, with_fields
+from portachat.engine.limits import ContextLengthError, reply_budget
+from portachat.engine.sampling_params import SamplingError, from_request, with_fields
 from portachat.engine.structured import StructuredError, StructuredSpec
 from portachat.engine.structured.fields import structured_spec
 from portachat.engine.types import EngineError, SamplingParams
@@ -19,32 +20,36 @@ from portachat.serve.fallbacks import OPENAI_FALLBACK
 
 def sampling_params(state: ModelLease, req: ChatCompletionRequest | CompletionRequest, prompt_len: int,
                     prompt_param: str) -> SamplingParams:
-    """OpenAI fields -> SamplingParams; 400 when the prompt plus max_tokens cannot fit the context."""
-    limit = state.model.max_model_len
-    if prompt_len >= limit:
-        raise APIError(400, _("This model's maximum context length is {limit} tokens, but the "
-                              "{prompt_param} has {prompt_len} tokens. Shorten the {prompt_param}.").format(
-                              limit=limit, prompt_param=prompt_param, prompt_len=prompt_len),
-                       param=prompt_param, code="context_length_exceeded")
+    """OpenAI fields -> SamplingParams, by the engine's own checks (engine/limits.py: the context;
+    engine/sampling_params.py: the fields); their refusals as 400s naming this request's fields."""
     max_tokens, param = requested_max_tokens(req)
-    if max_tokens is None:  # as vLLM: whatever room the context leaves (at most the server's default, if any)
-        max_tokens = limit - prompt_len
-        if state.settings.max_tokens_default is not None:
-            max_tokens = min(max_tokens, state.settings.max_tokens_default)
-    elif prompt_len + max_tokens > limit:
-        raise APIError(400, _("This model's maximum context length is {limit} tokens. However, you "
-                              "requested {total} tokens ({prompt_len} in the {prompt_param}, {max_tokens} "
-                              "for the completion). Reduce the {prompt_param} or {param} (at most {room} "
-                              "here).").format(limit=limit, total=prompt_len + max_tokens,
-                                               prompt_len=prompt_len, prompt_param=prompt_param,
-                                               max_tokens=max_tokens, param=param, room=limit - prompt_len),
-                       param=param, code="context_length_exceeded")
-    fields = {**request_fields(req), "max_tokens": max_tokens, "adapter": state.adapter}
     try:
-        return SamplingParams.from_request(fields, state.model.generation_defaults, OPENAI_FALLBACK,
-                                           vocab_size=state.model.tokenizer.vocab_size)
+        max_tokens = reply_budget(prompt_len, max_tokens, state.model.max_model_len, state.settings.max_tokens_default)
+        fields = {**request_fields(req), "max_tokens": max_tokens, "adapter": state.adapter}
+        return from_request(fields, state.model.generation_defaults, OPENAI_FALLBACK,
+                            vocab_size=state.model.tokenizer.vocab_size)
+    except ContextLengthError as exc:
+        raise context_error(exc, prompt_param, param) from None
     except SamplingError as exc:
         raise sampling_error(exc, param) from None
+
+
+def context_error(exc: ContextLengthError, prompt_param: str, max_tokens_param: str) -> APIError:
+    """The engine's context refusal in OpenAI's words, naming the request's fields (`messages`,
+    `prompt`, `input`; `max_tokens` or `max_completion_tokens`)."""
+    limit, prompt_len, max_tokens = exc.limit, exc.prompt_tokens, exc.max_tokens
+    if max_tokens is None:
+        return APIError(400, _("This model's maximum context length is {limit} tokens, but the "
+                               "{prompt_param} has {prompt_len} tokens. Shorten the {prompt_param}.").format(
+                               limit=limit, prompt_param=prompt_param, prompt_len=prompt_len),
+                        param=prompt_param, code="context_length_exceeded")
+    return APIError(400, _("This model's maximum context length is {limit} tokens. However, you "
+                           "requested {total} tokens ({prompt_len} in the {prompt_param}, {max_tokens} "
+                           "for the completion). Reduce the {prompt_param} or {param} (at most {room} "
+                           "here).").format(limit=limit, total=prompt_len + max_tokens,
+                                            prompt_len=prompt_len, prompt_param=prompt_param,
+                                            max_tokens=max_tokens, param=max_tokens_param, room=limit - prompt_len),
+                    param=max_tokens_param, code="context_length_exceeded")
 
 
 def sampling_error(exc: SamplingError, max_tokens_param: str) -> APIError:

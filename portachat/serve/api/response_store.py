@@ -1,41 +1,42 @@
 """Stored responses (`store: true` on POST /v1/responses) under PORTACHAT_HOME/responses, beside the
-document store: one JSON file per response, written atomically (storage/atomic.py), owned by the API
-key that made it (serve/api/owner.py).
+document store: one SQLite database (`responses.sqlite`), owned by the API key that made them
+(serve/api/owner.py).
 
 A stored response keeps three things: the response object GET /v1/responses/{id} returns, the input
 items GET .../input_items lists, and the whole conversation up to and including its output
-(`history`), so a later request's `previous_response_id` continues it without walking a chain.
+(`history`), so a later request's `previous_response_id` continues it without walking a chain. They
+sit in one JSON `body` column beside the columns the lookups read (id, owner, age, size): opening the
+store reads no body, an owner check reads none, a read parses one. SQLite makes each write atomic.
 
-Bounded like every cache the server keeps: at most `max_count` responses and `max_bytes` on disk;
+Bounded like every cache the server keeps: at most `max_count` responses and `max_bytes` of bodies;
 past either the oldest responses are dropped first (they are conversation state a client can resend,
 not documents), and one response larger than `max_item_bytes` is not stored at all (the reply still
-goes out; its `store` says false)."""
+goes out; its `store` says false).
+
+Stores written before the database (one `resp_*.json` file per response) are moved into it when the
+store opens, once; files this store did not write are left alone."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
+import sqlite3
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from portachat.storage.atomic import write_text_atomic
 from portachat.storage.paths import portachat_home
 
 MAX_COUNT = 10_000
 MAX_BYTES = 1 * 2**30
 MAX_ITEM_BYTES = 16 * 2**20
 _ID = re.compile(r"resp_[0-9a-f]{32}")
-
-
-@dataclass
-class _Entry:
-    owner: str
-    size: int
-    created_at: float
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS responses (
+    id TEXT PRIMARY KEY, owner TEXT NOT NULL, created_at REAL NOT NULL, size INTEGER NOT NULL, body TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS responses_by_age ON responses (created_at);
+"""
 
 
 @dataclass
@@ -46,83 +47,94 @@ class StoredResponse:
     history: list[dict[str, Any]]
 
 
+def _body(stored: StoredResponse) -> str:
+    return json.dumps({"owner": stored.owner, "response": stored.response, "input_items": stored.input_items,
+                       "history": stored.history}, ensure_ascii=False)
+
+
 class ResponseStore:
-    """Responses on disk with an in-memory index (id -> owner, size, age), safe across threads."""
+    """Responses in SQLite, opened on first use; safe across threads (one connection behind a lock)."""
 
     def __init__(self, root: Path | None = None, max_count: int = MAX_COUNT, max_bytes: int = MAX_BYTES,
                  max_item_bytes: int = MAX_ITEM_BYTES) -> None:
         self.root = Path(root) if root is not None else portachat_home() / "responses"
         self.max_count, self.max_bytes, self.max_item_bytes = max_count, max_bytes, max_item_bytes
         self._lock = threading.Lock()
-        self._index: dict[str, _Entry] = {}
-        self._loaded = False
+        self._db: sqlite3.Connection | None = None
 
-    def _load_index(self) -> None:
-        if self._loaded:
-            return
-        self.root.mkdir(parents=True, exist_ok=True)
-        for path in self.root.glob("resp_*.json"):
+    def _open(self) -> sqlite3.Connection:
+        if self._db is None:
+            self.root.mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(self.root / "responses.sqlite", check_same_thread=False, timeout=30,
+                                 isolation_level=None)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.executescript(_SCHEMA)
+            self._db = db
+            self._migrate_files()
+        return self._db
+
+    def _migrate_files(self) -> None:
+        """The one-file-per-response layout into the database (each file read once, then removed)."""
+        for path in sorted(self.root.glob("resp_*.json")):
             if not _ID.fullmatch(path.stem):
                 continue
             try:
-                with open(path, encoding="utf-8") as f:
-                    owner = json.load(f)["owner"]
-                self._index[path.stem] = _Entry(str(owner), path.stat().st_size, path.stat().st_mtime)
-            except (OSError, ValueError, KeyError, TypeError):
+                text = path.read_text(encoding="utf-8")
+                data = json.loads(text)
+                stored = StoredResponse(str(data["owner"]), data["response"], data["input_items"], data["history"])
+                created = stored.response.get("created_at")
+                created = float(path.stat().st_mtime if created is None else created)
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 continue  # a file this store did not write: leave it alone
-        self._loaded = True
+            self._insert(path.stem, stored.owner, created, text)
+            path.unlink()
+        self._evict()
 
-    def _path(self, response_id: str) -> Path:
-        return self.root / f"{response_id}.json"
+    def _insert(self, response_id: str, owner: str, created_at: float, body: str) -> None:
+        self._db.execute("INSERT OR REPLACE INTO responses (id, owner, created_at, size, body) VALUES (?, ?, ?, ?, ?)",
+                         (response_id, owner, created_at, len(body.encode()), body))
 
     def put(self, stored: StoredResponse) -> bool:
         """Store (or replace) a response; False when it is too large to keep."""
         response_id = stored.response["id"]
-        text = json.dumps({"owner": stored.owner, "response": stored.response, "input_items": stored.input_items,
-                           "history": stored.history}, ensure_ascii=False)
-        size = len(text.encode())
-        if size > self.max_item_bytes or not _ID.fullmatch(response_id):
+        body = _body(stored)
+        if len(body.encode()) > self.max_item_bytes or not _ID.fullmatch(response_id):
             return False
         with self._lock:
-            self._load_index()
-            write_text_atomic(self._path(response_id), text)
-            self._index[response_id] = _Entry(stored.owner, size, float(stored.response.get("created_at", 0)))
+            self._open()
+            self._insert(response_id, stored.owner, float(stored.response.get("created_at", 0)), body)
             self._evict()
         return True
 
     def _evict(self) -> None:
-        total = sum(e.size for e in self._index.values())
-        oldest = sorted(self._index, key=lambda k: self._index[k].created_at)
-        while oldest and (len(self._index) > self.max_count or total > self.max_bytes):
-            victim = oldest.pop(0)
-            total -= self._index.pop(victim).size
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._path(victim))
+        db = self._db
+        count, total = db.execute("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM responses").fetchone()
+        if count <= self.max_count and total <= self.max_bytes:
+            return
+        victims = []
+        for response_id, size in db.execute("SELECT id, size FROM responses ORDER BY created_at, rowid"):
+            if count <= self.max_count and total <= self.max_bytes:
+                break
+            victims.append((response_id,))
+            count, total = count - 1, total - size
+        db.executemany("DELETE FROM responses WHERE id = ?", victims)
 
     def owner_of(self, response_id: str) -> str | None:
-        """The owner of a stored response, None when there is none."""
+        """The owner of a stored response, None when there is none (its body is not read)."""
         with self._lock:
-            self._load_index()
-            entry = self._index.get(response_id)
-            return entry.owner if entry else None
+            row = self._open().execute("SELECT owner FROM responses WHERE id = ?", (response_id,)).fetchone()
+        return row[0] if row else None
 
     def get(self, response_id: str) -> StoredResponse | None:
         with self._lock:
-            self._load_index()
-            if response_id not in self._index:
-                return None
-            try:
-                with open(self._path(response_id), encoding="utf-8") as f:
-                    data = json.load(f)
-            except (OSError, ValueError):
-                return None
+            row = self._open().execute("SELECT body FROM responses WHERE id = ?", (response_id,)).fetchone()
+        if row is None:
+            return None
+        data = json.loads(row[0])
         return StoredResponse(data["owner"], data["response"], data["input_items"], data["history"])
 
     def delete(self, response_id: str) -> bool:
         with self._lock:
-            self._load_index()
-            if self._index.pop(response_id, None) is None:
-                return False
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._path(response_id))
-        return True
+            gone = self._open().execute("DELETE FROM responses WHERE id = ?", (response_id,)).rowcount
+        return gone > 0
+

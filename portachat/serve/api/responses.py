@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
@@ -80,16 +80,30 @@ def response_store(request: Request) -> ResponseStore:
     return store
 
 
-async def _owned(request: Request, response_id: str) -> StoredResponse:
-    """The stored response when the request's API key made it; 404 when there is none, else 403."""
-    stored = await run_in_threadpool(response_store(request).get, response_id)
-    if stored is None:
-        raise APIError(404, _("No stored response '{id}': it was never stored (store: false), was deleted, or the "
-                              "server dropped it as its oldest.").format(id=response_id), param="response_id",
-                       code="not_found")
-    if stored.owner != request_owner(request):
+def _not_found(response_id: str) -> APIError:
+    return APIError(404, _("No stored response '{id}': it was never stored (store: false), was deleted, or the "
+                           "server dropped it as its oldest.").format(id=response_id), param="response_id",
+                    code="not_found")
+
+
+async def _check_owner(request: Request, response_id: str) -> ResponseStore:
+    """404 when there is no such stored response, 403 when another API key made it (no body is read)."""
+    store = response_store(request)
+    owner = await run_in_threadpool(store.owner_of, response_id)
+    if owner is None:
+        raise _not_found(response_id)
+    if owner != request_owner(request):
         raise APIError(403, _("The response '{id}' belongs to another API key; each key sees only the responses it "
                               "made.").format(id=response_id), param="response_id", code="permission_denied")
+    return store
+
+
+async def _owned(request: Request, response_id: str) -> StoredResponse:
+    """The stored response when the request's API key made it; 404 when there is none, else 403."""
+    store = await _check_owner(request, response_id)
+    stored = await run_in_threadpool(store.get, response_id)
+    if stored is None:  # deleted between the two reads
+        raise _not_found(response_id)
     return stored
 
 
@@ -133,7 +147,7 @@ async def create_response(request: Request) -> Response:
 async def _respond(request: Request, state: ModelLease, req: ResponsesRequest, chat: ChatCompletionRequest,
                    history: list[dict[str, Any]], items: list[dict[str, Any]]) -> Response:
     tools = tool_request(chat.tools, chat.tool_choice, chat.parallel_tool_calls)
-    template = getattr(state.model.tokenizer, "chat_template", None)
+    template = state.model.tokenizer.chat_template
     call_fmt = call_format(template) if tools and tools.parse_calls else None
     enforced_calls = tool_call_spec(tools, call_fmt)
     # A turn that must call a tool has no text answer for text.format to shape: the calls win (an
@@ -199,8 +213,8 @@ async def retrieve_response(request: Request, response_id: str) -> Response:
 
 
 async def delete_response(request: Request, response_id: str) -> Response:
-    await _owned(request, response_id)
-    await run_in_threadpool(response_store(request).delete, response_id)
+    store = await _check_owner(request, response_id)
+    await run_in_threadpool(store.delete, response_id)
     return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
 
 
@@ -230,9 +244,8 @@ async def list_input_items(request: Request, response_id: str) -> Response:
                          "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit})
 
 
-def add_routes(app: FastAPI) -> None:
-    """Register the Responses routes on `app`."""
-    app.add_api_route("/v1/responses", create_response, methods=["POST"])
-    app.add_api_route("/v1/responses/{response_id}", retrieve_response, methods=["GET"])
-    app.add_api_route("/v1/responses/{response_id}", delete_response, methods=["DELETE"])
-    app.add_api_route("/v1/responses/{response_id}/input_items", list_input_items, methods=["GET"])
+ROUTES = [
+    ("/v1/responses", create_response, "POST"), ("/v1/responses/{response_id}", retrieve_response, "GET"),
+    ("/v1/responses/{response_id}", delete_response, "DELETE"),
+    ("/v1/responses/{response_id}/input_items", list_input_items, "GET"),
+]

@@ -13,7 +13,6 @@ import asyncio
 import uvicorn
 from fastapi import FastAPI
 
-from portachat.i18n import _
 from portachat.serve.api.app import begin_graceful_shutdown
 
 
@@ -50,35 +49,3 @@ def make_server(app: FastAPI, host: str, port: int, grace_s: float, log_level: s
         access_log=log_level == "debug",
     )
     return GracefulServer(config, app)
-
-
-class RunningServer:
-    """A server on a background thread (tests, benchmarks): `url`, then `stop()`."""
-
-    def __init__(self, server: GracefulServer, thread) -> None:
-        self.server = server
-        self.thread = thread
-        sock = server.servers[0].sockets[0]
-        host, port = sock.getsockname()[:2]
-        self.url = f"http://{host}:{port}"
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout_s)
-
-
-def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, grace_s: float = 5.0,
-                    startup_timeout_s: float = 30.0) -> RunningServer:
-    """Start `app` under uvicorn on a thread (port 0 = a free port) and return once it listens."""
-    import threading
-    import time
-
-    server = make_server(app, host, port, grace_s, log_level="warning")
-    thread = threading.Thread(target=server.run, name="portachat-uvicorn", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + startup_timeout_s
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError(_("the server did not start on {host}:{port}").format(host=host, port=port))
-        time.sleep(0.01)
-    return RunningServer(server, thread)

@@ -71,13 +71,18 @@ async def stream_choices(choices: list[AsyncIterator[tuple[bytes, bool]]],
 async def chat_stream(state: ModelLease, handles: list[RequestStream], request_id: str, created: int,
                        prompt_len: int, logprobs: bool, include_usage: bool, continuous_usage: bool,
                        call_fmt: str | None = None, parallel_calls: bool = True,
-                       thinking: Thinking = NO_THINKING) -> AsyncIterator[bytes]:
+                       thinking: Thinking = NO_THINKING, citations: list[dict] | None = None) -> AsyncIterator[bytes]:
+    """`citations` (a grounded request's, grounding.py) ride on the first chunk built."""
     base = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": state.model_name}
     completion_tokens = 0  # over every choice; the prompt counts once
+    cited = citations is None
 
     def chunk(index: int, delta: dict, finish_reason: str | None = None, lp: dict | None = None) -> bytes:
+        nonlocal cited
         payload = {**base, "choices": [{"index": index, "delta": delta, "logprobs": lp,
                                         "finish_reason": finish_reason}]}
+        if not cited:
+            payload["citations"], cited = citations, True
         if include_usage:  # OpenAI: null on every chunk but the last
             payload["usage"] = usage(prompt_len, completion_tokens) if continuous_usage else None
         return sse_event(payload)

@@ -59,7 +59,7 @@ def _decode(data: bytes, filename: str) -> str:
 # past its decompression limit, AttributeError, RecursionError, ...). Any of them means "this file
 # cannot be read": the file is marked failed with that reason, never a 500.
 def _pdf(data: bytes, filename: str) -> str:
-    from pypdf import PdfReader
+    from pypdf import PdfReader  # deferred: optional package (a PDF upload needs it)
 
     try:
         reader = PdfReader(io.BytesIO(data))
@@ -70,7 +70,7 @@ def _pdf(data: bytes, filename: str) -> str:
 
 
 def _docx(data: bytes, filename: str) -> str:
-    import docx
+    import docx  # deferred: optional package (a .docx upload needs it)
 
     try:
         document = docx.Document(io.BytesIO(data))

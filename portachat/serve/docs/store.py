@@ -10,7 +10,7 @@ vectors, texts and file rows live in one SQLite database (stdlib, transactional)
 on a faiss flat index built from it on first use and rebuilt when the collection's revision
 changes. One durable copy means one atomicity story: attaching a file writes all its chunks in one
 transaction, so a crash or SIGKILL leaves the file either wholly in the collection or not at all.
-Uploaded bytes are written to a temporary file, fsynced and renamed before their row is inserted.
+Uploaded bytes are written atomically (storage/atomic.py) before their row is inserted.
 Searches with the query's text also rank by keywords (lexical.py) and fuse the two rankings.
 
 Files and vector stores belong to an `owner` (a stable id of the API key that made them, "" without
@@ -22,7 +22,6 @@ in-memory search indexes are an LRU bounded by `index_cache_bytes`.
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import threading
 import time
@@ -38,7 +37,7 @@ import numpy as np
 from portachat.i18n import _
 from portachat.serve.docs.chunking import Chunk
 from portachat.serve.docs.lexical import BM25, fuse
-from portachat.storage.atomic import fsync_dir
+from portachat.storage.atomic import write_bytes_atomic
 from portachat.storage.paths import portachat_home
 
 _SCHEMA = """
@@ -172,16 +171,9 @@ class DocStore:
 
     def add_file(self, filename: str, data: bytes, purpose: str = "assistants", owner: str = "") -> dict:
         file_id = f"file-{uuid.uuid4().hex[:24]}"
-        folder = self.root / "files"
-        tmp = folder / f".tmp-{file_id}"
         with self._lock:  # the quota check and the insert together: two uploads cannot both take the last room
             self._check_room(len(data), 1)
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, folder / file_id)
-            fsync_dir(folder)
+            write_bytes_atomic(self.root / "files" / file_id, data)
             self._write([("INSERT INTO files (id, filename, bytes, created_at, purpose, owner) VALUES (?, ?, ?, ?, ?, ?)",
                           (file_id, filename, len(data), _now(), purpose, owner))])
         return self.file(file_id)
@@ -326,7 +318,7 @@ class DocStore:
 
     def _index(self, store_id: str) -> tuple[Any, np.ndarray, BM25 | None]:
         """The collection's faiss index, chunk ids and keyword index, rebuilt when its revision moved on."""
-        import faiss
+        import faiss  # deferred: optional package (the first search needs it)
 
         revision = self.store(store_id)["revision"]
         with self._lock:

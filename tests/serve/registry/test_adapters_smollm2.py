@@ -19,13 +19,13 @@ from portachat.engine.oneshot import engine_for
 from portachat.model.load import load_for_inference
 from portachat.model.lora import load_lora, merge_into
 from portachat.serve.api import ServerSettings, create_app
-from portachat.serve.api.server import serve_in_thread
 from portachat.serve.registry import ModelRegistry, ModelSpec
 from portachat.train.finetune import FinetuneOptions, run_finetune
 from portachat.train.lora import LoraOptions
 from portachat.train.trainer import TrainConfig
 from tests.conftest import require_shared
 from tests.serve.api_testing import metric, wait_healthy
+from tests.serve.threaded_server import serve_in_thread
 from tests.smollm2 import smollm2_gguf_path
 
 pytestmark = pytest.mark.slow

@@ -13,10 +13,10 @@ import pytest
 
 from portachat.model.lora import load_lora, merge_into
 from portachat.serve.api import ServerSettings, create_app
-from portachat.serve.api.server import serve_in_thread
 from portachat.serve.registry import ModelRegistry, ModelSpec
 from tests.lora_files import write_random_adapter
 from tests.serve.api_testing import chat_tokenizer, metric, served_tiny, tiny_model, wait_healthy
+from tests.serve.threaded_server import serve_in_thread
 
 PROMPTS = ["the king", "my lord, the", "what say you", "O, speak"]
 

@@ -10,10 +10,10 @@ import openai
 import pytest
 
 from portachat.serve.api import ServerSettings, create_app
-from portachat.serve.api.server import serve_in_thread
 from portachat.serve.registry import ModelRegistry, ModelSpec
 from portachat.serve.registry.registry import served_memory_bytes
 from tests.serve.api_testing import chat_tokenizer, metric, served_tiny, tiny_model, wait_healthy
+from tests.serve.threaded_server import serve_in_thread
 
 SEEDS = {"a": 1, "b": 2, "c": 3}
 

@@ -14,12 +14,12 @@ import pytest
 
 from portachat.engine.loading import LoadOptions, load_served_model
 from portachat.serve.api import ServerSettings, create_app
-from portachat.serve.api.server import serve_in_thread
 from portachat.serve.registry import ModelRegistry, ModelSpec
 from portachat.serve.registry.catalog import estimate_bytes
 from portachat.serve.registry.registry import served_memory_bytes
 from tests.minilm import minilm_dir
 from tests.serve.api_testing import chat_tokenizer, metric, served_tiny, tiny_model, wait_healthy
+from tests.serve.threaded_server import serve_in_thread
 
 STEP_DELAY_S = 0.03  # a slow device: streams stay in flight long enough to race against
 

@@ -19,10 +19,10 @@ import pytest
 
 from portachat.model.model_dir import save_model_files
 from portachat.serve.api import ServerSettings, create_app
-from portachat.serve.api.server import serve_in_thread
 from portachat.serve.registry import ModelRegistry, ModelSpec
 from tests.lora_files import write_random_adapter
 from tests.serve.api_testing import chat_tokenizer, free_port, served_tiny, tiny_model, wait_healthy
+from tests.serve.threaded_server import serve_in_thread
 
 REPO = Path(__file__).resolve().parents[3]
 
