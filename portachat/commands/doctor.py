@@ -10,7 +10,7 @@ from portachat.i18n import _
 def cmd_doctor(args: argparse.Namespace) -> int:
     from portachat.speedrun.doctor import run_doctor  # deferred: loads torch
 
-    return run_doctor(as_json=args.json, calibrate=args.calibrate)
+    return run_doctor(as_json=args.json, calibrate=args.calibrate, selftest=args.selftest)
 
 
 def register(sub) -> None:
@@ -20,4 +20,7 @@ def register(sub) -> None:
                                    "known-bad setups with their fixes. Exit code 0 = healthy, 1 = something is wrong."))
     p.add_argument("--json", action="store_true", help=_("print the report as JSON"))
     p.add_argument("--calibrate", action="store_true", help=_("measure peak matmul FLOPS (cached) for devices not in the table"))
+    p.add_argument("--selftest", action="store_true",
+                   help=_("run every fast path this device would use beside its portable reference now, and keep "
+                          "only those that agree (verdicts are cached)"))
     p.set_defaults(func=cmd_doctor)

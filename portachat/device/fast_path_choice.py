@@ -1,0 +1,42 @@
+"""Which fast paths are candidates on a device: a pure decision from the probed facts.
+
+A candidate is only a proposal: ops/selftest.py runs it beside its portable reference on the device
+before the first use (fast_paths.verdict), and only a candidate that agrees is used. The vendor
+documents where each kernel runs; outside that it is not even tried.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from portachat.device.policy import npu_fusion_supported
+from portachat.device.probe import ProbeResult
+
+# Ascend kernels of the Atlas training series (910A and later): RMSNorm and rotary (torch_npu API reference).
+NPU_ALL_SOCS = ("npu_rms_norm", "npu_rotary_mul")
+# Kernels documented for Atlas A2/A3 only (Ascend910B*, Ascend910_93*): SwiGLU, incremental attention,
+# paged attention with its cache writes, and the fused top-k/top-p filter.
+NPU_A2_A3 = ("npu_swiglu", "npu_fused_infer_attention_score", "npu_paged_attention", "npu_reshape_and_cache",
+             "npu_top_k_top_p")
+# The CPU's own fast paths: portachat's C kernels and oneDNN / MKL pre-packed weights (ops/cpu_*.py).
+CPU = ("cpu_kernels", "cpu_packed_linear")
+# Kinds whose decode steps may replay from device graphs (device/graphs.py: CUDA graphs, on ROCm/DCU the
+# same API over hipGraph, torch_npu's NPUGraph, XPUGraph): candidate "decode_graphs".
+DECODE_GRAPHS = ("cuda", "rocm", "dcu", "npu", "xpu")
+
+
+def candidates(p: ProbeResult, has_op: Callable[[str], bool], packed_attention: str = "dense_mask") -> tuple[str, ...]:
+    """The fast paths worth checking on this device: `has_op(name)` says whether the vendor library here
+    exposes the kernel (an older torch_npu may lack one); `packed_attention` is the device's
+    policy.decide_packed_attention value ("flex" makes compiled flex attention a candidate)."""
+    found: list[str] = []
+    if p.kind == "cpu":
+        found += CPU
+    if p.kind == "npu":
+        names = NPU_ALL_SOCS + (NPU_A2_A3 if npu_fusion_supported(p.name) else ())
+        found += [n for n in names if has_op(n)]
+    if packed_attention == "flex":
+        found.append("flex_attention")
+    if p.kind in DECODE_GRAPHS:
+        found.append("decode_graphs")
+    return tuple(found)
