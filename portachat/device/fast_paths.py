@@ -49,7 +49,7 @@ class Verdict:
     at: str = ""
 
 
-Outputs = torch.Tensor | Sequence[torch.Tensor]
+Outputs = torch.Tensor | Sequence[torch.Tensor | None]
 
 
 def _as_tensors(out: Outputs) -> list[torch.Tensor]:
@@ -65,6 +65,11 @@ def compare(name: str, got: Outputs, want: Outputs, dtype: torch.dtype) -> Verdi
             name=name, got=len(got_t), want=len(want_t)))
     worst, worst_abs = -math.inf, 0.0
     for g, w in zip(got_t, want_t, strict=True):
+        if g is None or w is None:  # e.g. a gradient one side computes and the other does not
+            if g is w:
+                continue
+            return Verdict(name, False, _("{name} returned no tensor where the reference returned one (or the "
+                                          "reverse), e.g. a missing gradient").format(name=name))
         if tuple(g.shape) != tuple(w.shape):
             return Verdict(name, False, _("{name} returned shape {got}, the reference {want}").format(
                 name=name, got=tuple(g.shape), want=tuple(w.shape)))
@@ -161,7 +166,10 @@ def verdict(device_name: str, name: str, run_check: Callable[[], Verdict], build
     with _LOCK:
         v = None if fresh else (_SEEN.get(key) or _cached(key, name))
         if v is None:
-            v = run_check()
+            # autograd on whatever the caller's mode: a first use may sit inside an inference-mode forward,
+            # and training kernels are checked with their backward
+            with torch.inference_mode(False), torch.enable_grad():
+                v = run_check()
             v = Verdict(v.name, v.ok, v.reason, v.max_error, datetime.now(timezone.utc).isoformat(timespec="seconds"))
             save_verdict(key, v)
         announce = key not in _SEEN or (fresh and _SEEN[key].ok != v.ok)

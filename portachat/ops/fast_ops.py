@@ -53,7 +53,8 @@ def top_k_top_p_reference(logits: torch.Tensor, top_k: torch.Tensor, top_p: torc
     values = values.masked_fill(values < kth, float("-inf"))
     probs = torch.softmax(values.float(), dim=-1)
     before = torch.cumsum(probs, dim=-1) - probs  # mass of the likelier tokens
-    drop = before >= top_p.to(probs.dtype)[:, None]
+    p = top_p.to(probs.dtype)[:, None]
+    drop = (before >= p) & (p < 1.0)  # p = 1 keeps all (rounding puts the tail's "before" at 1.0)
     drop[:, 0] = False
     values = values.masked_fill(drop, float("-inf"))
     return torch.full_like(logits, float("-inf")).scatter(1, order, values)
@@ -63,8 +64,9 @@ def top_k_top_p_reference(logits: torch.Tensor, top_k: torch.Tensor, top_p: torc
 
 
 def _fast(name: str, x: torch.Tensor, check_fn) -> bool:
-    # torch.compile traces the reference (the vendor kernels here run eager: Ascend's default).
-    return x.device.type != "cpu" and not torch.compiler.is_compiling() and enabled(name, x.device, check_fn)
+    # torch.compile traces the reference (the vendor kernels here run eager: Ascend's default). After the
+    # first call per device type this is one dict lookup.
+    return not torch.compiler.is_compiling() and enabled(name, x.device, check_fn)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -89,7 +91,8 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 def top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """The batched filter (see top_k_top_p_reference), by Ascend's fused kernel where it passed its check."""
     if _fast("npu_top_k_top_p", logits, check_top_k_top_p):
-        return npu_kernels.top_k_top_p(logits, top_k, top_p)
+        V = logits.size(-1)
+        return npu_kernels.top_k_top_p(logits, torch.where((top_k > 0) & (top_k < V), top_k, V), top_p)
     return top_k_top_p_reference(logits, top_k, top_p)
 
 
@@ -148,7 +151,13 @@ def check_swiglu(dev: Device) -> Verdict:
 def check_top_k_top_p(dev: Device) -> Verdict:
     """Rows with top-k only, top-p only, both and neither; the kept set must be the same exactly."""
     V = 65536  # a vocabulary as large as the models' (k = V means no top-k)
-    logits = _inputs(dev, 4, V).float() * 3
+    # 20 likely tokens 0.5 apart at shuffled places over a flat tail: every nucleus boundary is far from
+    # the p values, so the kept sets are equal exactly (rounding of the cumulative sums cannot flip one).
+    g = torch.Generator().manual_seed(0)
+    rows = torch.full((4, V), -20.0)
+    for r in range(4):
+        rows[r, torch.randperm(V, generator=g)[:20]] = 10.0 - 0.5 * torch.arange(20.0)
+    logits = rows.to(dev.torch_device)
     top_k = torch.tensor([5, V, 50, V], device=dev.torch_device)
     top_p = torch.tensor([1.0, 0.9, 0.5, 1.0], device=dev.torch_device)
 

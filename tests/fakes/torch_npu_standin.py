@@ -132,8 +132,8 @@ def _crash(*_a, **_k):
     raise RuntimeError("EZ9999: the AI core raised an exception (stand-in crash)")
 
 
-def _rms_norm_without_gamma(x, gamma, epsilon=1e-6):
-    return npu_rms_norm(x, torch.ones_like(gamma), epsilon)
+def _rms_norm_one_plus_gamma(x, gamma, epsilon=1e-6):  # Gemma's convention, not Qwen's / Llama's
+    return npu_rms_norm(x, 1 + gamma, epsilon)
 
 
 def _rotary_interleaved(x, r1, r2, rotary_mode="half"):  # the other pairing convention
@@ -174,7 +174,7 @@ def _fused_infer_attention_left_up(query, key, value, **kw):
 
 
 WRONG = {
-    "npu_rms_norm": _rms_norm_without_gamma,
+    "npu_rms_norm": _rms_norm_one_plus_gamma,
     "npu_rotary_mul": _rotary_interleaved,
     "npu_swiglu": _swiglu_halves_swapped,
     "_npu_reshape_and_cache": _reshape_and_cache_head_major,

@@ -1,0 +1,1 @@
+"""Stand-ins for vendor modules this machine does not have, implementing their documented semantics."""
