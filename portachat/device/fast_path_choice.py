@@ -25,15 +25,19 @@ CPU = ("cpu_kernels", "cpu_packed_linear")
 DECODE_GRAPHS = ("cuda", "rocm", "dcu", "npu", "xpu")
 
 
-def candidates(p: ProbeResult, has_op: Callable[[str], bool], packed_attention: str = "dense_mask") -> tuple[str, ...]:
+def candidates(p: ProbeResult, has_op: Callable[[str], bool], packed_attention: str = "dense_mask",
+               attention: str = "sdpa") -> tuple[str, ...]:  # fmt: skip
     """The fast paths worth checking on this device: `has_op(name)` says whether the vendor library here
-    exposes the kernel (an older torch_npu may lack one); `packed_attention` is the device's
-    policy.decide_packed_attention value ("flex" makes compiled flex attention a candidate)."""
+    exposes the kernel (an older torch_npu may lack one); `packed_attention` and `attention` are the
+    device's policy.decide_packed_attention / decide_attention values ("flex" makes compiled flex
+    attention a candidate, "npu_fusion_attention" Ascend's fused attention)."""
     found: list[str] = []
     if p.kind == "cpu":
         found += CPU
     if p.kind == "npu":
         names = NPU_ALL_SOCS + (NPU_A2_A3 if npu_fusion_supported(p.name) else ())
+        if attention == "npu_fusion_attention":  # the device layer's attention family (policy.decide_attention)
+            names += ("npu_fusion_attention",)
         found += [n for n in names if has_op(n)]
     if packed_attention == "flex":
         found.append("flex_attention")

@@ -46,7 +46,7 @@ def attention(
     enable_gqa = k.size(1) != q.size(1)
     if isinstance(attn_mask, BlockMask):
         return _flex()(q, k, v, block_mask=attn_mask, enable_gqa=enable_gqa)
-    if fused_applies(q, attn_mask):
+    if fused_applies(q, attn_mask) and enabled("npu_fusion_attention", q.device, check_npu_fusion):
         return npu_fusion(q, k, v, is_causal=is_causal, attn_mask=attn_mask)
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, is_causal=is_causal, enable_gqa=enable_gqa
@@ -70,6 +70,21 @@ def packed_attention_mask(positions: torch.Tensor) -> AttentionMask:
     if packed_choice() == "flex" and enabled("flex_attention", positions.device, check_flex):
         return document_block_mask(document_ids(positions))
     return packed_causal_mask(positions)
+
+
+def check_npu_fusion(dev: Device) -> Verdict:
+    """Ascend's fused attention beside SDPA (the fast path's self-test): causal, and with packed rows' mask."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 48, 64, generator=g).to(dev.torch_device, dev.dtype) for _ in range(3))
+    positions = torch.tensor([list(range(20)) + list(range(28))] * 2, device=dev.torch_device)
+    mask = packed_causal_mask(positions)
+
+    def sdpa(**kw) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, **kw)
+
+    return check("npu_fusion_attention",
+                 lambda: [npu_fusion(q, k, v, is_causal=True), npu_fusion(q, k, v, is_causal=False, attn_mask=mask)],
+                 lambda: [sdpa(is_causal=True), sdpa(attn_mask=mask)], dev.dtype)  # fmt: skip
 
 
 def check_flex(dev: Device) -> Verdict:

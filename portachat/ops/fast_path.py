@@ -20,7 +20,7 @@ _LOCK = threading.RLock()
 
 
 def device_candidates(dev: Device) -> tuple[str, ...]:
-    return candidates(dev.facts, has_op, dev.packed_attention)
+    return candidates(dev.facts, has_op, dev.packed_attention, dev.attention_backend)
 
 
 def enabled(name: str, where: torch.device | str, check: Check, build: Callable[[], str] | None = None) -> bool:

@@ -13,7 +13,7 @@ from portachat.device.device import Device
 from portachat.device.fast_paths import Verdict, verdict
 from portachat.i18n import _
 from portachat.ops import cpu_kernels, cpu_linear, fast_ops, npu_attention
-from portachat.ops.attention import check_flex
+from portachat.ops.attention import check_flex, check_npu_fusion
 from portachat.ops.fast_path import Check, device_candidates, set_enabled
 
 CHECKS: dict[str, Check] = {
@@ -26,6 +26,7 @@ CHECKS: dict[str, Check] = {
     "npu_reshape_and_cache": npu_attention.check_reshape_and_cache,
     "cpu_packed_linear": cpu_linear.check_packing,
     "flex_attention": check_flex,
+    "npu_fusion_attention": check_npu_fusion,
 }
 
 

@@ -173,7 +173,14 @@ def _fused_infer_attention_left_up(query, key, value, **kw):
     return npu_fused_infer_attention_score(query, key, value, **kw)
 
 
+def _fusion_attention_sdpa_mask_convention(query, key, value, head_num, input_layout, atten_mask=None, **kw):
+    """Reads atten_mask as SDPA does (True = attend): the inverse of Ascend's documented convention."""
+    flipped = None if atten_mask is None else ~atten_mask
+    return npu_fusion_attention(query, key, value, head_num, input_layout, atten_mask=flipped, **kw)
+
+
 WRONG = {
+    "npu_fusion_attention": _fusion_attention_sdpa_mask_convention,
     "npu_rms_norm": _rms_norm_one_plus_gamma,
     "npu_rotary_mul": _rotary_interleaved,
     "npu_swiglu": _swiglu_halves_swapped,

@@ -76,8 +76,9 @@ def test_a_crashing_kernel_fails_its_self_test_with_its_error(monkeypatch, name)
 
 def test_candidates_follow_the_soc_and_what_torch_npu_exposes(monkeypatch):
     standin.install(monkeypatch, standin.module())
-    a2 = candidates(ascend("Ascend910B3", bf16=True), has_op)
+    a2 = candidates(ascend("Ascend910B3", bf16=True), has_op, attention="npu_fusion_attention")
     assert set(NPU_CHECKS) <= set(a2) and "decode_graphs" in a2
+    assert "npu_fusion_attention" not in candidates(ascend("Ascend910B3", bf16=True), has_op)  # SDPA chosen
     a1 = candidates(ascend("Ascend910A", bf16=False), has_op)
     assert {"npu_rms_norm", "npu_rotary_mul"} <= set(a1) and "npu_swiglu" not in a1 and "npu_top_k_top_p" not in a1
     older = standin.module()
