@@ -73,8 +73,8 @@ def profile(text: str, out: Path) -> dict:
     return {"split": split, "attention_kernels_seen": kernels[:12], "note": "eager step (compile 0)"}
 
 
-def train_base(text: str, out: Path) -> dict:
-    logs = sorted(out.glob("runs/gpu_check/base/log.jsonl"))
+def train_base(text: str, out: Path, run: str = "gpu_check") -> dict:
+    logs = sorted(out.glob(f"runs/{run}/base/log.jsonl"))
     rows = [json.loads(line) for path in logs for line in path.read_text().splitlines() if line.strip()]
     steps = [r for r in rows if "loss" in r and "dt_s" in r]
     later = steps[1:] or steps  # the first step carries compilation

@@ -4,6 +4,7 @@ device type after the first question, which runs the check if no verdict is cach
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 
@@ -19,7 +20,12 @@ _ON: dict[tuple[str, str], bool] = {}
 _LOCK = threading.RLock()
 
 
+FAST_PATHS_ENV = "PORTACHAT_FAST_PATHS"  # 0: every fast path off, the portable path only (for comparisons)
+
+
 def device_candidates(dev: Device) -> tuple[str, ...]:
+    if os.environ.get(FAST_PATHS_ENV, "1").strip() == "0":
+        return ()
     return candidates(dev.facts, has_op, dev.packed_attention, dev.attention_backend)
 
 
