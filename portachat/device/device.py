@@ -314,7 +314,7 @@ class Device:
     def newton_schulz_dtype(self) -> torch.dtype:
         """Muon's orthogonalisation dtype for tools that build optimizers outside the Trainer: bf16 on an
         accelerator computing in bf16, fp32 on the CPU (whose bf16 matmuls are slower for these shapes)."""
-        return torch.bfloat16 if self.dtype == torch.bfloat16 and self.type != "cpu" else torch.float32
+        return torch.bfloat16 if self.dtype == torch.bfloat16 and self.type not in ("cpu", "npu") else torch.float32
 
     @property
     def accumulate_dtype(self) -> torch.dtype:

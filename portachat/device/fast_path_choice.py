@@ -44,3 +44,25 @@ def candidates(p: ProbeResult, has_op: Callable[[str], bool], packed_attention: 
     if p.kind in DECODE_GRAPHS:
         found.append("decode_graphs")
     return tuple(found)
+
+
+def filters_whole_batch(device_type: str) -> bool:
+    """Whether the sampler filters top-k / top-p over the whole batch at once (a sort of every row, no host
+    sync) rather than row by row: on accelerators, where each row's check of its nucleus would wait for
+    the device; not on a CPU, where the row-by-row search among a row's few likeliest tokens is cheaper
+    than sorting the vocabulary and waiting costs nothing."""
+    return device_type != "cpu"
+
+
+KV_BLOCK_DEFAULT = 16  # tokens per KV block where nothing reads the cache in a vendor's block layout
+
+
+def kv_block_size(kind: str, attention_backend: str) -> tuple[int, str]:
+    """Tokens per KV block for the engine's cache, and why: 128 on Ascend (the block size vllm-ascend gives
+    its paged-attention and cache-write kernels); on a DCU 64 with a flash-attention backend (Hygon's
+    vLLM build pages by 64), 16 with SDPA; 16 elsewhere (the engine's default, vLLM's)."""
+    if kind == "npu":
+        return 128, "Ascend: 128-token blocks, as its paged-attention kernels read them"
+    if kind == "dcu" and "flash" in attention_backend:
+        return 64, "DCU with flash attention: 64-token blocks"
+    return KV_BLOCK_DEFAULT, f"{kind}: {KV_BLOCK_DEFAULT}-token blocks"

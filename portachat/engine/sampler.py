@@ -6,7 +6,9 @@ Greedy rows (temperature 0) take the argmax of the penalised logits. Sampled row
 together by inverse CDF: one softmax and one cumulative sum over the batch, and one uniform number
 per row from that request's own CPU generator, so a seed gives the same tokens whatever else is in
 the batch. (A `multinomial` per row costs ~1 ms on a 49k vocabulary on a CPU: at 32 streams that
-was as long as the decode step itself.) Reported logprobs are the model's own (log_softmax of the
+was as long as the decode step itself.) On accelerators top-k / top-p filter the whole batch at once
+(ops/fast_ops.top_k_top_p: no host sync; Ascend's fused kernel where it passed its self-test), so a step
+waits for the device once, for the chosen ids. Reported logprobs are the model's own (log_softmax of the
 raw logits), and with top_logprobs the k likeliest tokens of that same distribution.
 """
 
@@ -14,8 +16,10 @@ from __future__ import annotations
 
 import torch
 
+from portachat.device.fast_path_choice import filters_whole_batch
 from portachat.engine.sequence import Sequence
 from portachat.engine.structured.masks import TokenMasks
+from portachat.ops import fast_ops
 
 
 def needs_penalties(seq: Sequence) -> bool:
@@ -85,10 +89,9 @@ def draw(logits: torch.Tensor, generators: list[torch.Generator | None]) -> torc
     # The first index whose cumulative mass exceeds the target: a zero-probability token adds
     # nothing to the sum, so it is never that index.
     chosen = torch.searchsorted(cdf, target, right=True).squeeze(1)
-    overflow = chosen >= probs.shape[-1]
-    if bool(overflow.any()):  # the target rounded up to the total (rare): take the likeliest token
-        chosen = torch.where(overflow, probs.argmax(dim=-1), chosen)
-    return chosen
+    # The target rounded up to the total (rare): the likeliest token. Always computed, never asked: asking
+    # would wait for the device once more per step.
+    return torch.where(chosen >= probs.shape[-1], probs.argmax(dim=-1), chosen)
 
 
 TopLogprobs = list[tuple[int, float]]  # one step's k likeliest tokens, likeliest first
@@ -118,9 +121,15 @@ def sample(
         index = torch.tensor(rows, device=logits.device)
         temperature = torch.tensor([seqs[i].params.temperature for i in rows], device=logits.device)
         scaled = work.index_select(0, index) / temperature[:, None]
-        for j, i in enumerate(rows):
-            p = seqs[i].params
-            if p.top_k > 0 or p.top_p < 1.0:
+        filtered = [j for j, i in enumerate(rows) if seqs[i].params.top_k > 0 or seqs[i].params.top_p < 1.0]
+        if filtered and filters_whole_batch(scaled.device.type):  # no host sync (Ascend's fused kernel where proven)
+            at = torch.tensor(filtered, device=scaled.device)
+            top_k = torch.tensor([seqs[rows[j]].params.top_k for j in filtered], device=scaled.device)
+            top_p = torch.tensor([seqs[rows[j]].params.top_p for j in filtered], device=scaled.device)
+            scaled = scaled.index_copy(0, at, fast_ops.top_k_top_p(scaled.index_select(0, at), top_k, top_p))
+        else:
+            for j in filtered:
+                p = seqs[rows[j]].params
                 scaled[j] = filter_top_k_top_p(scaled[j], p.top_k, p.top_p)
         chosen = chosen.index_copy(0, index, draw(scaled, [seqs[i].generator for i in rows]))
     if not want_logprobs:

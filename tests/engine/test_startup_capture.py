@@ -205,7 +205,7 @@ def test_no_profile_where_the_allocator_keeps_no_peak(chat_tokenizer):
     model = tiny_model(300, seed=3)
     calls = []
     model.lm_head.register_forward_hook(lambda *_a: calls.append(1) and None)
-    choice = profiled_kv_budget(dev, model, EngineConfig(), 256, torch.float32, torch.float32, 100 * GiB)
+    choice = profiled_kv_budget(dev, model, EngineConfig(block_size=16), 256, torch.float32, torch.float32, 100 * GiB)
     assert calls == [] and choice.value == int(0.9 * 80 * GiB) - 10 * GiB
 
 
