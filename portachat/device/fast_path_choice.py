@@ -36,6 +36,7 @@ def candidates(p: ProbeResult, has_op: Callable[[str], bool], packed_attention: 
         found += CPU
     if p.kind == "npu":
         names = NPU_ALL_SOCS + (NPU_A2_A3 if npu_fusion_supported(p.name) else ())
+        names += ("fused_adamw",)  # torch's fused=True, if this torch_npu implements it
         if attention == "npu_fusion_attention":  # the device layer's attention family (policy.decide_attention)
             names += ("npu_fusion_attention",)
         found += [n for n in names if has_op(n)]

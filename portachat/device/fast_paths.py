@@ -91,7 +91,11 @@ def compare(name: str, got: Outputs, want: Outputs, dtype: torch.dtype) -> Verdi
 def check(name: str, candidate: Callable[[], Outputs], reference: Callable[[], Outputs], dtype: torch.dtype) -> Verdict:
     """Run the reference, then the candidate, on the same inputs (the callables close over them) and compare.
     Any exception the candidate raises is a verdict, not an error: the portable path stays."""
-    want = reference()
+    try:
+        want = reference()
+    except Exception as e:  # nothing to compare with (the device itself fails): keep the candidate off
+        return Verdict(name, False, _("the portable path failed beside {name}: {error}: {message}").format(
+            name=name, error=type(e).__name__, message=str(e).splitlines()[0] if str(e) else ""))
     try:
         got = candidate()
     except Exception as e:  # a vendor kernel may raise anything (RuntimeError, its own error types)

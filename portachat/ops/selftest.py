@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 from portachat.device.device import Device
 from portachat.device.fast_paths import Verdict, verdict
+from portachat.device.fused_adamw import check_fused_adamw
 from portachat.i18n import _
 from portachat.ops import cpu_kernels, cpu_linear, fast_ops, npu_attention
 from portachat.ops.attention import check_flex, check_npu_fusion
@@ -27,6 +28,7 @@ CHECKS: dict[str, Check] = {
     "cpu_packed_linear": cpu_linear.check_packing,
     "flex_attention": check_flex,
     "npu_fusion_attention": check_npu_fusion,
+    "fused_adamw": check_fused_adamw,
 }
 
 

@@ -173,3 +173,23 @@ def test_the_batched_top_k_top_p_keeps_what_the_per_row_filter_keeps(monkeypatch
     assert torch.equal(torch.isfinite(fast), torch.isfinite(want))
     kept = torch.isfinite(want)
     assert torch.equal(fast[kept], logits[kept])
+
+
+def test_fused_adamw_is_kept_where_it_matches_foreach_and_dropped_where_it_raises(monkeypatch):
+    """The real fused AdamW kernel (on the CPU here) agrees with foreach AdamW; one that raises, as a
+    torch_npu without the kernel does, is dropped and the Ascend device builds foreach AdamW."""
+    from portachat.device.fused_adamw import check_fused_adamw
+
+    dev = ascend_a2()
+    assert check_fused_adamw(dev).ok
+    assert dev.decisions["fused_optimizer"].value is True and dev.fused_optimizer is True
+
+    def not_implemented(*a, **k):
+        raise NotImplementedError("_fused_adamw_ is not implemented for PrivateUse1")
+
+    monkeypatch.setattr(torch, "_fused_adamw_", not_implemented)
+    fast_paths.forget()
+    (fast_paths.verdicts_path()).unlink()
+    v = check_fused_adamw(dev)
+    assert not v.ok and "NotImplementedError" in v.reason
+    assert ascend_a2().fused_optimizer is False
