@@ -11,6 +11,7 @@ from collections.abc import Callable
 import torch
 
 from portachat.device.device import Device, device_holding
+from portachat.device.errors import DeviceError
 from portachat.device.fast_path_choice import candidates
 from portachat.device.fast_paths import Verdict, verdict
 from portachat.device.npu_kernels import has_op
@@ -39,7 +40,10 @@ def enabled(name: str, where: torch.device | str, check: Check, build: Callable[
         return on
     with _LOCK:
         if key not in _ON:
-            dev = device_holding(where)
+            try:
+                dev = device_holding(where)
+            except DeviceError:  # a bad setting is reported where the device is set up, not from inside an op
+                dev = None
             ok = dev is not None and name in device_candidates(dev)
             if ok:
                 ok = verdict(dev.name, name, lambda: check(dev), build() if build else "").ok
