@@ -32,19 +32,8 @@ if [ "$dry_run" = 0 ]; then
 fi
 echo "[$tag] plan$([ "$dry_run" = 1 ] && echo " (dry run: nothing runs)"), results in $out/"
 
-planned=0
-part() {  # part NAME SECONDS COMMAND...: its output in NAME.log, one status line (dry run: the plan only)
-  local name="$1" budget="$2"; shift 2
-  planned=$((planned + budget))
-  echo "[$tag] $name (at most ${budget}s): $*"
-  [ "$dry_run" = 1 ] && return 0
-  local start=$SECONDS
-  timeout --kill-after=10 "$budget" "$@" > "$out/$name.log" 2>&1
-  local rc=$? status=ok
-  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then status=timeout; elif [ "$rc" != 0 ]; then status=failed; fi
-  printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$status" "$rc" "$((SECONDS - start))" "$budget" >> "$out/status.tsv"
-  echo "[$tag] $name: $status (rc $rc, $((SECONDS - start))s)"
-}
+plan_only="$dry_run"
+source benchmarks/check_parts.sh  # part NAME SECONDS COMMAND...: its output in NAME.log (dry run: the plan only)
 
 # Depth 12 at 2048 tokens, dtype and compile as the device layer chooses them (Ascend: eager, bf16 on A2/A3,
 # fp16 on 910A; DCU: bf16 where the arch has it, eager unless Hygon's Triton is there). Budgets add up to

@@ -11,7 +11,6 @@ estimate, and decode against transformers per batch size.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import gpu_check_report as gpu
@@ -31,19 +30,7 @@ def parse_part(name: str, text: str, out: Path, kind: str) -> dict:
 
 
 def summarize(out: Path, kind: str) -> dict:
-    status = {}
-    for line in (out / "status.tsv").read_text().splitlines():
-        name, state, rc, seconds, budget = line.split("\t")
-        status[name] = {"status": state, "rc": int(rc), "seconds": int(seconds), "budget_s": int(budget)}
-    parts = {}
-    for name in PARTS:
-        log = out / f"{name}.log"
-        entry = status.get(name, {"status": "not run", "rc": None, "seconds": None, "budget_s": None})
-        try:
-            entry["result"] = parse_part(name, log.read_text(errors="replace"), out, kind) if log.exists() else {}
-        except (ValueError, KeyError, TypeError) as exc:  # a log that does not parse is a finding
-            entry["result"] = {"unreadable": f"{type(exc).__name__}: {exc}"}
-        parts[name] = entry
+    parts = gpu.read_parts(out, PARTS, lambda name, text: parse_part(name, text, out, kind))
     fast, portable = parts["train_fast"]["result"], parts["train_portable"]["result"]
     speedup = (fast["ours_tok_s"] / portable["ours_tok_s"]
                if fast.get("ours_tok_s") and portable.get("ours_tok_s") else None)  # fmt: skip
@@ -88,14 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kind", choices=("npu", "dcu"), required=True)
     args = p.parse_args(argv)
     summary = summarize(args.out, args.kind)
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    (args.out / "summary.md").write_text(markdown(summary))
-    print(markdown(summary))
-    failed = [n for n, part in summary["parts"].items() if part["status"] != "ok"]
-    if failed:
-        print(f"[{args.kind}_check] not ok: {', '.join(failed)} (see their .log files in {args.out})")
+    code = gpu.write_summary(args.out, summary, markdown(summary), f"{args.kind}_check")
     print(f"[{args.kind}_check] please share {args.out / 'summary.md'} (see the README)")
-    return 1 if failed else 0
+    return code
 
 
 if __name__ == "__main__":

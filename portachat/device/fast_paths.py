@@ -28,7 +28,7 @@ import torch
 
 from portachat.device.dtypes import DTYPE_NAMES
 from portachat.i18n import _
-from portachat.storage.atomic import write_text_atomic
+from portachat.storage.atomic import read_json_object, write_text_atomic
 from portachat.storage.paths import portachat_home
 
 # (rtol, atol) per compute dtype: what a different but correct kernel order may change. fp32 kernels
@@ -129,11 +129,7 @@ def verdicts_path() -> Path:
 
 
 def load_verdicts() -> dict:
-    try:
-        data = json.loads(verdicts_path().read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return read_json_object(verdicts_path())
 
 
 _LOCK = threading.Lock()

@@ -26,6 +26,8 @@ from types import ModuleType
 
 import torch
 
+from portachat.device.fused_attention import compressed_causal_mask
+
 # Which torch_npu function each candidate calls (ops/selftest.py and fast_path_choice name them so).
 OPS = {
     "npu_rms_norm": "npu_rms_norm",
@@ -36,9 +38,7 @@ OPS = {
     "npu_reshape_and_cache": "_npu_reshape_and_cache",
     "npu_top_k_top_p": "npu_top_k_top_p",
 }
-_CAUSAL_MASK_SIZE = 2048  # the compressed causal mask sparse_mode 3 reads is 2048 x 2048
 _RIGHT_DOWN_CAUSAL = 3  # sparse_mode: causal aligned to the bottom-right corner (a chunk after its cache)
-_causal_masks: dict[torch.device, torch.Tensor] = {}
 
 
 def torch_npu() -> ModuleType | None:
@@ -78,11 +78,7 @@ def fused_infer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
     queries are the last T positions). Returns [1, T, H, D]."""
     mask, sparse_mode = None, 0
     if causal:
-        mask = _causal_masks.get(q.device)
-        if mask is None:
-            ones = torch.ones(_CAUSAL_MASK_SIZE, _CAUSAL_MASK_SIZE, dtype=torch.bool, device=q.device)
-            mask = _causal_masks[q.device] = torch.triu(ones, diagonal=1)
-        sparse_mode = _RIGHT_DOWN_CAUSAL
+        mask, sparse_mode = compressed_causal_mask(q.device), _RIGHT_DOWN_CAUSAL
     out = _op("npu_fused_infer_attention_score")(
         q, k, v, num_heads=q.size(2), num_key_value_heads=k.size(2), input_layout="BSND",
         scale=q.size(-1) ** -0.5, atten_mask=mask, sparse_mode=sparse_mode,

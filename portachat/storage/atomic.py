@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -134,3 +135,13 @@ def write_text_atomic(path: Path, text: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def read_json_object(path: Path) -> dict:
+    """The JSON object a cache file holds, or {} where it is missing, unreadable or not an object (a cache
+    written with write_text_atomic is whole or absent; anything else is rebuilt)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -11,13 +11,12 @@ import pytest
 import torch
 from engine_testing import make_engine, tiny_model
 
-from portachat.device import fast_paths
 from portachat.device import graphs as graphs_mod
 from portachat.device.graphs import GraphCapturer
 from portachat.engine import SamplingParams
 from portachat.engine.decode_graphs import check_graph_replay
 from portachat.ops import fast_path
-from tests.fakes import graphs_standin
+from tests.fakes import forget_fast_path_answers, graphs_standin
 
 
 def _cpu_backed(kind: str) -> types.SimpleNamespace:
@@ -27,11 +26,9 @@ def _cpu_backed(kind: str) -> types.SimpleNamespace:
 
 @pytest.fixture(autouse=True)
 def _fresh():
-    fast_paths.forget()
-    fast_path.forget_all()
+    forget_fast_path_answers()
     yield
-    fast_paths.forget()
-    fast_path.forget_all()
+    forget_fast_path_answers()
 
 
 @pytest.mark.parametrize("kind", ["npu", "dcu", "rocm"])

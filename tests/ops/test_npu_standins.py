@@ -16,6 +16,7 @@ from portachat.model import GPT, GPTConfig
 from portachat.ops import fast_ops, fast_path
 from portachat.ops.selftest import CHECKS, run_selftest
 from tests.device.device_sim import ascend
+from tests.fakes import forget_fast_path_answers
 from tests.fakes import torch_npu_standin as standin
 
 NPU_CHECKS = [n for n in CHECKS if n.startswith("npu_")]
@@ -45,11 +46,9 @@ def ascend_a2(dtype: str = "fp32") -> CpuBackedAscend:
 
 @pytest.fixture(autouse=True)
 def _fresh():
-    fast_paths.forget()
-    fast_path.forget_all()
+    forget_fast_path_answers()
     yield
-    fast_paths.forget()
-    fast_path.forget_all()
+    forget_fast_path_answers()
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])

@@ -10,17 +10,16 @@ from portachat.device import fast_paths
 from portachat.device.device import get_device
 from portachat.ops import cpu_kernels, cpu_linear, fast_path
 from portachat.ops.selftest import run_selftest
+from tests.fakes import forget_fast_path_answers
 
 
 @pytest.fixture(autouse=True)
 def _fresh():
     """Each test starts as a new process would: no verdict in memory, the kernels not loaded yet."""
-    fast_paths.forget()
-    fast_path.forget_all()
+    forget_fast_path_answers()
     cpu_kernels.library.cache_clear()
     yield
-    fast_paths.forget()
-    fast_path.forget_all()
+    forget_fast_path_answers()
     cpu_kernels.library.cache_clear()
 
 
