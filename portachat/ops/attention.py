@@ -23,7 +23,7 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex
 from portachat.device.device import Device
 from portachat.device.fast_paths import Verdict, check
 from portachat.device.fused_attention import fused_applies, npu_fusion, packed_choice
-from portachat.ops.fast_path import enabled
+from portachat.ops.fast_path import enabled_in_trace
 
 AttentionMask = torch.Tensor | BlockMask  # a boolean mask (True = attend) or flex_attention's block mask
 _compiled_flex = []  # torch.compile(flex_attention), made on first use: the fused kernel exists only compiled
@@ -46,7 +46,7 @@ def attention(
     enable_gqa = k.size(1) != q.size(1)
     if isinstance(attn_mask, BlockMask):
         return _flex()(q, k, v, block_mask=attn_mask, enable_gqa=enable_gqa)
-    if fused_applies(q, attn_mask) and enabled("npu_fusion_attention", q.device, check_npu_fusion):
+    if fused_applies(q, attn_mask) and enabled_in_trace("npu_fusion_attention", q.device, check_npu_fusion, False):
         return npu_fusion(q, k, v, is_causal=is_causal, attn_mask=attn_mask)
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, is_causal=is_causal, enable_gqa=enable_gqa
@@ -67,7 +67,8 @@ def _flex():
 def packed_attention_mask(positions: torch.Tensor) -> AttentionMask:
     """The mask of packed rows in the form the device layer chose for them: a `BlockMask` over document
     ids for compiled flex_attention, else `packed_causal_mask(positions)`. Built once per forward."""
-    if packed_choice() == "flex" and enabled("flex_attention", positions.device, check_flex):
+    # Inside a compiled model's first trace the check cannot run: the device's choice stands until it has.
+    if packed_choice() == "flex" and enabled_in_trace("flex_attention", positions.device, check_flex, True):
         return document_block_mask(document_ids(positions))
     return packed_causal_mask(positions)
 

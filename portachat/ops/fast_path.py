@@ -51,6 +51,16 @@ def enabled(name: str, where: torch.device | str, check: Check, build: Callable[
         return _ON[key]
 
 
+def enabled_in_trace(name: str, where: torch.device | str, check: Check, unknown: bool) -> bool:
+    """enabled(), callable from code torch.compile traces: inside a trace no check can run, so the answer
+    known so far counts, and `unknown` before there is one (the device's own choice for a path the trace
+    has always used, off for one it never did)."""
+    if torch.compiler.is_compiling():
+        known = _ON.get((name, torch.device(where).type))
+        return unknown if known is None else known
+    return enabled(name, where, check)
+
+
 def set_enabled(name: str, device_type: str, on: bool | None) -> None:
     """Set (or with None forget) the answer for `name` on `device_type`: for `doctor --selftest`, which
     has just checked again, and for tests that route calls through a stand-in vendor module."""

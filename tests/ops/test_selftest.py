@@ -88,3 +88,18 @@ def test_packed_weights_that_disagree_fall_back_to_the_plain_product(monkeypatch
     assert not cpu_linear.packing_available("cpu", torch.float32)
     assert not cpu_linear.packing_available("cpu", torch.bfloat16)
     assert not cpu_linear.holds_packed_copy("cpu", torch.float32)
+
+
+def test_inside_a_compile_trace_no_check_runs_and_the_known_answer_counts(monkeypatch):
+    ran = []
+
+    def check(dev):
+        ran.append(dev)
+        return fast_paths.Verdict("x", True, "agrees")
+
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert fast_path.enabled_in_trace("flex_attention", "cpu", check, True) is True  # the device's choice stands
+    assert fast_path.enabled_in_trace("npu_rms_norm", "cpu", check, False) is False  # a path never traced stays off
+    fast_path.set_enabled("flex_attention", "cpu", False)  # an earlier eager check failed here
+    assert fast_path.enabled_in_trace("flex_attention", "cpu", check, True) is False
+    assert ran == []
