@@ -322,7 +322,7 @@ def format_report(report: dict) -> str:
     states = {"on": _("on"), "off": _("OFF"), "unchecked": _("unchecked")}
     if report.get("fast_paths"):
         section(_("Fast paths (self-tested)"),
-                [(f["name"], f"{states[f['state']]:<10} {f['reason']}") for f in report["fast_paths"]])
+                [(f["name"], f"{ljust(states[f['state']], 10)} {f['reason']}") for f in report["fast_paths"]])
     hub = report.get("hubs") or {}
     if hub.get("offline"):
         section(_("Model hubs"), [("offline", _("HF_HUB_OFFLINE is set: downloads use local files only"))])
