@@ -1,4 +1,5 @@
-"""Self-tests of Ascend's engine attention kernels against the engine's portable paged attention.
+"""Self-tests of Ascend's paged-attention and cache-write kernels against the engine's portable paged
+attention (the fused prefill's is in ops/paged_attention.py, where it runs).
 
 Ascend's kernels keep the KV cache slot-major, [num_blocks, block_size, H_kv, D]; the portable path
 (ops/paged_attention.py) keeps it head-major, [H_kv, num_slots, D]. Each check fills both layouts with the
@@ -12,7 +13,7 @@ import torch
 from portachat.device import npu_kernels
 from portachat.device.device import Device
 from portachat.device.fast_paths import Verdict, check
-from portachat.ops.paged_attention import decode_attention, prefill_attention, write_kv
+from portachat.ops.paged_attention import decode_attention, write_kv
 
 BLOCKS, BLOCK, KV_HEADS, HEADS, DIM = 6, 16, 2, 4, 64
 
@@ -68,27 +69,3 @@ def check_paged_attention(dev: Device) -> Verdict:
                                 mask.to(dev.torch_device))  # fmt: skip
 
     return check("npu_paged_attention", kernel, portable, dev.dtype)
-
-
-def check_fused_infer_attention(dev: Device) -> Verdict:
-    """A first chunk (causal over itself) and a later chunk of 5 tokens after 7 cached ones (each query sees
-    the cache and the chunk up to itself), grouped-query heads, BSND."""
-    q1, k1, v1 = _randn(dev, 9, HEADS, DIM, seed=5), _randn(dev, 9, KV_HEADS, DIM, seed=6), _randn(dev, 9, KV_HEADS, DIM, seed=7)
-    q2 = _randn(dev, 5, HEADS, DIM, seed=8)
-    cache_k, cache_v = _randn(dev, KV_HEADS, 12, DIM, seed=9), _randn(dev, KV_HEADS, 12, DIM, seed=10)
-    index = torch.arange(12, device=dev.torch_device)
-    seen = torch.arange(12)[None] <= (7 + torch.arange(5))[:, None]  # [T, L]
-
-    def kernel() -> list[torch.Tensor]:
-        first = npu_kernels.fused_infer_attention(q1[None], k1[None], v1[None], causal=True)[0]
-        later = npu_kernels.fused_infer_attention(q2[None], cache_k.transpose(0, 1)[None], cache_v.transpose(0, 1)[None],
-                                                  causal=True)[0]  # fmt: skip
-        return [first, later]
-
-    def portable() -> list[torch.Tensor]:
-        first = prefill_attention(q1, k1, v1, None, None, None, None)
-        later = prefill_attention(q2, cache_k[:, -5:].transpose(0, 1), cache_v[:, -5:].transpose(0, 1), cache_k,
-                                  cache_v, index, seen.to(dev.torch_device))  # fmt: skip
-        return [first, later]
-
-    return check("npu_fused_infer_attention_score", kernel, portable, dev.dtype)

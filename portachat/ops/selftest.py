@@ -13,7 +13,7 @@ from portachat.device.device import Device
 from portachat.device.fast_paths import Verdict, verdict
 from portachat.device.fused_adamw import check_fused_adamw
 from portachat.i18n import _
-from portachat.ops import cpu_kernels, cpu_linear, fast_ops, npu_attention
+from portachat.ops import cpu_kernels, cpu_linear, fast_ops, npu_attention, paged_attention
 from portachat.ops.attention import check_flex, check_npu_fusion
 from portachat.ops.fast_path import Check, device_candidates, set_enabled
 
@@ -22,7 +22,7 @@ CHECKS: dict[str, Check] = {
     "npu_rotary_mul": fast_ops.check_rotary,
     "npu_swiglu": fast_ops.check_swiglu,
     "npu_top_k_top_p": fast_ops.check_top_k_top_p,
-    "npu_fused_infer_attention_score": npu_attention.check_fused_infer_attention,
+    "npu_fused_infer_attention_score": paged_attention.check_fused_infer_attention,
     "npu_paged_attention": npu_attention.check_paged_attention,
     "npu_reshape_and_cache": npu_attention.check_reshape_and_cache,
     "cpu_packed_linear": cpu_linear.check_packing,

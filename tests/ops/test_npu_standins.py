@@ -192,3 +192,28 @@ def test_fused_adamw_is_kept_where_it_matches_foreach_and_dropped_where_it_raise
     v = check_fused_adamw(dev)
     assert not v.ok and "NotImplementedError" in v.reason
     assert ascend_a2().fused_optimizer is False
+
+
+@pytest.mark.parametrize("wrong", [False, True])
+def test_the_engines_prefill_runs_the_fused_kernel_only_where_it_passed(monkeypatch, wrong):
+    """ops/paged_attention.prefill_attention (the engine's prefill chunks): through the documented kernel the
+    SDPA path's output (bf16), the kernel called; a kernel reading the causal mode wrong is never called."""
+    from portachat.ops import paged_attention as pa
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(6, h, 64, generator=g).bfloat16() for h in (4, 2, 2))
+    kc, vc = (torch.randn(2, 32, 64, generator=g).bfloat16() for _ in range(2))
+    index = torch.arange(20)
+    mask = torch.arange(20)[None] <= torch.arange(14, 20)[:, None]  # the runner's mask for a continued chunk
+    want = [pa._sdpa_prefill(q, k, v, None, None, None, None), pa._sdpa_prefill(q, k, v, kc, vc, index, mask)]
+    mod = standin.wrong("npu_fused_infer_attention_score") if wrong else standin.module()
+    calls = []
+    real = mod.npu_fused_infer_attention_score
+    mod.npu_fused_infer_attention_score = lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    standin.install(monkeypatch, mod)
+    _on_ascend(monkeypatch, ascend_a2("bf16"))
+    got = [pa.prefill_attention(q, k, v, None, None, None, None), pa.prefill_attention(q, k, v, kc, vc, index, mask)]
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a.float(), b.float(), rtol=4e-2, atol=2e-2)
+    checked = 2  # the self-test's own calls (two chunks, kernel side), then the two real ones or none
+    assert len(calls) == (checked if wrong else checked + 2)
