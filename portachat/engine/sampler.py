@@ -136,17 +136,31 @@ def sample(
         return chosen.tolist(), None, None
     all_logprobs = torch.log_softmax(logits, dim=-1)
     logprobs = all_logprobs.gather(1, chosen[:, None]).squeeze(1)
-    # One copy to the host for ids and logprobs: the fp32 logprobs travel as their bits in int64 (no float64
-    # on the device: Ascend and MPS lack it), and come back exact.
-    bits = logprobs.float().view(torch.int32).to(torch.int64)
-    both = torch.stack([chosen.to(torch.int64), bits]).cpu()
-    tops = None
+    # One copy to the host for ids and logprobs (fp32 logprobs as their bits: _bits).
+    # The top_logprobs alternatives travel in the same copy: one topk over the batch at the largest k.
     k = max(s.params.top_logprobs if s.params.logprobs else 0 for s in seqs)
-    if k > 0:  # one topk over the batch at the largest k, cut per row
+    parts = [chosen.to(torch.int64), _bits(logprobs)]
+    if k > 0:
         values, ids = torch.topk(all_logprobs, k, dim=-1)
-        values, ids = values.cpu().tolist(), ids.cpu().tolist()
+        parts += [ids.reshape(-1), _bits(values.reshape(-1))]
+    host = torch.cat(parts).cpu()
+    S = len(seqs)
+    tokens, lps = host[:S].tolist(), _floats(host[S : 2 * S])
+    tops = None
+    if k > 0:  # cut per row
+        top_ids, top_lps = host[2 * S : 2 * S + S * k].view(S, k).tolist(), _floats(host[2 * S + S * k :])
         tops = []
         for i, s in enumerate(seqs):
             row_k = s.params.top_logprobs if s.params.logprobs else 0
-            tops.append(list(zip(ids[i][:row_k], values[i][:row_k], strict=True)))
-    return both[0].tolist(), both[1].to(torch.int32).view(torch.float32).tolist(), tops
+            tops.append(list(zip(top_ids[i][:row_k], top_lps[i * k : i * k + row_k], strict=True)))
+    return tokens, lps, tops
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    """fp32 values as their bits in int64, to travel beside ids in one copy and come back exact (no float64
+    on the device: Ascend and MPS lack it)."""
+    return x.float().view(torch.int32).to(torch.int64)
+
+
+def _floats(bits: torch.Tensor) -> list[float]:
+    return bits.to(torch.int32).view(torch.float32).tolist()
