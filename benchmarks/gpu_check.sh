@@ -37,16 +37,8 @@ else
   engine=(--depth 12 --batch 8 --prompt-len 64 --new-tokens 128) decode=(--batch-sizes 1,8,32,64 --prompt-len 64 --new-tokens 128 --rounds 3)
 fi
 
-part() {  # part NAME SECONDS COMMAND...: its output in NAME.log, one status line
-  local name="$1" budget="$2"; shift 2
-  echo "[gpu_check] $name (at most ${budget}s): $*"
-  local start=$SECONDS
-  timeout --kill-after=10 "$budget" "$@" > "$out/$name.log" 2>&1
-  local rc=$? status=ok
-  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then status=timeout; elif [ "$rc" != 0 ]; then status=failed; fi
-  printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$status" "$rc" "$((SECONDS - start))" "$budget" >> "$out/status.tsv"
-  echo "[gpu_check] $name: $status (rc $rc, $((SECONDS - start))s)"
-}
+tag=gpu_check
+source benchmarks/check_parts.sh  # part NAME SECONDS COMMAND...: its output in NAME.log, one status line
 
 # Budgets add up to 420 s: 7 minutes at most, whatever hangs. Compilation is spent where it is measured
 # (train_throughput); the profile and the ten training steps run eager to fit (their split and memory

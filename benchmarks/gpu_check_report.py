@@ -73,8 +73,8 @@ def profile(text: str, out: Path) -> dict:
     return {"split": split, "attention_kernels_seen": kernels[:12], "note": "eager step (compile 0)"}
 
 
-def train_base(text: str, out: Path) -> dict:
-    logs = sorted(out.glob("runs/gpu_check/base/log.jsonl"))
+def train_base(text: str, out: Path, run: str = "gpu_check") -> dict:
+    logs = sorted(out.glob(f"runs/{run}/base/log.jsonl"))
     rows = [json.loads(line) for path in logs for line in path.read_text().splitlines() if line.strip()]
     steps = [r for r in rows if "loss" in r and "dt_s" in r]
     later = steps[1:] or steps  # the first step carries compilation
@@ -111,20 +111,26 @@ def goals(parts: dict, mode: str) -> dict:
             "graphs_equal_eager_fp32": fp32.get("identical")}
 
 
-def summarize(out: Path, mode: str) -> dict:
+def read_parts(out: Path, names: tuple[str, ...], parse) -> dict:
+    """Each part's status line (status.tsv) and the figures `parse(name, log_text)` reads from its log."""
     status = {}
     for line in (out / "status.tsv").read_text().splitlines():
         name, state, rc, seconds, budget = line.split("\t")
         status[name] = {"status": state, "rc": int(rc), "seconds": int(seconds), "budget_s": int(budget)}
     parts = {}
-    for name in PARTS:
+    for name in names:
         log = out / f"{name}.log"
         entry = status.get(name, {"status": "not run", "rc": None, "seconds": None, "budget_s": None})
         try:
-            entry["result"] = globals()[name](log.read_text(errors="replace"), out) if log.exists() else {}
+            entry["result"] = parse(name, log.read_text(errors="replace")) if log.exists() else {}
         except (ValueError, KeyError, TypeError) as exc:  # a log that does not parse is a finding
             entry["result"] = {"unreadable": f"{type(exc).__name__}: {exc}"}
         parts[name] = entry
+    return parts
+
+
+def summarize(out: Path, mode: str) -> dict:
+    parts = read_parts(out, PARTS, lambda name, text: globals()[name](text, out))
     device = parts["doctor"]["result"].get("device")
     measured = parts["train_base"]["result"].get("peak_memory_bytes")
     estimated = parts["estimate"]["result"].get("training_peak_bytes")
@@ -157,12 +163,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mode", choices=("gpu", "dry-run"), default="gpu")
     args = p.parse_args(argv)
     summary = summarize(args.out, args.mode)
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    (args.out / "summary.md").write_text(markdown(summary))
-    print(markdown(summary))
+    return write_summary(args.out, summary, markdown(summary), "gpu_check")
+
+
+def write_summary(out: Path, summary: dict, text: str, tag: str) -> int:
+    """summary.json and summary.md (`text`) in `out`, the markdown printed; 1 when a part is not ok."""
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    (out / "summary.md").write_text(text)
+    print(text)
     failed = [n for n, part in summary["parts"].items() if part["status"] != "ok"]
     if failed:
-        print(f"[gpu_check] not ok: {', '.join(failed)} (see their .log files in {args.out})")
+        print(f"[{tag}] not ok: {', '.join(failed)} (see their .log files in {out})")
     return 1 if failed else 0
 
 

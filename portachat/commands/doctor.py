@@ -13,4 +13,7 @@ def register(sub) -> None:
                                    "known-bad setups with their fixes. Exit code 0 = healthy, 1 = something is wrong."))
     p.add_argument("--json", action="store_true", help=_("print the report as JSON"))
     p.add_argument("--calibrate", action="store_true", help=_("measure peak matmul FLOPS (cached) for devices not in the table"))
+    p.add_argument("--selftest", action="store_true",
+                   help=_("run every fast path this device would use beside its portable reference now, and keep "
+                          "only those that agree (verdicts are cached)"))
     p.set_defaults(func=later("doctor", "cmd_doctor"))

@@ -14,6 +14,7 @@ from portachat.device import memory as memory_mod
 from portachat.device.dist import apply_env_defaults, dist_env, env_status
 from portachat.device.errors import DeviceError
 from portachat.device.flops import PeakFlops
+from portachat.device.fused_adamw import fused_adamw_proven
 from portachat.device.fused_attention import select_backend as select_attention_backend
 from portachat.device.fused_attention import select_packed as select_packed_attention
 from portachat.device.memory import MemoryStats
@@ -97,7 +98,6 @@ class Device:
         self.attention_reason: str = d["attention"].reason
         self.packed_attention: str = d["packed_attention"].value  # policy.PACKED_ATTENTION
         self.packed_attention_reason: str = d["packed_attention"].reason
-        self.fused_optimizer: bool = bool(d["fused_optimizer"].value)
         self.fused_optimizer_reason: str = d["fused_optimizer"].reason
         self.dist_backend: str = d["collective"].value
         self.dist_reason: str = d["collective"].reason
@@ -109,6 +109,12 @@ class Device:
         # HCCL timeouts); get_device() and init_distributed() set those the user left unset.
         self.env_defaults = npu_env_defaults(facts.kind, self.dist_timeout_s)
         self._cpu_peak_floor: int | None = None
+
+    @property
+    def fused_optimizer(self) -> bool:
+        """AdamW(fused=True): where the policy allows it, and on Ascend once its self-test passed."""
+        allowed = bool(self.decisions["fused_optimizer"].value)
+        return allowed and (self.kind != "npu" or fused_adamw_proven(self))
 
     @property
     def torch_device(self) -> torch.device:
@@ -314,7 +320,7 @@ class Device:
     def newton_schulz_dtype(self) -> torch.dtype:
         """Muon's orthogonalisation dtype for tools that build optimizers outside the Trainer: bf16 on an
         accelerator computing in bf16, fp32 on the CPU (whose bf16 matmuls are slower for these shapes)."""
-        return torch.bfloat16 if self.dtype == torch.bfloat16 and self.type != "cpu" else torch.float32
+        return torch.bfloat16 if self.dtype == torch.bfloat16 and self.type not in ("cpu", "npu") else torch.float32
 
     @property
     def accumulate_dtype(self) -> torch.dtype:

@@ -51,6 +51,16 @@ def fusion_eligible(
     return attn_mask is None or attn_mask.dim() in (2, 4)
 
 
+def compressed_causal_mask(device: torch.device) -> torch.Tensor:
+    """The 2048 x 2048 upper triangle (True = masked out) Ascend's fused kernels read with a causal
+    sparse_mode, made once per device."""
+    mask = _causal_masks.get(device)
+    if mask is None:
+        ones = torch.ones(_CAUSAL_MASK_SIZE, _CAUSAL_MASK_SIZE, dtype=torch.bool, device=device)
+        mask = _causal_masks[device] = torch.triu(ones, diagonal=1)
+    return mask
+
+
 def npu_fusion(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -68,10 +78,7 @@ def npu_fusion(
     if attn_mask is not None:
         mask = ~attn_mask if attn_mask.dtype == torch.bool else attn_mask == 0
     elif is_causal:
-        mask = _causal_masks.get(q.device)
-        if mask is None:
-            ones = torch.ones(_CAUSAL_MASK_SIZE, _CAUSAL_MASK_SIZE, dtype=torch.bool, device=q.device)
-            mask = _causal_masks[q.device] = torch.triu(ones, diagonal=1)
+        mask = compressed_causal_mask(q.device)
         sparse_mode = _LEFT_UP_CAUSAL
     out = torch_npu.npu_fusion_attention(
         q,

@@ -134,6 +134,9 @@ def decode_graphs(dev: Device, requested: bool | None = None, packed: bool = Fal
         return Choice(True, _("requested"))
     if dev.kind == "cuda":
         return Choice(True, _("CUDA graphs: a decode step replays as one launch (--enforce-eager: off)"))
+    if dev.kind in ("npu", "rocm", "dcu"):  # as CUDA, once a capture replayed right here (engine/decode_graphs)
+        return Choice(True, _("{kind} graphs: a decode step replays as one launch, kept only if a replay matches "
+                              "the eager step on this device (--enforce-eager: off)").format(kind=dev.kind))
     return Choice(False, _("eager: graph capture is not verified on {kind} yet").format(kind=dev.kind))
 
 

@@ -305,8 +305,8 @@ def decide_fused_optimizer(p: ProbeResult) -> Decision:
     """Whether AdamW(fused=True) is used; otherwise foreach (multi-tensor) kernels."""
     if p.kind == "cpu":
         return Decision(False, _("CPU: foreach AdamW (fused CPU kernels bring little and are newer)"))
-    if p.kind == "npu":
-        return Decision(False, _("Ascend: foreach AdamW (fused=True is not implemented by every torch_npu)"))
+    if p.kind == "npu":  # the Device keeps it only after its self-test (device/fused_adamw.py)
+        return Decision(True, _("Ascend: fused AdamW where it matches foreach AdamW on this device (self-test)"))
     ok = p.device_type in p.fused_optimizer_devices
     return Decision(
         ok, (_("fused AdamW kernels exist for {device} in this torch") if ok

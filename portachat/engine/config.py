@@ -12,7 +12,7 @@ class EngineConfig:
     max_model_len: int | None = None  # prompt + output limit; None = the model's max_seq_len
     max_num_seqs: int = 32  # sequences decoded together
     max_num_batched_tokens: int = 1024  # tokens per step (prefill chunk budget)
-    block_size: int = 16  # tokens per KV block
+    block_size: int | None = None  # tokens per KV block; None = the device's (device/fast_path_choice.kv_block_size)
     kv_cache_gb: float | None = None  # explicit KV-cache size in GiB (wins over the fraction)
     gpu_memory_utilization: float = 0.9  # fraction of device memory the engine may fill (vLLM's rule)
     num_blocks: int | None = None  # explicit number of KV blocks (tests, tuning); wins over both above

@@ -21,10 +21,13 @@ from dataclasses import dataclass
 
 import torch
 
+from portachat.device.device import Device
+from portachat.device.fast_paths import Verdict, check
 from portachat.device.graphs import CapturedGraph, GraphCapturer
 from portachat.engine.scheduler import ScheduledSeq
 from portachat.engine.step_inputs import StepInputs
 from portachat.i18n import _
+from portachat.ops.fast_path import Check, enabled
 
 LENGTH_STEP = 256  # tokens: context buckets (a longer gather costs little next to a new capture)
 MAX_GRAPH_BATCH = 256  # larger decode batches are bound by the device, not by launches
@@ -99,6 +102,8 @@ class DecodeGraphs:
         self.logits = torch.zeros(biggest, vocab_size, dtype=torch.float32, device=device)
         self.graphs: dict[tuple[int, int], CapturedGraph] = {}
         self.active = True  # False after a failed capture: the runner's eager path from then on
+        if capturer is not None and not graphs_proven(device):  # its self-test failed: eager, said once
+            self.capturer, self.active = None, False
         if capture_now:
             self.capture_all()
 
@@ -118,6 +123,8 @@ class DecodeGraphs:
 
     def capture(self, batch: int, blocks: int) -> bool:
         """Capture one bucket over padding rows only (they touch nothing but the scratch block)."""
+        if self.capturer is None:  # graphs failed their self-test here
+            return False
         self.fill_padding(batch, blocks)
         try:
             with torch.inference_mode():  # as the runner's forward replays it: no autograd records
@@ -200,3 +207,45 @@ class DecodeGraphs:
         every_row = torch.arange(batch, device=self.device)
         inp = StepInputs(ids, positions, slots, every_row, batch, slot_index, mask[:, None, None, :], [])
         self.logits[:batch].copy_(self.forward(inp))
+
+
+def check_graph_replay(dev: Device) -> Verdict:
+    """Decode graphs' self-test: a small step (a product, a softmax, a reduction, an in-place write, as a
+    decode step has) captured once, then replayed over three new inputs copied into its static buffer,
+    beside the same step run eagerly. A replay that raises, or reads stale inputs, keeps the engine eager."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 64, generator=g).to(dev.torch_device, dev.dtype)
+    inputs = [torch.randn(8, 64, generator=g).to(dev.torch_device, dev.dtype) for _ in range(3)]
+    x = torch.zeros(8, 64, device=dev.torch_device, dtype=dev.dtype)
+    out = torch.zeros(8, 64, device=dev.torch_device, dtype=torch.float32)
+
+    def step() -> torch.Tensor:
+        out.copy_(torch.softmax((x @ w).float(), dim=-1) * 2 + x.float().sum(-1, keepdim=True))
+        return out
+
+    def replayed() -> list[torch.Tensor]:
+        with torch.inference_mode():
+            graph = GraphCapturer(dev.type).capture(step)
+            results = []
+            for inp in inputs:
+                x.copy_(inp)
+                results.append(graph.replay().clone())
+            dev.synchronize()
+            return results
+
+    def eager() -> list[torch.Tensor]:
+        results = []
+        for inp in inputs:
+            x.copy_(inp)
+            results.append(step().clone())
+        return results
+
+    return check("decode_graphs", replayed, eager, dev.dtype)
+
+
+GRAPH_CHECKS: dict[str, Check] = {"decode_graphs": check_graph_replay}
+
+
+def graphs_proven(device: torch.device) -> bool:
+    """Whether decode graphs passed their self-test on this device (run at the first engine start)."""
+    return enabled("decode_graphs", device, check_graph_replay)

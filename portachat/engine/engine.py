@@ -11,6 +11,7 @@ bookkeeping (calculator tool, detokenization, stop conditions, freeing blocks of
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import uuid
@@ -22,6 +23,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from portachat.device import Device, diagnose, get_device
+from portachat.device.fast_path_choice import kv_block_size
 from portachat.device.graphs import GraphCapturer
 from portachat.device.inference import choose_kv_cache_dtype, decode_compile, decode_graphs
 from portachat.engine.block_manager import BlockManager
@@ -61,6 +63,9 @@ class LLMEngine:
         """`runner_cls` runs the forward (portachat.engine.build picks the tensor-parallel one for a shard)."""
         self.config = config = config or EngineConfig()
         self.device = device = device or get_device()
+        if config.block_size is None:  # the device's block size (128 on Ascend)
+            block_size, _why = kv_block_size(device.kind, device.attention_backend)
+            self.config = config = dataclasses.replace(config, block_size=block_size)
         self.tokenizer = tokenizer
         cfg = model.config
         # Weights: cast in place (the engine owns a frozen model it is given).

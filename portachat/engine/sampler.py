@@ -6,7 +6,9 @@ Greedy rows (temperature 0) take the argmax of the penalised logits. Sampled row
 together by inverse CDF: one softmax and one cumulative sum over the batch, and one uniform number
 per row from that request's own CPU generator, so a seed gives the same tokens whatever else is in
 the batch. (A `multinomial` per row costs ~1 ms on a 49k vocabulary on a CPU: at 32 streams that
-was as long as the decode step itself.) Reported logprobs are the model's own (log_softmax of the
+was as long as the decode step itself.) On accelerators top-k / top-p filter the whole batch at once
+(ops/fast_ops.top_k_top_p: no host sync; Ascend's fused kernel where it passed its self-test), so a step
+waits for the device once, for the chosen ids. Reported logprobs are the model's own (log_softmax of the
 raw logits), and with top_logprobs the k likeliest tokens of that same distribution.
 """
 
@@ -14,8 +16,10 @@ from __future__ import annotations
 
 import torch
 
+from portachat.device.fast_path_choice import filters_whole_batch
 from portachat.engine.sequence import Sequence
 from portachat.engine.structured.masks import TokenMasks
+from portachat.ops import fast_ops
 
 
 def needs_penalties(seq: Sequence) -> bool:
@@ -85,10 +89,9 @@ def draw(logits: torch.Tensor, generators: list[torch.Generator | None]) -> torc
     # The first index whose cumulative mass exceeds the target: a zero-probability token adds
     # nothing to the sum, so it is never that index.
     chosen = torch.searchsorted(cdf, target, right=True).squeeze(1)
-    overflow = chosen >= probs.shape[-1]
-    if bool(overflow.any()):  # the target rounded up to the total (rare): take the likeliest token
-        chosen = torch.where(overflow, probs.argmax(dim=-1), chosen)
-    return chosen
+    # The target rounded up to the total (rare): the likeliest token. Always computed, never asked: asking
+    # would wait for the device once more per step.
+    return torch.where(chosen >= probs.shape[-1], probs.argmax(dim=-1), chosen)
 
 
 TopLogprobs = list[tuple[int, float]]  # one step's k likeliest tokens, likeliest first
@@ -118,26 +121,46 @@ def sample(
         index = torch.tensor(rows, device=logits.device)
         temperature = torch.tensor([seqs[i].params.temperature for i in rows], device=logits.device)
         scaled = work.index_select(0, index) / temperature[:, None]
-        for j, i in enumerate(rows):
-            p = seqs[i].params
-            if p.top_k > 0 or p.top_p < 1.0:
+        filtered = [j for j, i in enumerate(rows) if seqs[i].params.top_k > 0 or seqs[i].params.top_p < 1.0]
+        if filtered and filters_whole_batch(scaled.device.type):  # no host sync (Ascend's fused kernel where proven)
+            at = torch.tensor(filtered, device=scaled.device)
+            top_k = torch.tensor([seqs[rows[j]].params.top_k for j in filtered], device=scaled.device)
+            top_p = torch.tensor([seqs[rows[j]].params.top_p for j in filtered], device=scaled.device)
+            scaled = scaled.index_copy(0, at, fast_ops.top_k_top_p(scaled.index_select(0, at), top_k, top_p))
+        else:
+            for j in filtered:
+                p = seqs[rows[j]].params
                 scaled[j] = filter_top_k_top_p(scaled[j], p.top_k, p.top_p)
         chosen = chosen.index_copy(0, index, draw(scaled, [seqs[i].generator for i in rows]))
     if not want_logprobs:
         return chosen.tolist(), None, None
     all_logprobs = torch.log_softmax(logits, dim=-1)
     logprobs = all_logprobs.gather(1, chosen[:, None]).squeeze(1)
-    # One copy to the host for ids and logprobs: the fp32 logprobs travel as their bits in int64 (no float64
-    # on the device: Ascend and MPS lack it), and come back exact.
-    bits = logprobs.float().view(torch.int32).to(torch.int64)
-    both = torch.stack([chosen.to(torch.int64), bits]).cpu()
-    tops = None
+    # One copy to the host for ids and logprobs (fp32 logprobs as their bits: _bits).
+    # The top_logprobs alternatives travel in the same copy: one topk over the batch at the largest k.
     k = max(s.params.top_logprobs if s.params.logprobs else 0 for s in seqs)
-    if k > 0:  # one topk over the batch at the largest k, cut per row
+    parts = [chosen.to(torch.int64), _bits(logprobs)]
+    if k > 0:
         values, ids = torch.topk(all_logprobs, k, dim=-1)
-        values, ids = values.cpu().tolist(), ids.cpu().tolist()
+        parts += [ids.reshape(-1), _bits(values.reshape(-1))]
+    host = torch.cat(parts).cpu()
+    S = len(seqs)
+    tokens, lps = host[:S].tolist(), _floats(host[S : 2 * S])
+    tops = None
+    if k > 0:  # cut per row
+        top_ids, top_lps = host[2 * S : 2 * S + S * k].view(S, k).tolist(), _floats(host[2 * S + S * k :])
         tops = []
         for i, s in enumerate(seqs):
             row_k = s.params.top_logprobs if s.params.logprobs else 0
-            tops.append(list(zip(ids[i][:row_k], values[i][:row_k], strict=True)))
-    return both[0].tolist(), both[1].to(torch.int32).view(torch.float32).tolist(), tops
+            tops.append(list(zip(top_ids[i][:row_k], top_lps[i * k : i * k + row_k], strict=True)))
+    return tokens, lps, tops
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    """fp32 values as their bits in int64, to travel beside ids in one copy and come back exact (no float64
+    on the device: Ascend and MPS lack it)."""
+    return x.float().view(torch.int32).to(torch.int64)
+
+
+def _floats(bits: torch.Tensor) -> list[float]:
+    return bits.to(torch.int32).view(torch.float32).tolist()

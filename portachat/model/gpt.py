@@ -13,12 +13,12 @@ import math
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from portachat.model.config import GPTConfig
 from portachat.model.layer_ops import decoder_layer
 from portachat.model.loss import chunked_cross_entropy, loss_chunk_size
+from portachat.ops import fast_ops
 from portachat.ops.attention import AttentionMask, attention, packed_attention_mask
 
 
@@ -29,22 +29,15 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # As HF: normalise in fp32, cast back, then scale (the order matters for bf16 parity).
-        # The result keeps the input's dtype: under autocast fp32 weights would otherwise promote
-        # q and k to fp32 while v stays bf16, and attention would run in mixed precision.
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight * x.to(dtype)).to(dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+        # As HF: normalise in fp32, cast back, then scale, in x's dtype (ops/fast_ops.rms_norm_reference);
+        # Ascend's fused kernel where it passed its self-test.
+        return fast_ops.rms_norm(x, self.weight, self.eps)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    return x * cos + rotate_half(x) * sin
+    """Rotate-half rotary (ops/fast_ops.rotary: Ascend's fused kernel on [B, H, T, D] where it passed its
+    self-test)."""
+    return fast_ops.rotary(x, cos, sin)
 
 
 def rope_inv_freq(
@@ -156,7 +149,7 @@ class ModuleOps:
 
     def swiglu(self, gate_up: tuple[torch.Tensor, ...]) -> torch.Tensor:
         gate, up = gate_up
-        return F.silu(gate) * up
+        return fast_ops.swiglu(gate, up)
 
     def down(self, i: int, act: torch.Tensor) -> torch.Tensor:
         return self.blocks[i].mlp.down_proj(act)

@@ -20,7 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
+from portachat.device.device import Device
+from portachat.device.fast_paths import Verdict, check
 from portachat.device.fused_attention import fused_applies, npu_fusion, packed_choice
+from portachat.ops.fast_path import enabled_in_trace
 
 AttentionMask = torch.Tensor | BlockMask  # a boolean mask (True = attend) or flex_attention's block mask
 _compiled_flex = []  # torch.compile(flex_attention), made on first use: the fused kernel exists only compiled
@@ -43,7 +46,7 @@ def attention(
     enable_gqa = k.size(1) != q.size(1)
     if isinstance(attn_mask, BlockMask):
         return _flex()(q, k, v, block_mask=attn_mask, enable_gqa=enable_gqa)
-    if fused_applies(q, attn_mask):
+    if fused_applies(q, attn_mask) and enabled_in_trace("npu_fusion_attention", q.device, check_npu_fusion, False):
         return npu_fusion(q, k, v, is_causal=is_causal, attn_mask=attn_mask)
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, is_causal=is_causal, enable_gqa=enable_gqa
@@ -64,9 +67,38 @@ def _flex():
 def packed_attention_mask(positions: torch.Tensor) -> AttentionMask:
     """The mask of packed rows in the form the device layer chose for them: a `BlockMask` over document
     ids for compiled flex_attention, else `packed_causal_mask(positions)`. Built once per forward."""
-    if packed_choice() == "flex":
+    # Inside a compiled model's first trace the check cannot run: the device's choice stands until it has.
+    if packed_choice() == "flex" and enabled_in_trace("flex_attention", positions.device, check_flex, True):
         return document_block_mask(document_ids(positions))
     return packed_causal_mask(positions)
+
+
+def check_npu_fusion(dev: Device) -> Verdict:
+    """Ascend's fused attention beside SDPA (the fast path's self-test): causal, and with packed rows' mask."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 48, 64, generator=g).to(dev.torch_device, dev.dtype) for _ in range(3))
+    positions = torch.tensor([list(range(20)) + list(range(28))] * 2, device=dev.torch_device)
+    mask = packed_causal_mask(positions)
+
+    def sdpa(**kw) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, **kw)
+
+    return check("npu_fusion_attention",
+                 lambda: [npu_fusion(q, k, v, is_causal=True), npu_fusion(q, k, v, is_causal=False, attn_mask=mask)],
+                 lambda: [sdpa(is_causal=True), sdpa(attn_mask=mask)], dev.dtype)  # fmt: skip
+
+
+def check_flex(dev: Device) -> Verdict:
+    """Compiled flex_attention with the document block mask beside SDPA with the dense mask (the fast path's
+    self-test): two rows packing sequences of different lengths, grouped-query heads."""
+    g = torch.Generator().manual_seed(0)
+    positions = torch.tensor([list(range(100)) + list(range(156)), list(range(200)) + list(range(56))])
+    q, k, v = (torch.randn(2, h, 256, 64, generator=g).to(dev.torch_device, dev.dtype) for h in (4, 2, 2))
+    positions = positions.to(dev.torch_device)
+    block = document_block_mask(document_ids(positions))
+    compiled = torch.compile(flex_attention)
+    return check("flex_attention", lambda: compiled(q, k, v, block_mask=block, enable_gqa=True),
+                 lambda: attention(q, k, v, is_causal=False, attn_mask=packed_causal_mask(positions)), dev.dtype)
 
 
 def document_ids(positions: torch.Tensor) -> torch.Tensor:

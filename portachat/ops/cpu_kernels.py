@@ -31,7 +31,9 @@ from pathlib import Path
 
 import torch
 
+from portachat.device.fast_paths import Verdict, check
 from portachat.i18n import _
+from portachat.ops.fast_path import enabled
 from portachat.storage.atomic import atomic_file
 
 KERNELS = Path(__file__).parent / "kernels"
@@ -160,15 +162,50 @@ def load(path: Path) -> ctypes.CDLL:
 
 @lru_cache(maxsize=1)
 def library() -> ctypes.CDLL | None:
-    """The built kernels, or None where they are turned off or cannot be built here."""
+    """The built kernels, or None where they are turned off, cannot be built here, or failed their
+    self-test against PyTorch's products (check_library; the verdict is cached per build, the reason
+    printed once)."""
     if os.environ.get("PORTACHAT_CPU_KERNELS", "1") == "0":
         return None
     try:
-        return load(build())
+        path = build()
+        lib = load(path)
     except (OSError, RuntimeError) as e:
         reason = _("[portachat] CPU kernels unavailable, using PyTorch's: {reason}").format(reason=e)
         print(reason, file=sys.stderr)
         return None
+    return lib if enabled("cpu_kernels", "cpu", lambda _dev: check_library(lib), build=lambda: path.name) else None
+
+
+def check_library(lib: ctypes.CDLL) -> Verdict:
+    """The kernels' products (fp32 and bf16 weights; the fused norm, SwiGLU input and residual) beside
+    PyTorch's on small shapes: fp32 weights within fp32's tolerance, bf16 weights within bf16's (a CPU
+    with bf16 dot products rounds x to bf16 as well)."""
+    g = torch.Generator().manual_seed(0)
+    n, k, eps = 40, 96, 1e-6
+    x, res = torch.randn(5, k, generator=g), torch.randn(5, n, generator=g)
+    w, bias = torch.randn(n, k, generator=g) * 0.1, torch.randn(n, generator=g)
+    scale, gate_up = torch.rand(k, generator=g) + 0.5, torch.randn(5, 2 * k, generator=g)
+    wb = w.bfloat16()
+    normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    act = torch.nn.functional.silu(gate_up[:, :k]) * gate_up[:, k:]
+
+    def fp32_ours() -> list[torch.Tensor]:
+        f = SmallBatchLinear(lib, "fp32", w, n, k, in_scale=scale, bias=bias)
+        return [f(x), f(x, norm_eps=eps)]
+
+    def bf16_ours() -> list[torch.Tensor]:
+        f = SmallBatchLinear(lib, "bf16", wb, n, k)
+        return [f(x), f(gate_up, swiglu=True, residual=res)]
+
+    linear = torch.nn.functional.linear
+    verdicts = (
+        check("cpu_kernels", fp32_ours, lambda: [linear(x * scale, w, bias), linear(normed * scale, w, bias)],
+              torch.float32),
+        check("cpu_kernels", bf16_ours, lambda: [linear(x, wb.float()), linear(act, wb.float()) + res],
+              torch.bfloat16),
+    )
+    return next((v for v in verdicts if not v.ok), verdicts[0])
 
 
 def integer_products(lib: ctypes.CDLL) -> bool:

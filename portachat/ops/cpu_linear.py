@@ -23,8 +23,12 @@ from collections.abc import Callable
 
 import torch
 
+from portachat.device.device import Device
+from portachat.device.fast_paths import Verdict, check
 from portachat.device.inference import host_memory
+from portachat.i18n import _
 from portachat.ops import cpu_kernels
+from portachat.ops.fast_path import enabled
 
 
 def _mkldnn_bf16() -> bool:
@@ -38,14 +42,38 @@ def _mkl_fp32() -> bool:
     return bool(torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear"))
 
 
+def _packing_built(dtype: torch.dtype) -> bool:
+    return _mkldnn_bf16() if dtype == torch.bfloat16 else dtype == torch.float32 and _mkl_fp32()
+
+
 def packing_available(device_type: str, dtype: torch.dtype) -> bool:
-    if device_type != "cpu":
+    """Whether weights of `dtype` are packed for oneDNN / MKL here: the library has the kernel, and the
+    packed product agreed with F.linear on this CPU (check_packing; the verdict is cached)."""
+    if device_type != "cpu" or not _packing_built(dtype):
         return False
-    if dtype == torch.bfloat16:
-        return _mkldnn_bf16()
-    if dtype == torch.float32:
-        return _mkl_fp32()
-    return False
+    return enabled("cpu_packed_linear", "cpu", check_packing)
+
+
+def check_packing(dev: Device | None = None) -> Verdict:
+    """Packed products beside F.linear, on small shapes, for each dtype this CPU packs: fp32 (MKL, with an
+    RMSNorm weight folded in, at the packed batch size and another) and bf16 (oneDNN)."""
+    g = torch.Generator().manual_seed(0)
+    w, bias, scale = torch.randn(48, 96, generator=g), torch.randn(48, generator=g), torch.rand(96, generator=g) + 0.5
+    x1, x3 = torch.randn(1, 96, generator=g), torch.randn(3, 96, generator=g)
+    verdicts = []
+    if _packing_built(torch.float32):
+        fp32 = _packed(w, bias, scale, 1)
+        linear = torch.nn.functional.linear
+        verdicts.append(check("cpu_packed_linear", lambda: [fp32(x1), fp32(x3)],
+                              lambda: [linear(x1 * scale, w, bias), linear(x3 * scale, w, bias)], torch.float32))
+    if _packing_built(torch.bfloat16):
+        wb, xb = w.bfloat16(), x3.bfloat16()
+        bf16 = _packed(wb, None, None, 3)
+        verdicts.append(check("cpu_packed_linear", lambda: bf16(xb).float(), lambda: (xb.float() @ wb.float().T),
+                              torch.bfloat16))
+    if not verdicts:
+        return Verdict("cpu_packed_linear", False, _("neither MKL's fp32 nor oneDNN's bf16 packed kernels are built"))
+    return next((v for v in verdicts if not v.ok), verdicts[0])
 
 
 def kernels_available(device_type: str) -> bool:
@@ -203,19 +231,26 @@ def pack_linear(
         return RoutedLinear(small, KERNEL_ROWS[kind], _plain_linear(weight, bias, in_scale))
     if not packing_available(weight.device.type, weight.dtype):
         return _plain_linear(weight, bias, in_scale)
+    packed = _packed(weight, bias, in_scale, batch_hint)
+    if weight.dtype == torch.bfloat16 and small is not None:
+        return RoutedLinear(small, BF16_ROWS_BESIDE_ONEDNN, packed, step_rows=BF16_STEP_ROWS_BESIDE_ONEDNN)
+    return packed
+
+
+def _packed(weight: torch.Tensor, bias: torch.Tensor | None, in_scale: torch.Tensor | None,
+            batch_hint: int) -> Callable[[torch.Tensor], torch.Tensor]:  # fmt: skip
+    """F.linear(x * in_scale, weight, bias) through the weight packed once (oneDNN bf16, MKL fp32)."""
     bias = None if bias is None else bias.detach().contiguous()
     folded = (
         weight if in_scale is None else (weight.float() * in_scale.detach().float()[None, :]).to(weight.dtype)
     )
     if weight.dtype == torch.bfloat16:
-        packed = torch.ops.mkldnn._reorder_linear_weight(folded.contiguous(), batch_hint)
+        packed_bf16 = torch.ops.mkldnn._reorder_linear_weight(folded.contiguous(), batch_hint)
 
         def linear_bf16(x: torch.Tensor) -> torch.Tensor:
-            return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+            return torch.ops.mkldnn._linear_pointwise(x, packed_bf16, bias, "none", [], "")
 
-        if small is None:
-            return linear_bf16
-        return RoutedLinear(small, BF16_ROWS_BESIDE_ONEDNN, linear_bf16, step_rows=BF16_STEP_ROWS_BESIDE_ONEDNN)
+        return linear_bf16
     packed = torch.ops.mkl._mkl_reorder_linear_weight(folded.contiguous(), batch_hint)
     # MKL's packed GEMM reads only the shape of its "origin" operand when the rows equal batch_hint:
     # a zero-stride stand-in, so the folded copy is not kept alive.

@@ -5,9 +5,8 @@ a sequence's keys are the slots its block table names. The portable path gathers
 a dense tensor and multiplies: gathering along the slot axis of a head-major cache gives
 [H_kv, rows, D] blocks that the batched products read as they are, with no transposed copy of the
 keys each step. Decode rows are batched together with a padding mask; each prefill chunk runs on
-its own through SDPA, causal. Vendor fused kernels (flash-attn's block-table decode, Ascend's
-incremental attention) would plug in here, behind the same functions, so the engine never names a
-vendor. A cache may also be quantized (int8/fp8 with per-token scales, see kv_quant): the functions
+its own through SDPA, causal, or Ascend's incremental-attention kernel where it passed its self-test.
+Vendor kernels plug in here, behind the same functions, so the engine never names a vendor. A cache may also be quantized (int8/fp8 with per-token scales, see kv_quant): the functions
 take either kind, quantize on write and dequantize in the gather.
 """
 
@@ -16,9 +15,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from portachat.device import npu_kernels
+from portachat.device.device import Device
+from portachat.device.fast_paths import Verdict, check
 from portachat.device.inference import attention_compute_dtype
 from portachat.ops import kv_quant
+from portachat.ops.fast_path import enabled
 from portachat.ops.kv_quant import KVTensor, QuantizedKV
+
+_FUSED_DTYPES = (torch.float16, torch.bfloat16)  # what npu_fused_infer_attention_score takes
 
 
 def write_kv(
@@ -80,6 +85,15 @@ def prefill_attention(
     With `slot_index` None the chunk starts the sequence: causal attention over its own keys. Else
     slot_index [L] are all L keys up to the chunk's end (already written) and mask [T, L] says which
     each query sees. Returns [T, H, D]."""
+    if q.dtype in _FUSED_DTYPES and q.size(-1) % 16 == 0 and enabled(
+            "npu_fused_infer_attention_score", q.device, check_fused_infer_attention):  # fmt: skip
+        return _fused_prefill(q, k, v, k_cache, v_cache, slot_index)
+    return _sdpa_prefill(q, k, v, k_cache, v_cache, slot_index, mask)
+
+
+def _sdpa_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: KVTensor, v_cache: KVTensor,
+                  slot_index: torch.Tensor | None, mask: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+    """prefill_attention through SDPA (the portable path)."""
     qh = q.transpose(0, 1).unsqueeze(0)  # [1, H, T, D]
     if slot_index is None:
         keys, values = k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
@@ -93,6 +107,42 @@ def prefill_attention(
             qh, keys, values, attn_mask=mask, enable_gqa=keys.size(1) != q.size(1)
         )
     return out.squeeze(0).transpose(0, 1)
+
+
+def _fused_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: KVTensor, v_cache: KVTensor,
+                   slot_index: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+    """prefill_attention by Ascend's incremental-attention kernel (BSND). The mask the runner gives a
+    continued chunk is causal aligned to the chunk's end (queries start..end-1 over keys 0..end-1): the
+    kernel's bottom-right causal mode, so the mask itself is not passed."""
+    if slot_index is None:
+        keys, values = k, v
+    else:
+        keys = _gather(k_cache, slot_index, q.dtype).transpose(0, 1)  # [L, H_kv, D]
+        values = _gather(v_cache, slot_index, q.dtype).transpose(0, 1)
+    out = npu_kernels.fused_infer_attention(q[None], _as(keys, q.dtype)[None], _as(values, q.dtype)[None], causal=True)
+    return out[0]
+
+
+def check_fused_infer_attention(dev: Device) -> Verdict:
+    """The fused prefill's self-test: a first chunk (causal over itself) and a chunk of 5 tokens after 7
+    cached ones, grouped-query heads, beside the SDPA path of prefill_attention."""
+    g = torch.Generator().manual_seed(5)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g).to(dev.torch_device, dev.dtype)
+
+    q1, k1, v1, q2 = randn(9, 4, 64), randn(9, 2, 64), randn(9, 2, 64), randn(5, 4, 64)
+    cache_k, cache_v = randn(2, 12, 64), randn(2, 12, 64)
+    index = torch.arange(12, device=dev.torch_device)
+    seen = (torch.arange(12)[None] <= (7 + torch.arange(5))[:, None]).to(dev.torch_device)  # [T, L]
+    chunk_k, chunk_v = cache_k[:, -5:].transpose(0, 1), cache_v[:, -5:].transpose(0, 1)
+
+    def run(attend) -> list[torch.Tensor]:
+        return [attend(q1, k1, v1, None, None, None, None), attend(q2, chunk_k, chunk_v, cache_k, cache_v, index, seen)]
+
+    return check("npu_fused_infer_attention_score",
+                 lambda: run(lambda q, k, v, kc, vc, i, _m: _fused_prefill(q, k, v, kc, vc, i)),
+                 lambda: run(_sdpa_prefill), dev.dtype)  # fmt: skip
 
 
 def _gather(cache: KVTensor, index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -25,12 +25,16 @@ from portachat.device import (
     probe,
 )
 from portachat.device.explain import diagnose
+from portachat.device.fast_paths import Verdict, recorded_verdicts
 from portachat.device.flops import cached_peak, save_calibration, table_peak
 from portachat.device.health import Check, device_health, environment_checks, versions, visible_env
 from portachat.device.inference import measure_host_to_device
+from portachat.engine.decode_graphs import GRAPH_CHECKS
 from portachat.eval.sandbox import available_isolation
 from portachat.i18n import N_, _, gettext
 from portachat.i18n.width import display_width, ljust
+from portachat.ops.fast_path import device_candidates
+from portachat.ops.selftest import run_selftest
 from portachat.storage import hubs
 
 DECISIONS = ("dtype", "compile", "attention", "packed_attention", "collective", "fused_optimizer", "dist_timeout")
@@ -88,7 +92,7 @@ def _probe_step(name: str, fn, checks: list[Check]):
         return None
 
 
-def collect_report(calibrate: bool = False) -> dict:
+def collect_report(calibrate: bool = False, selftest: bool = False) -> dict:
     """Everything doctor knows, as a JSON-able dict; `checks` lists findings, `ok` sums them up."""
     checks: list[Check] = []
     report: dict = {
@@ -168,6 +172,7 @@ def collect_report(calibrate: bool = False) -> dict:
                     )
                 )
         report["probes"] = probes
+        report["fast_paths"] = _fast_paths(dev, selftest, checks)
     report["hubs"] = _hubs(checks)
     report["sandbox"] = _sandbox(checks)
     report["checks"] = [c.to_dict() for c in checks]
@@ -213,6 +218,28 @@ def _sandbox(checks: list[Check]) -> str:
             "none: no namespaces for model-written code here, so `portachat eval humaneval` refuses to run it "
             "unless given --allow-unsandboxed-code"), fix))
     return kind
+
+
+def _fast_paths(dev: Device, selftest: bool, checks: list[Check]) -> list[dict]:
+    """The fast paths this device would choose and their self-test verdicts: checked now with --selftest,
+    else as cached (a path never checked yet is checked at its first use)."""
+    names = device_candidates(dev)
+    if selftest:
+        verdicts = {v.name: v for v in run_selftest(dev, GRAPH_CHECKS)}
+    else:
+        verdicts = recorded_verdicts(dev.name, names)
+    rows = []
+    for name in names:
+        v: Verdict | None = verdicts.get(name)
+        state = "unchecked" if v is None else "on" if v.ok else "off"
+        reason = v.reason if v else _("not checked yet: checked at its first use, or now by `portachat doctor "
+                                      "--selftest`")
+        rows.append({"name": name, "state": state, "reason": reason})
+        if v is not None and not v.ok:
+            checks.append(Check(N_("fast path"), False, "warning", f"{name}: {v.reason}",
+                                _("the portable path runs instead (correct, slower); after a driver or library "
+                                  "update run `portachat doctor --selftest` to check it again")))
+    return rows
 
 
 def _decisions(dev: Device) -> dict:
@@ -291,6 +318,10 @@ def format_report(report: dict) -> str:
             )
         )
         section(_("Probes"), rows)
+    states = {"on": _("on"), "off": _("OFF"), "unchecked": _("unchecked")}
+    if report.get("fast_paths"):
+        section(_("Fast paths (self-tested)"),
+                [(f["name"], f"{ljust(states[f['state']], 10)} {f['reason']}") for f in report["fast_paths"]])
     hub = report.get("hubs") or {}
     if hub.get("offline"):
         section(_("Model hubs"), [("offline", _("HF_HUB_OFFLINE is set: downloads use local files only"))])
@@ -310,10 +341,12 @@ def format_report(report: dict) -> str:
     return "\n".join(out)
 
 
-def run_doctor(as_json: bool = False, calibrate: bool = False, stream: TextIO | None = None) -> int:
-    """Print the report (only rank 0 under torchrun); return 0 when healthy, 1 otherwise."""
+def run_doctor(as_json: bool = False, calibrate: bool = False, stream: TextIO | None = None,
+               selftest: bool = False) -> int:  # fmt: skip
+    """Print the report (only rank 0 under torchrun); return 0 when healthy, 1 otherwise. `selftest` checks
+    every fast path of the device again now (else the cached verdicts are shown)."""
     stream = stream or sys.stdout  # looked up per call, so redirected stdout is honoured
-    report = collect_report(calibrate=calibrate)
+    report = collect_report(calibrate=calibrate, selftest=selftest)
     dist = report.get("dist") or {}
     if dist.get("rank", 0) == 0:
         stream.write(

@@ -6,7 +6,7 @@ import time
 
 import pytest
 import torch
-from device_sim import ascend, h100, hip, mps
+from device_sim import ascend, h100, hip, mps, xpu
 
 from portachat.device import Device, MemoryStats, get_device
 from portachat.device import inference as inf
@@ -28,7 +28,7 @@ def test_compile_is_opt_in():
 
 
 def test_the_reasons_the_startup_line_shows_follow_the_language(monkeypatch):
-    monkeypatch.setattr(inf, "graphs_available", lambda device_type: device_type in ("cuda", "npu"))
+    monkeypatch.setattr(inf, "graphs_available", lambda device_type: device_type in ("cuda", "npu", "xpu"))
     monkeypatch.setenv("PORTACHAT_LANG", "zh")
     assert inf.decode_graphs(Device(h100()), requested=False).reason == "eager：按要求（--enforce-eager）"
     assert inf.choose_kv_cache_dtype(Device(h100()), torch.bfloat16, "int8").reason == (
@@ -38,7 +38,7 @@ def test_the_reasons_the_startup_line_shows_follow_the_language(monkeypatch):
 
 
 def test_decode_graphs_on_for_cuda_unless_eager_is_enforced(monkeypatch):
-    monkeypatch.setattr(inf, "graphs_available", lambda device_type: device_type in ("cuda", "npu"))
+    monkeypatch.setattr(inf, "graphs_available", lambda device_type: device_type in ("cuda", "npu", "xpu"))
     on = inf.decode_graphs(Device(h100()))
     assert on.value is True and "--enforce-eager" in on.reason
     enforced = inf.decode_graphs(Device(h100()), requested=False)
@@ -46,11 +46,14 @@ def test_decode_graphs_on_for_cuda_unless_eager_is_enforced(monkeypatch):
     assert inf.decode_graphs(Device(h100()), compiled=True).value is False  # the compiled forward runs
     sharded = inf.decode_graphs(Device(h100()), sharded=True)  # FSDP gathers weights into new memory
     assert sharded.value is False and "FSDP" in sharded.reason
-    # Unmeasured accelerators stay eager unless asked; a device without capture never gets graphs.
-    for facts in (ascend("Ascend910B", bf16=True), hip("rocm", "gfx942")):
-        off = inf.decode_graphs(Device(facts))
-        assert off.value is False and "not verified" in off.reason
-    assert inf.decode_graphs(Device(ascend("Ascend910B", bf16=True)), requested=True).value is True
+    # Ascend, ROCm and DCU capture as CUDA does, kept only where a replay matched the eager step at start-up
+    # (engine/decode_graphs.graphs_proven); other accelerators stay eager unless asked; no capture, no graphs.
+    for facts in (ascend("Ascend910B", bf16=True), hip("rocm", "gfx942"), hip("dcu", "gfx936")):
+        on = inf.decode_graphs(Device(facts))
+        assert on.value is True and "replay matches the eager step" in on.reason
+    off = inf.decode_graphs(Device(xpu()))
+    assert off.value is False and "not verified" in off.reason
+    assert inf.decode_graphs(Device(xpu()), requested=True).value is True
     assert inf.decode_graphs(Device(mps()), requested=True).value is False
 
 

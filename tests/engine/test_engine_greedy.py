@@ -122,3 +122,23 @@ def test_a_training_model_keeps_its_dtype_and_device_policy_casts_a_frozen_one(c
         frozen, chat_tokenizer, EngineConfig(num_blocks=16, block_size=16), device=get_device("cpu")
     )
     assert frozen.lm_head.weight.dtype == engine.dtype == inference_dtype(get_device("cpu")).value
+
+
+def test_the_kv_block_size_is_the_devices_unless_given(chat_tokenizer):
+    """128-token blocks on Ascend (its paged kernels' layout), 64 on a DCU with flash attention, 16 elsewhere;
+    an explicit block_size wins."""
+    from engine_testing import tiny_model
+
+    from portachat.device import get_device
+    from portachat.device.fast_path_choice import kv_block_size
+    from portachat.engine import EngineConfig, LLMEngine
+
+    assert kv_block_size("npu", "npu_fusion_attention")[0] == 128
+    assert kv_block_size("dcu", "flash_attn")[0] == 64 and kv_block_size("dcu", "sdpa")[0] == 16
+    assert kv_block_size("cuda", "sdpa")[0] == kv_block_size("cpu", "sdpa")[0] == 16
+    model = tiny_model(chat_tokenizer.vocab_size)
+    auto = LLMEngine(model, chat_tokenizer, EngineConfig(num_blocks=64, dtype="fp32"), device=get_device("cpu"))
+    assert auto.config.block_size == auto.blocks.block_size == auto.runner.block_size == 16
+    given = LLMEngine(model, chat_tokenizer, EngineConfig(num_blocks=64, block_size=8, dtype="fp32"),
+                      device=get_device("cpu"))  # fmt: skip
+    assert given.blocks.block_size == 8

@@ -4,7 +4,9 @@ the nucleus equals the one a full sort finds, and a row's draw depends only on i
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from portachat.engine import sampler
 from portachat.engine.detokenizer import Detokenizer
 from portachat.engine.sampler import draw, filter_top_k_top_p, sample
 from portachat.engine.sequence import Sequence
@@ -87,3 +89,29 @@ def test_logit_bias_moves_greedy_and_sampled_rows_but_not_the_reported_logprobs(
         tokens, logprobs, _ = sample(logits, seqs)
         assert tokens[0] == weakest and tokens[1] != int(logits[1].argmax())
     assert logprobs[0] == float(torch.log_softmax(logits[0], dim=-1)[weakest])
+
+
+class _CountScalarReads(TorchDispatchMode):
+    """Counts reads of one value to the host (.item(), float(), bool()): on an accelerator each waits for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.reads += func is torch.ops.aten._local_scalar_dense.default
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_whole_batch_filter_draws_the_same_tokens_without_waiting_per_row(monkeypatch):
+    """The accelerators' path (top-k / top-p over the whole batch on the device) gives the tokens the
+    row-by-row path gives, and reads nothing back but each row's uniform number from its CPU generator."""
+    logits = torch.randn(6, 300, generator=torch.Generator().manual_seed(1)) * 3
+    params = [SamplingParams(temperature=0.8, top_k=k, top_p=p, seed=i)
+              for i, (k, p) in enumerate([(0, 0.9), (5, 1.0), (40, 0.5), (0, 1.0), (300, 0.7), (3, 0.2)])]  # fmt: skip
+    per_row, _, _ = sample(logits, [seq_with(p, i) for i, p in enumerate(params)])
+    monkeypatch.setattr(sampler, "filters_whole_batch", lambda device_type: True)
+    with _CountScalarReads() as counter:
+        batched, _, _ = sample(logits, [seq_with(p, i) for i, p in enumerate(params)])
+    assert batched == per_row
+    assert counter.reads == len(params)  # the draws' uniforms only: no read per filtered row, none for overflow

@@ -18,6 +18,7 @@ from portachat.device.memory import MemoryStats
 from portachat.engine import EngineConfig, SamplingParams
 from portachat.engine.decode_graphs import DecodeGraphs, block_buckets, padded_blocks
 from portachat.engine.startup_memory import profiled_kv_budget
+from portachat.ops.fast_path import set_enabled
 
 GiB = 2**30
 
@@ -81,7 +82,9 @@ def _lock_is_held_by_us() -> bool:
 def fake_cuda(monkeypatch) -> FakeGraphs:
     fake = FakeGraphs()
     monkeypatch.setattr(graphs_mod, "device_module", lambda t: fake if t == "cuda" else None)
-    return fake
+    set_enabled("decode_graphs", "cpu", True)  # as if the self-test passed: this fake records, it does not replay
+    yield fake
+    set_enabled("decode_graphs", "cpu", None)
 
 
 def test_every_bucket_is_captured_when_the_engine_starts_under_the_lock_in_thread_local_mode(
@@ -202,7 +205,7 @@ def test_no_profile_where_the_allocator_keeps_no_peak(chat_tokenizer):
     model = tiny_model(300, seed=3)
     calls = []
     model.lm_head.register_forward_hook(lambda *_a: calls.append(1) and None)
-    choice = profiled_kv_budget(dev, model, EngineConfig(), 256, torch.float32, torch.float32, 100 * GiB)
+    choice = profiled_kv_budget(dev, model, EngineConfig(block_size=16), 256, torch.float32, torch.float32, 100 * GiB)
     assert calls == [] and choice.value == int(0.9 * 80 * GiB) - 10 * GiB
 
 

@@ -13,6 +13,7 @@ from portachat.device.fused_attention import packed_choice, select_packed
 from portachat.model import GPT
 from portachat.model.loss import chunked_cross_entropy, loss_chunk_size
 from portachat.ops import attention as attention_ops
+from portachat.ops.fast_path import set_enabled
 
 
 def _whole_logits_loss(model: GPT, idx, targets, weights=None, reduction="sum"):
@@ -181,9 +182,11 @@ def test_packed_losses_are_the_same_through_flex_attention(monkeypatch):
         dense = model(ids, targets, loss_reduction="none", positions=positions)[0]
         try:
             select_packed("flex")
+            set_enabled("flex_attention", "cpu", True)  # as if its self-test passed here
             flex = model(ids, targets, loss_reduction="none", positions=positions)[0]
         finally:
             select_packed(before)
+            set_enabled("flex_attention", "cpu", None)
     assert calls == ["BlockMask"] * model.config.n_layer
     torch.testing.assert_close(flex, dense, atol=1e-5, rtol=1e-5)
 

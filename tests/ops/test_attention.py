@@ -26,6 +26,7 @@ from portachat.ops.attention import (
     packed_attention_mask,
     packed_causal_mask,
 )
+from portachat.ops.fast_path import set_enabled
 
 EAGER_FLEX = "ignore:flex_attention called without torch.compile"  # the reference path, on purpose
 
@@ -155,11 +156,16 @@ def test_packed_rows_get_their_mask_in_the_form_the_device_layer_chose():
     before = packed_choice()
     try:
         select_packed("flex")
+        set_enabled("flex_attention", "cpu", True)  # as if its self-test passed here (it runs where flex is chosen)
         block = packed_attention_mask(positions)
         assert isinstance(block, BlockMask) and block.shape == (2, 1, 150, 150)
         assert attention_ops._flex() is not flex_attention  # compiled where chosen (compiling waits for a call)
         select_packed("dense_mask")
         assert torch.equal(packed_attention_mask(positions), packed_causal_mask(positions))
         assert attention_ops._flex() is flex_attention  # a hand-built BlockMask elsewhere: the eager reference
+        select_packed("flex")
+        set_enabled("flex_attention", "cpu", False)  # its self-test failed: the dense mask, whatever was chosen
+        assert torch.equal(packed_attention_mask(positions), packed_causal_mask(positions))
     finally:
         select_packed(before)
+        set_enabled("flex_attention", "cpu", None)

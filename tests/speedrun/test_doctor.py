@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 from portachat.device import reset_device_cache
 from portachat.speedrun.doctor import collect_report, format_report, run_doctor
 
@@ -91,3 +93,29 @@ def test_exit_code_in_a_fresh_process(tmp_path):
     )
     assert done.returncode == 1
     assert json.loads(done.stdout)["ok"] is False
+
+
+def test_selftest_checks_the_fast_paths_and_the_report_keeps_showing_them(monkeypatch, tmp_path):
+    from portachat.device import fast_paths
+    from portachat.ops import cpu_linear, fast_path
+
+    _clean(monkeypatch, tmp_path)
+    fast_paths.forget()
+    fast_path.forget_all()
+    real = cpu_linear._packed
+    monkeypatch.setattr(cpu_linear, "_packed", lambda w, b, s, n: real(w * 2, b, s, n))  # a wrong packed product
+    before = collect_report()
+    assert {f["name"]: f["state"] for f in before["fast_paths"]} == {"cpu_kernels": "unchecked",
+                                                                      "cpu_packed_linear": "unchecked"}
+    out = io.StringIO()
+    assert run_doctor(as_json=True, stream=out, selftest=True) == 0  # an off fast path is a warning, not a failure
+    report = json.loads(out.getvalue())
+    states = {f["name"]: f for f in report["fast_paths"]}
+    if cpu_linear._packing_built(torch.float32) or cpu_linear._packing_built(torch.bfloat16):
+        assert states["cpu_packed_linear"]["state"] == "off" and "disagrees" in states["cpu_packed_linear"]["reason"]
+        assert any(c["name"] == "fast path" and not c["ok"] and c["severity"] == "warning" for c in report["checks"])
+    fast_paths.forget()
+    fast_path.forget_all()
+    later = collect_report()  # another process: the cached verdicts, not checked again
+    assert [f["state"] for f in later["fast_paths"]] == [states[f["name"]]["state"] for f in later["fast_paths"]]
+    assert "Fast paths (self-tested)" in format_report(later)

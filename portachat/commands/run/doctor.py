@@ -10,4 +10,4 @@ from portachat.speedrun.doctor import run_doctor
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    return run_doctor(as_json=args.json, calibrate=args.calibrate)
+    return run_doctor(as_json=args.json, calibrate=args.calibrate, selftest=args.selftest)
