@@ -16,7 +16,8 @@ from torch.distributed.tensor import DTensor
 
 from portachat.device import Device
 from portachat.device.graphs import GraphCapturer
-from portachat.device.inference import Choice, decode_graphs, kv_cache_budget, profiles_kv_budget
+from portachat.device.inference import decode_graphs, kv_cache_budget, profiles_kv_budget
+from portachat.device.policy import Decision
 from portachat.engine.config import EngineConfig
 from portachat.engine.decode_graphs import DecodeGraphs
 from portachat.engine.runner import ModelRunner
@@ -26,7 +27,7 @@ from portachat.model.gpt import GPT
 
 
 def profiled_kv_budget(dev: Device, model: GPT, config: EngineConfig, max_model_len: int, dtype: torch.dtype,
-                       kv_dtype: torch.dtype, wanted_bytes: int) -> Choice:  # fmt: skip
+                       kv_dtype: torch.dtype, wanted_bytes: int) -> Decision:  # fmt: skip
     """Bytes for the KV cache, measured after the start-up profile (see the module's docstring)."""
     util = config.gpu_memory_utilization
     sharded = any(isinstance(p, DTensor) for p in model.parameters())

@@ -8,7 +8,8 @@ import types
 import pytest
 import torch
 
-from portachat.device import DeviceError, get_device, probe
+from portachat.device import DeviceError, get_device
+from portachat.device.probe import probe
 
 
 def test_probe_cpu_here():
