@@ -435,7 +435,7 @@ def get_device(kind: str | None = None, dtype: str | None = None, compile: bool 
         if key not in _CACHE:
             timeout_s = float(decide_dist_timeout(dist_timeout).value)
             facts = probe(kind, lambda device_type: apply_env_defaults(npu_env_defaults(device_type, timeout_s)),
-                          local_rank=local_rank if replica is None else replica)
+                          local_rank=local_rank)
             index = device_index(local_rank, facts) if replica is None else replica_index(replica, facts)
             dev = Device(facts, index=index, dtype=dtype, compile=compile, attention=attention,
                          dist_timeout=dist_timeout)

@@ -253,13 +253,14 @@ def _dtk_version(env: dict[str, str]) -> str | None:
 
 
 def _fill_device_facts(res: ProbeResult, local_rank: int = 0) -> None:
-    """Count, names, memory, capability. This rank's device is made current first: on Ascend the first
-    query of a card opens a runtime context on it, so every rank would otherwise open one on card 0 (and
-    an NPU rank queries only its own card; Ascend hosts hold one model of card)."""
+    """Count, names, memory, capability. On Ascend the first query of a card opens a runtime context on
+    it, so an NPU rank makes its own card current first and queries only that one (every rank would
+    otherwise open a context on card 0; an Ascend host holds one model of card). CUDA's property
+    queries open no context."""
     mod = device_module(res.device_type)
     res.count = int(mod.device_count())
     index = local_rank if 0 <= local_rank < res.count and res.count > 1 else 0
-    if res.count and hasattr(mod, "set_device"):
+    if res.device_type == "npu" and res.count:
         mod.set_device(index)
     queried = (index,) if res.device_type == "npu" else range(res.count)
     for i in queried:

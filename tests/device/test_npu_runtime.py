@@ -127,3 +127,29 @@ def test_process_group_gets_the_device_timeout_and_hccl_settings(fake_npu, monke
     assert hccl_exec == "5400"
     init_distributed(dev, timeout_s=120)  # an explicit timeout (doctor's probe) still wins
     assert calls[1][0]["timeout"] == timedelta(seconds=120)
+
+
+def test_each_rank_sets_its_own_card_before_any_card_is_queried(monkeypatch):
+    """On Ascend the first query of a card opens a context on it: rank 3 must touch card 3 only."""
+    calls: list[tuple[str, int]] = []
+    npu = types.ModuleType("torch.npu")
+    npu.is_available = lambda: True
+    npu.device_count = lambda: 8
+    npu.set_device = lambda i: calls.append(("set_device", i))
+
+    def properties(i):
+        calls.append(("properties", i))
+        return types.SimpleNamespace(name="Ascend910B3", total_memory=64 * 2**30)
+
+    npu.get_device_properties = properties
+    npu.is_bf16_supported = lambda: calls.append(("is_bf16_supported", -1)) or True
+    monkeypatch.setattr(torch, "npu", npu, raising=False)
+    monkeypatch.setitem(sys.modules, "torch_npu", types.ModuleType("torch_npu"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("PORTACHAT_DEVICE", "npu")
+    for var, value in {"RANK": "3", "LOCAL_RANK": "3", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8"}.items():
+        monkeypatch.setenv(var, value)
+    dev = get_device()
+    assert calls[0] == ("set_device", 3)
+    assert {i for what, i in calls if what == "properties"} == {3}
+    assert dev.index == 3 and dev.count == 8 and dev.name == "Ascend910B3"

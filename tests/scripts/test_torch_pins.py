@@ -109,3 +109,17 @@ def test_setup_holds_the_installed_build(tmp_path):
     done = _cli("--python", sys.executable, "--pin-installed", str(pins))
     assert done.returncode == 0, done.stderr
     assert f"holding torch=={importlib.metadata.version('torch')}" in done.stderr
+
+
+@pytest.mark.parametrize(("cann", "torch_version", "torch_npu"), [
+    ("8.2.RC1", "2.6.0", "2.6.0"), ("8.3.RC1", "2.8.0", "2.8.0"), ("8.5.0", "2.9.0", "2.9.0"),
+    ("9.0.0", "2.10.0", "2.10.0"), ("9.1.0", "2.12.0", "2.12.0"),
+])
+def test_910b_hosts_on_cann_8_2_and_8_3_can_install(cann, torch_version, torch_npu):
+    """The floor in pyproject.toml is what the code needs, so CANN 8.2/8.3 hosts (torch_npu 2.6 / 2.7.1 / 2.8)
+    get a pair instead of a stop; newer CANN still get their newest torch."""
+    choice = choose_torch.ascend_choice(cann, choose_torch.torch_floor(str(ROOT)))
+    assert (choice.torch, choice.torch_npu) == (torch_version, torch_npu)
+    plan = choose_torch.Plan("ascend")
+    choose_torch.plan_ascend(plan, cann)
+    assert plan.stop is None and any(f"torch=={torch_version}" in " ".join(args) for args in plan.installs)
