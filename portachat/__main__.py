@@ -2,7 +2,7 @@
 
 from portachat.device.early_env import apply_early_defaults
 
-apply_early_defaults()  # before anything imports torch: torch autoloads torch_npu, which reads them then
+apply_early_defaults()  # before anything imports torch: the vendor runtime torch autoloads reads them then
 
 from portachat.cli import main  # noqa: E402
 

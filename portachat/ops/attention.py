@@ -52,7 +52,7 @@ def sdpa(
 ) -> torch.Tensor:
     """torch's SDPA on [B, H, T, D] with grouped kv heads taken the way the device layer chose for the
     tensors' device type (policy.decide_gqa): SDPA's enable_gqa, or the kv heads repeated to the query
-    heads first where the backend lacks it (torch_npu; torch < 2.5)."""
+    heads first where the backend lacks it."""
     groups = q.size(1) // k.size(1)
     if groups == 1:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)

@@ -130,7 +130,9 @@ def test_the_producer_thread_sets_its_ranks_device_before_pinning():
     """A new thread's current device is card 0: pinning there would open a context on card 0 for every rank."""
     events = []
 
-    class RankDevice:  # a Device's two calls the producer makes, recording the thread they run on
+    class RankDevice:  # the Device calls the producer makes, recording the thread they run on
+        torch_device = torch.device("cpu")
+
         def set_current(self):
             events.append(("set_current", threading.current_thread().name))
 
