@@ -11,6 +11,8 @@ profiled step's activations (vLLM's profile run). The CPU's budget is a share of
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch.distributed.tensor import DTensor
 
@@ -38,9 +40,8 @@ def profiled_kv_budget(dev: Device, model: GPT, config: EngineConfig, max_model_
     choice = kv_cache_budget(dev, util, wanted_bytes, transient)  # with the captured graph's pool in use
     del captured  # the engine's own capture takes as much again once its cache exists
     dev.empty_cache()  # hand the trial pool back before the cache is allocated
-    choice.reason += _(" (after a profile step of {seqs} x {tokens} tokens)").format(
-        seqs=config.max_num_seqs, tokens=max_model_len)
-    return choice
+    return replace(choice, reason=choice.reason + _(" (after a profile step of {seqs} x {tokens} tokens)").format(
+        seqs=config.max_num_seqs, tokens=max_model_len))
 
 
 def profile_largest_step(dev: Device, model: GPT, config: EngineConfig, max_model_len: int, dtype: torch.dtype,
