@@ -35,7 +35,7 @@ class CompileFallback(torch.nn.Module):
         try:
             out = self.compiled(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - any compiler failure: the eager model still trains
-            self.failed = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            self.failed = _reason(exc)
             self.say("[portachat] " + _("torch.compile failed at the first step ({error}); training continues "
                                         "eagerly (set PORTACHAT_COMPILE=0 to skip compiling)").format(
                 error=self.failed))
@@ -43,6 +43,15 @@ class CompileFallback(torch.nn.Module):
             return self.eager(*args, **kwargs)
         self._proven = True
         return out
+
+
+def _reason(exc: BaseException) -> str:
+    """The compiler's own error, on one line: torch wraps it (BackendCompilerFailed, InductorError)."""
+    inner = getattr(exc, "inner_exception", None) or exc
+    while inner.__cause__ is not None:
+        inner = inner.__cause__
+    lines = [line for line in str(inner).splitlines() if line.strip()]
+    return f"{type(inner).__name__}: {lines[0].strip() if lines else ''}"
 
 
 def compile_or_eager(model: torch.nn.Module, backend: str | Callable, say: Callable[[str], None]) -> torch.nn.Module:

@@ -9,8 +9,17 @@ import torch
 from test_trainer import _setup
 
 from portachat.device import dist_env, get_device
+from portachat.tokenizer import train_tokenizer
 from portachat.train.compile_fallback import CompileFallback
 from portachat.train.trainer import train
+
+
+@pytest.fixture(scope="module")
+def small_tokenizer():
+    """A tokenizer from text made here (the trainer's tests use Shakespeare; this one needs only a vocabulary)."""
+    words = ("the", "model", "trains", "on", "any", "device", "eagerly", "when", "compiling", "fails")
+    lines = [" ".join(words[(i * j) % len(words)] for j in range(1, 9)) for i in range(400)]
+    return train_tokenizer(lines, vocab_size=384)
 
 
 def _broken_backend(gm, example_inputs):
@@ -25,8 +34,9 @@ def test_first_step_compile_failure_trains_on_eagerly_with_the_same_loss(small_t
     model, data, tc = _setup(small_tokenizer, steps=3)
     train(model, small_tokenizer, data, tc, get_device("cpu", compile=False), dist_env(), tmp_path / "eager",
           print_fn=lambda _: None)
-    dev = get_device("cpu", compile=True)
-    monkeypatch.setattr(dev, "compile_backend", _broken_backend)  # the policy chose to compile; the compiler fails
+    dev = get_device("cpu", compile=True)  # the policy chose to compile; the compiler then fails
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: real_compile(model, backend=_broken_backend))
     model, data, tc = _setup(small_tokenizer, steps=3)
     lines: list[str] = []
     train(model, small_tokenizer, data, tc, dev, dist_env(), tmp_path / "fallback", print_fn=lines.append)
