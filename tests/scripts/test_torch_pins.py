@@ -29,7 +29,8 @@ def test_ascend_table_is_newest_first():
 
 
 def test_floor_comes_from_pyproject():
-    assert choose_torch.torch_floor(str(ROOT)) == "2.9"
+    assert choose_torch.torch_floor(str(ROOT)) == "2.6"
+    assert choose_torch.oldest_cann_for("2.6") == "8.2.RC1"
     assert choose_torch.oldest_cann_for("2.9") == "8.5.0"
     assert choose_torch.oldest_cann_for("2.11") == "9.1.0"
 
@@ -99,7 +100,7 @@ def test_setup_writes_the_plan_pins_before_installing(tmp_path):
     assert done.returncode == 0, done.stderr
     assert [line for line in pins.read_text().splitlines() if not line.startswith("#")] == \
         ["torch==2.10.0", "torch_npu==2.10.0"]
-    info.write_text("version=8.3.RC1\n")  # a stop writes nothing
+    info.write_text("version=8.1.RC1\n")  # a stop (its newest torch, 2.5.1, is below the floor) writes nothing
     pins.unlink()
     assert _cli("--root", str(root), "--pins-file", str(pins), env=env).returncode == 2 and not pins.exists()
 
