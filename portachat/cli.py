@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from portachat.commands import register_all
 from portachat.commands.common import EPILOG, int_at_least
+from portachat.device.early_env import apply_early_defaults
 from portachat.i18n import _, gettext
 from portachat.i18n.argparse_messages import HelpFormatter, translate_argparse
 
@@ -62,6 +63,7 @@ def _report_error(exc: BaseException, debug: bool) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    apply_early_defaults()  # first: the NPU runtime's settings must be in place before torch is imported
     parser = build_parser()
     args = parser.parse_args(argv)
     debug = args.debug or os.environ.get("PORTACHAT_DEBUG") == "1"

@@ -52,6 +52,12 @@ class PrefetchStream:
 
     # --- producer ---------------------------------------------------------------------------------
     def _produce(self) -> None:
+        try:  # a new thread starts on device 0: pin for this rank's device, not card 0's
+            if self.device is not None:
+                self.device.set_current()
+        except BaseException as e:  # handed to the consumer, raised there
+            self._queue.put(_End(e))
+            return
         while not self._stop.is_set():
             try:
                 inputs, targets = self.stream.next_batch()

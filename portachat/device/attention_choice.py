@@ -12,9 +12,6 @@ and ROCm builds have the choice; elsewhere (CPU, NPU, XPU, MPS) there is nothing
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +21,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from portachat.device.device import Device
+from portachat.device.json_cache import merge_json_entry, read_json
 from portachat.device.policy import Decision
 from portachat.i18n import _
 from portachat.storage.paths import portachat_home
@@ -51,23 +49,12 @@ def cache_key(dev: Device, shape: tuple[int, int, int, int, int], dtype: torch.d
 
 
 def _load() -> dict:
-    try:
-        data = json.loads(cache_path().read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return read_json(cache_path())
 
 
 def _save(key: str, entry: dict) -> None:
-    """Merge one entry; written atomically so concurrent ranks never read half a file."""
-    path = cache_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = _load()
-    data[key] = entry
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".attention.", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-    os.replace(tmp, path)
+    """Merge one entry (locked and atomic: ranks share the file)."""
+    merge_json_entry(cache_path(), key, entry)
 
 
 def device_timer(dev: Device, reps: int = 3) -> Timer:

@@ -8,18 +8,17 @@ import threading
 import time
 
 import torch
+from torch.profiler import ProfilerActivity
 
 from portachat.device import flops as flops_mod
 from portachat.device import memory as memory_mod
-from portachat.device.dist import apply_env_defaults, dist_env, env_status
+from portachat.device.early_env import DIST_TIMEOUT_ENV, apply_env_defaults, env_status, npu_env_defaults
 from portachat.device.errors import DeviceError
 from portachat.device.flops import PeakFlops
 from portachat.device.fused_adamw import fused_adamw_proven
-from portachat.device.fused_attention import select_backend as select_attention_backend
-from portachat.device.fused_attention import select_packed as select_packed_attention
+from portachat.device.fused_attention import KernelChoice, use_kernels
 from portachat.device.memory import MemoryStats
 from portachat.device.policy import (
-    DIST_TIMEOUT_ENV,
     DTYPES,
     Decision,
     bf16_support,
@@ -30,12 +29,13 @@ from portachat.device.policy import (
     decide_dist_timeout,
     decide_dtype,
     decide_fused_optimizer,
+    decide_gqa,
     decide_packed_attention,
     decide_tf32,
     fp8_support,
-    npu_env_defaults,
 )
 from portachat.device.probe import KINDS, TORCH_TYPE, ProbeResult, device_module, probe
+from portachat.device.ranks import dist_env
 from portachat.device.telemetry import Telemetry, read_telemetry
 from portachat.i18n import _
 
@@ -80,6 +80,7 @@ class Device:
             "fused_optimizer": decide_fused_optimizer(facts),
             "dist_timeout": decide_dist_timeout(dist_timeout),
             "tf32": decide_tf32(facts),
+            "gqa": decide_gqa(facts),
         }
         d = self.decisions
         d["packed_attention"] = decide_packed_attention(facts, d["attention"], d["compile"], attention)
@@ -105,6 +106,7 @@ class Device:
         self.dist_timeout_s: float = float(d["dist_timeout"].value)
         self.tf32: bool = bool(d["tf32"].value)
         self.tf32_reason: str = d["tf32"].reason
+        self.gqa: str = d["gqa"].value  # "native" (SDPA enable_gqa) or "repeat_kv"
         # Runtime settings the vendor's stack reads from the environment (Ascend: allocator, task queue,
         # HCCL timeouts); get_device() and init_distributed() set those the user left unset.
         self.env_defaults = npu_env_defaults(facts.kind, self.dist_timeout_s)
@@ -123,6 +125,11 @@ class Device:
 
     def __repr__(self) -> str:
         return f"Device({self.kind}:{self.index} {self.name!r}, dtype={self.dtype_name}, compile={self.compile_backend})"
+
+    @property
+    def kernel_choice(self) -> KernelChoice:
+        """The attention kernels this device's tensors run (handed to the ops by get_device())."""
+        return KernelChoice(attention=self.attention_backend, packed=self.packed_attention, gqa=self.gqa)
 
     @property
     def warnings(self) -> list[str]:
@@ -228,8 +235,6 @@ class Device:
     # --- monitoring ------------------------------------------------------------------------------
     def profiler_activities(self) -> list:
         """torch.profiler activities that record this device's kernels (CPU always)."""
-        from torch.profiler import ProfilerActivity
-
         activities = [ProfilerActivity.CPU]
         device_activity = {"cuda": "CUDA", "xpu": "XPU", "mps": "MPS", "npu": "PrivateUse1"}.get(self.type)
         if device_activity and hasattr(ProfilerActivity, device_activity):
@@ -360,6 +365,8 @@ class Device:
             "fused_optimizer_reason": self.fused_optimizer_reason,
             "tf32": self.tf32,
             "tf32_reason": self.tf32_reason,
+            "gqa": self.gqa,
+            "gqa_reason": self.decisions["gqa"].reason,
             "dist_backend": self.dist_backend,
             "dist_reason": self.dist_reason,
             "supports_distributed": self.supports_distributed,
@@ -433,16 +440,18 @@ def get_device(kind: str | None = None, dtype: str | None = None, compile: bool 
     with _LOCK:
         if key not in _CACHE:
             timeout_s = float(decide_dist_timeout(dist_timeout).value)
-            facts = probe(kind, lambda device_type: apply_env_defaults(npu_env_defaults(device_type, timeout_s)))
+            facts = probe(kind, lambda device_type: apply_env_defaults(npu_env_defaults(device_type, timeout_s)),
+                          local_rank=local_rank)
             index = device_index(local_rank, facts) if replica is None else replica_index(replica, facts)
-            _CACHE[key] = Device(facts, index=index, dtype=dtype, compile=compile, attention=attention,
-                                 dist_timeout=dist_timeout)
-            apply_env_defaults(_CACHE[key].env_defaults)  # before the first tensor reaches the device
-            _CACHE[key].apply_math_settings()
-        dev = _CACHE[key]
-        select_attention_backend(dev.attention_backend)
-        select_packed_attention(dev.packed_attention)
-        return dev
+            dev = Device(facts, index=index, dtype=dtype, compile=compile, attention=attention,
+                         dist_timeout=dist_timeout)
+            apply_env_defaults(dev.env_defaults)  # before the first tensor reaches the device
+            dev.apply_math_settings()
+            # Once, when built, and for its own device type only: asking for another device (the CPU
+            # for host-side work) never changes what this process's accelerator tensors run.
+            use_kernels(dev.type, dev.kernel_choice)
+            _CACHE[key] = dev
+        return _CACHE[key]
 
 
 def device_index(local_rank: int, facts: ProbeResult) -> int:

@@ -5,92 +5,22 @@ from __future__ import annotations
 import os
 import socket
 import tempfile
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
-from portachat.device.errors import DeviceError
-from portachat.device.policy import EnvDefault
+import torch.distributed as dist
+
+from portachat.device.device import Device
+from portachat.device.early_env import apply_env_defaults
+from portachat.device.errors import DeviceError, diagnose
 from portachat.device.probe import device_module
+from portachat.device.ranks import DistEnv, dist_env
 from portachat.i18n import _
-
-if TYPE_CHECKING:
-    from portachat.device.device import Device
 
 # Backends whose init_process_group accepts device_id= (binds the rank to its device, eager NCCL init).
 DEVICE_ID_BACKENDS = ("nccl", "xccl")
 # The variable that pins a backend's own sockets (gloo's pair listeners, NCCL's bootstrap) to one
 # interface; without it they bind the address the host name resolves to, often a LAN one.
 INTERFACE_VARS = {"gloo": "GLOO_SOCKET_IFNAME", "nccl": "NCCL_SOCKET_IFNAME"}
-
-
-_SET_BY_US: set[str] = set()  # the variables apply_env_defaults() set (the rest were the user's)
-
-
-def apply_env_defaults(defaults: tuple[EnvDefault, ...], environ: dict[str, str] | None = None) -> list[dict]:
-    """Set each default the user has not set (before the runtime reads it: first device use, process-group
-    init); returns env_status()."""
-    environ = os.environ if environ is None else environ
-    for d in defaults:
-        if d.name not in environ:
-            environ[d.name] = d.value
-            _SET_BY_US.add(d.name)
-    return env_status(defaults, environ)
-
-
-def env_status(defaults: tuple[EnvDefault, ...], environ: dict[str, str] | None = None) -> list[dict]:
-    """Each default as it stands: the value in effect, and whether it is portachat's, the user's, or unset."""
-    environ = os.environ if environ is None else environ
-    status = []
-    for d in defaults:
-        value = environ.get(d.name)
-        source = "unset" if value is None else "portachat" if d.name in _SET_BY_US and value == d.value else "user"
-        status.append({"name": d.name, "value": value, "source": source, "default": d.value, "reason": d.reason})
-    return status
-
-
-@dataclass
-class DistEnv:
-    rank: int
-    local_rank: int
-    world_size: int
-    local_world_size: int
-
-    @property
-    def is_distributed(self) -> bool:
-        return self.world_size > 1
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-def _int_env(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise DeviceError(
-            _("environment variable {name}={value} must be an integer (torchrun sets it)").format(
-                name=name, value=repr(raw))
-        ) from None
-
-
-def dist_env() -> DistEnv:
-    """Rank layout from RANK / LOCAL_RANK / WORLD_SIZE / LOCAL_WORLD_SIZE; a single process when unset."""
-    world = _int_env("WORLD_SIZE", 1)
-    rank = _int_env("RANK", 0)
-    local_rank = _int_env("LOCAL_RANK", 0)
-    local_world = _int_env("LOCAL_WORLD_SIZE", world)
-    if world < 1 or not 0 <= rank < world or not 0 <= local_rank < max(local_world, 1):
-        raise DeviceError(
-            _("inconsistent torchrun environment: RANK={rank} LOCAL_RANK={local_rank} WORLD_SIZE={world} "
-              "LOCAL_WORLD_SIZE={local_world}; launch with torchrun or unset these variables.").format(
-                rank=rank, local_rank=local_rank, world=world, local_world=local_world)
-        )
-    return DistEnv(rank=rank, local_rank=local_rank, world_size=world, local_world_size=local_world)
 
 
 def shard_device_index(replica: int, rank: int, tensor_parallel_size: int) -> int:
@@ -110,8 +40,6 @@ def private_store(world_size: int, directory: str | None = None, timeout_s: floa
     enter (made with mode 0700 when `directory` is None; one given must be this user's and 0700).
     For process groups whose ranks all run on this machine as this user (tensor-parallel workers).
     Returns (store, directory); the caller removes the directory when the group is gone."""
-    import torch.distributed as dist
-
     if directory is None:
         directory = tempfile.mkdtemp(prefix="portachat-store-")  # 0700
     info = os.stat(directory)
@@ -141,8 +69,6 @@ def init_distributed(dev: Device, timeout_s: float | None = None, env: DistEnv |
     env = env or dist_env()
     if not env.is_distributed:
         return env
-    import torch.distributed as dist
-
     if dist.is_initialized():
         return env
     if not dev.supports_distributed:
@@ -169,20 +95,17 @@ def init_distributed(dev: Device, timeout_s: float | None = None, env: DistEnv |
     try:
         dist.init_process_group(**kwargs)
     except Exception as exc:
-        from portachat.device.errors import diagnose
-
         hint = diagnose(exc)
-        remedies = ("; ".join(hint.remedies)) if hint else _("check MASTER_ADDR/MASTER_PORT and the network")
+        detail = hint.line(exc) if hint else _("{error}. What to do: check MASTER_ADDR/MASTER_PORT and the "
+                                               "network").format(error=exc)
         raise DeviceError(
-            _("init_process_group(backend={backend}) failed on rank {rank}/{world}: {error}. Try: {remedies}").format(
-                backend=repr(dev.dist_backend), rank=env.rank, world=env.world_size, error=exc, remedies=remedies)
+            _("init_process_group(backend={backend}) failed on rank {rank}/{world}: {detail}").format(
+                backend=repr(dev.dist_backend), rank=env.rank, world=env.world_size, detail=detail)
         ) from exc
     return env
 
 
 def destroy_distributed() -> None:
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
@@ -193,8 +116,6 @@ def share_from_rank0(value: object, timeout_s: float = 48 * 3600) -> object:
     Goes over a CPU (gloo) group with a long timeout: the other ranks may wait here for as long as
     rank 0 works on it (training a tokenizer on a large corpus outlasts the default group's timeout).
     If rank 0 fails instead, torchrun stops the waiting ranks."""
-    import torch.distributed as dist
-
     group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
     try:
         box = [value]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from portachat.i18n import N_, gettext
+from portachat.i18n import N_, _, gettext
 
 
 class DeviceError(RuntimeError):
@@ -22,6 +22,13 @@ class Diagnosis:
     what_happened: str
     remedies: list[str]
     rule: str = ""  # the rule's English title: a stable name for code to test (the title is translated)
+
+    def line(self, error: BaseException) -> str:
+        """The diagnosis on one line, with the error it explains: for logs, API errors and wrapped errors
+        (format_diagnosis in explain.py is the terminal's multi-line form)."""
+        return _("{title}: {what_happened} What to do: {remedies}. ({error})").format(
+            title=self.title, what_happened=self.what_happened, remedies="; ".join(self.remedies),
+            error=f"{type(error).__name__}: {error}")
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,8 @@ table or spec figure replaces it: a peak is a ceiling, and a sustained rate prov
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import re
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +22,7 @@ from pathlib import Path
 import torch
 
 from portachat.device.dtypes import DTYPE_NAMES
+from portachat.device.json_cache import merge_json_entry, read_json
 from portachat.storage.paths import portachat_home
 
 T = 1e12
@@ -80,7 +78,11 @@ PEAK_TABLE: tuple[PeakEntry, ...] = (
     PeakEntry(r"910B3", 313 * T, 313 * T, None),
     PeakEntry(r"910B4", 280 * T, 280 * T, None),
     PeakEntry(r"910_93|910C", 376 * T, 376 * T, None),  # per die, as torch_npu exposes one device per die
+    PeakEntry(r"910B", 313 * T, 313 * T, None),  # "Ascend910B" without its bin: the Atlas 800T A2 figure
     PeakEntry(r"910(A|Pro|Premium)|Ascend910$", None, 256 * T, None),
+    PeakEntry(r"310P", None, 70 * T, None),  # Atlas 300I Pro (one 310P3): an inference card, fp16 only
+    # Hygon DCU (vendor-quoted; `doctor --calibrate` replaces a figure its measurement beats)
+    PeakEntry(r"K100[_ -]?AI", 192 * T, 192 * T, None),
 )
 
 
@@ -237,27 +239,16 @@ def calibration_path() -> Path:
 
 
 def load_calibration() -> dict:
-    try:
-        data = json.loads(calibration_path().read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return read_json(calibration_path())
 
 
 def save_calibration(device_name: str, dtype: torch.dtype, flops: float, source: str) -> None:
-    """Merge one entry into the cache; written atomically so concurrent ranks never see half a file."""
-    path = calibration_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = load_calibration()
-    data[calibration_key(device_name, dtype)] = {
+    """Merge one entry into the cache (locked and atomic: ranks share it)."""
+    merge_json_entry(calibration_path(), calibration_key(device_name, dtype), {
         "flops": flops,
         "source": source,
         "at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".calibration.", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-    os.replace(tmp, path)
+    })
 
 
 def cached_peak(device_name: str, dtype: torch.dtype) -> PeakFlops | None:

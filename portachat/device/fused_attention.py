@@ -1,46 +1,60 @@
-"""Vendor fused attention kernels, behind the device layer: which family runs (chosen by get_device()),
-how packed rows' document-masked attention runs (policy.decide_packed_attention, also chosen by
-get_device()) and the Ascend kernel itself (`torch_npu.npu_fusion_attention`, per torch_npu's API
-reference). portachat.ops.attention asks this module; nothing else names a vendor kernel."""
+"""Vendor fused attention kernels, behind the device layer. Per torch device type: which family runs,
+how packed rows' document-masked attention runs (policy.decide_packed_attention) and how SDPA takes
+grouped kv heads (policy.decide_gqa), set when get_device() builds that type's Device; and the Ascend
+kernel itself (`torch_npu.npu_fusion_attention`, per torch_npu's API reference).
+portachat.ops.attention asks this module; nothing else names a vendor kernel."""
 
 from __future__ import annotations
 
 import math
 import sys
+import threading
+from dataclasses import dataclass
 
 import torch
 
-_backend = "sdpa"
-_packed = "dense_mask"  # policy.PACKED_ATTENTION
 _FUSION_DTYPES = (torch.float16, torch.bfloat16)
 _CAUSAL_MASK_SIZE = 2048  # npu_fusion_attention's compressed causal masks are 2048 x 2048
 _LEFT_UP_CAUSAL = 2  # sparse_mode: causal aligned to the top-left corner, like SDPA's is_causal
 _causal_masks: dict[torch.device, torch.Tensor] = {}
 
 
-def select_backend(name: str) -> None:
-    """Called by get_device(): "sdpa" or "npu_fusion_attention"."""
-    global _backend
-    _backend = name
+@dataclass(frozen=True)
+class KernelChoice:
+    """The attention kernels tensors of one device type run: the family (policy.ATTENTION_BACKENDS), how
+    packed rows attend (policy.PACKED_ATTENTION) and how SDPA takes grouped kv heads ("native" | "repeat_kv")."""
+
+    attention: str = "sdpa"
+    packed: str = "dense_mask"
+    gqa: str = "native"
 
 
-def current_backend() -> str:
-    return _backend
+# Before any Device of a type is built: what every device runs, except SDPA's enable_gqa on an NPU.
+DEFAULT_CHOICES = {"npu": KernelChoice(gqa="repeat_kv")}
+# Per torch device type, so that building the CPU device never changes what NPU or CUDA tensors run.
+_choices: dict[str, KernelChoice] = {}
+_lock = threading.Lock()
 
 
-def select_packed(name: str) -> None:
-    """Called by get_device(): how packed rows attend (policy.PACKED_ATTENTION)."""
-    global _packed
-    _packed = name
+def use_kernels(device_type: str, choice: KernelChoice) -> KernelChoice:
+    """Make `choice` what tensors of `device_type` run; returns the previous choice (to restore).
+    get_device() calls it once, when it builds the Device of that type."""
+    with _lock:
+        previous = kernels_for(device_type)
+        _choices[device_type] = choice
+        return previous
 
 
-def packed_choice() -> str:
-    return _packed
+def kernels_for(device_type: str) -> KernelChoice:
+    """What tensors of `device_type` run (the ops ask this for every call)."""
+    return _choices.get(device_type) or DEFAULT_CHOICES.get(device_type) or KernelChoice()
 
 
 def fused_applies(q: torch.Tensor, attn_mask: torch.Tensor | None) -> bool:
-    """Whether this call goes to the selected vendor kernel rather than SDPA."""
-    return _backend == "npu_fusion_attention" and fusion_eligible(q.device.type, q.dtype, q.size(-1), attn_mask)
+    """Whether this call goes to the device type's vendor kernel rather than SDPA."""
+    return (kernels_for(q.device.type).attention == "npu_fusion_attention"
+            and fusion_eligible(q.device.type, q.dtype, q.size(-1), attn_mask))
+
 
 def fusion_eligible(
     device_type: str, dtype: torch.dtype, head_dim: int, attn_mask: torch.Tensor | None
@@ -69,10 +83,11 @@ def npu_fusion(
     is_causal: bool,
     attn_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Ascend fused attention in BNSD layout. Its masks mean True = masked out (the opposite of SDPA's)."""
+    """Ascend fused attention in BNSD layout (k/v may have fewer heads: the kernel groups them itself). Its
+    masks mean True = masked out (the opposite of SDPA's)."""
     torch_npu = sys.modules.get("torch_npu")
     if torch_npu is None:
-        import torch_npu  # noqa: F811  (only reached on an NPU, where it is already loaded)
+        import torch_npu  # noqa: F811  deferred: a vendor module, only reached on an NPU (already loaded there)
     sparse_mode = 0
     mask = None
     if attn_mask is not None:
@@ -80,6 +95,9 @@ def npu_fusion(
     elif is_causal:
         mask = compressed_causal_mask(q.device)
         sparse_mode = _LEFT_UP_CAUSAL
+    # The kernel reads BNSD as laid out in memory: the [B, T, H, D] -> [B, H, T, D] transposes the model
+    # hands us are views, so they are made contiguous here (a no-op for contiguous inputs).
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     out = torch_npu.npu_fusion_attention(
         q,
         k,

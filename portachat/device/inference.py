@@ -11,20 +11,14 @@ dtype, well under a second) and cached in the portachat home.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
 
 from portachat.device.device import Device
 from portachat.device.dtypes import FLOAT_KV, KV_CACHE_DTYPES
 from portachat.device.graphs import graphs_available
+from portachat.device.policy import Decision
 from portachat.i18n import _
-
-
-@dataclass
-class Choice:
-    value: object
-    reason: str
 
 
 def kv_cache_dtype(device: torch.device | str, weight_dtype: torch.dtype) -> torch.dtype:
@@ -73,7 +67,7 @@ def measures_inference_dtype(dev: Device) -> bool:
     return dev.type == "cpu"
 
 
-def choose_kv_cache_dtype(dev: Device, weight_dtype: torch.dtype, requested: str | None = None) -> Choice:
+def choose_kv_cache_dtype(dev: Device, weight_dtype: torch.dtype, requested: str | None = None) -> Decision:
     """Storage dtype of the KV cache (vLLM's --kv-cache-dtype). auto: fp32 on a CPU, the weights'
     dtype on accelerators; int8 anywhere (half of bf16's bytes, a quarter of fp32's, scales
     included: ~6% more); fp8 only where the device computes it natively. Raises ValueError."""
@@ -81,63 +75,63 @@ def choose_kv_cache_dtype(dev: Device, weight_dtype: torch.dtype, requested: str
     if name == "auto":
         dtype = kv_cache_dtype(dev.torch_device, weight_dtype)
         where = _("fp32 on a CPU (attention computes in fp32)") if dev.type == "cpu" else _("the weights' dtype")
-        return Choice(dtype, _("auto: {where}").format(where=where))
+        return Decision(dtype, _("auto: {where}").format(where=where))
     if name in FLOAT_KV:
-        return Choice(FLOAT_KV[name], _("requested ({name})").format(name=name))
+        return Decision(FLOAT_KV[name], _("requested ({name})").format(name=name))
     if name == "int8":
-        return Choice(torch.int8, _("requested (int8, one fp32 scale per token and kv head)"))
+        return Decision(torch.int8, _("requested (int8, one fp32 scale per token and kv head)"))
     if name == "fp8":
         if dev.fp8_dtype is None:
             works = ", ".join(d for d in KV_CACHE_DTYPES if d != "fp8")
             raise ValueError(_("--kv-cache-dtype fp8 needs native fp8 and {device} has none ({reason}); "
                                "use one of {works} (int8 saves the same memory)").format(
                 device=dev.name, reason=dev.fp8_reason, works=works))
-        return Choice(dev.fp8_dtype, _("requested (fp8 as {dtype}: {reason})").format(
+        return Decision(dev.fp8_dtype, _("requested (fp8 as {dtype}: {reason})").format(
             dtype=str(dev.fp8_dtype).removeprefix("torch."), reason=dev.fp8_reason))
     raise ValueError(_("--kv-cache-dtype {value} is not valid; use one of {choices}").format(
         value=repr(requested), choices=", ".join(KV_CACHE_DTYPES)))
 
 
-def decode_compile(dev: Device, requested: bool | None = None, packed: bool = False) -> Choice:
+def decode_compile(dev: Device, requested: bool | None = None, packed: bool = False) -> Decision:
     """Whether the engine compiles its forward (torch.compile, dynamic shapes). Opt-in for now:
     the forward's shapes change every step and compilation takes minutes on a CPU. Never over
     packed CPU kernels: the compiler cannot lower them, and they already give what its weight
     freezing would (compiling the unpacked modules instead measured 3x slower per decode step)."""
     if packed:
         why = _("eager: the packed CPU kernels run the decode step (compile applies to the module path)")
-        return Choice(False, why + (_(" although --compile was requested") if requested else ""))
+        return Decision(False, why + (_(" although --compile was requested") if requested else ""))
     if requested is not None:
         if requested and not dev.compile:
-            return Choice(True, _("requested, although the device policy says eager ({reason})").format(
+            return Decision(True, _("requested, although the device policy says eager ({reason})").format(
                 reason=dev.compile_reason))
-        return Choice(bool(requested), _("requested"))
-    return Choice(False, _("opt-in (--compile): dynamic shapes every step; eager is the verified path"))
+        return Decision(bool(requested), _("requested"))
+    return Decision(False, _("opt-in (--compile): dynamic shapes every step; eager is the verified path"))
 
 
 def decode_graphs(dev: Device, requested: bool | None = None, packed: bool = False,
-                  compiled: bool = False, sharded: bool = False) -> Choice:  # fmt: skip
+                  compiled: bool = False, sharded: bool = False) -> Decision:  # fmt: skip
     """Whether the engine captures its decode steps in device graphs (vLLM's CUDA graphs; off with
     --enforce-eager). On by default where it was measured: CUDA, where a small model's decode step
     is bound by kernel launches (SmolLM2-135M on an H100: see benchmarks/README.md). Elsewhere only
     on request, where this torch can capture at all."""
     if requested is False:
-        return Choice(False, _("eager: requested (--enforce-eager)"))
+        return Decision(False, _("eager: requested (--enforce-eager)"))
     if packed:
-        return Choice(False, _("eager: the packed CPU kernels run the decode step"))
+        return Decision(False, _("eager: the packed CPU kernels run the decode step"))
     if compiled:
-        return Choice(False, _("eager: the compiled forward runs the decode step (--compile)"))
+        return Decision(False, _("eager: the compiled forward runs the decode step (--compile)"))
     if sharded:  # a graph replays fixed addresses; FSDP gathers sharded weights into new memory each time
-        return Choice(False, _("eager: the weights are sharded (FSDP) and gathered anew for every forward"))
+        return Decision(False, _("eager: the weights are sharded (FSDP) and gathered anew for every forward"))
     if not graphs_available(dev.type):
-        return Choice(False, _("eager: no graph capture for {kind} in this torch").format(kind=dev.kind))
+        return Decision(False, _("eager: no graph capture for {kind} in this torch").format(kind=dev.kind))
     if requested:
-        return Choice(True, _("requested"))
+        return Decision(True, _("requested"))
     if dev.kind == "cuda":
-        return Choice(True, _("CUDA graphs: a decode step replays as one launch (--enforce-eager: off)"))
+        return Decision(True, _("CUDA graphs: a decode step replays as one launch (--enforce-eager: off)"))
     if dev.kind in ("npu", "rocm", "dcu"):  # as CUDA, once a capture replayed right here (engine/decode_graphs)
-        return Choice(True, _("{kind} graphs: a decode step replays as one launch, kept only if a replay matches "
+        return Decision(True, _("{kind} graphs: a decode step replays as one launch, kept only if a replay matches "
                               "the eager step on this device (--enforce-eager: off)").format(kind=dev.kind))
-    return Choice(False, _("eager: graph capture is not verified on {kind} yet").format(kind=dev.kind))
+    return Decision(False, _("eager: graph capture is not verified on {kind} yet").format(kind=dev.kind))
 
 
 def profiles_kv_budget(dev: Device) -> bool:
@@ -147,7 +141,7 @@ def profiles_kv_budget(dev: Device) -> bool:
     return dev.allocator_tracks_peaks and dev.type != "mps"  # MPS keeps no high-water mark either
 
 
-def kv_cache_budget(dev: Device, utilization: float, wanted_bytes: int, transient_bytes: int = 0) -> Choice:
+def kv_cache_budget(dev: Device, utilization: float, wanted_bytes: int, transient_bytes: int = 0) -> Decision:
     """Bytes for the KV cache.
 
     Accelerators (vLLM's rule): `utilization` of total device memory, minus what is already used
@@ -163,7 +157,7 @@ def kv_cache_budget(dev: Device, utilization: float, wanted_bytes: int, transien
     if dev.type == "cpu" or stats.total is None:
         free = stats.free if stats.free is not None else wanted_bytes
         budget = min(wanted_bytes, int(utilization * free))
-        return Choice(budget, _("{budget} GiB: min(needed {needed} GiB, {share} of {free} GiB available)").format(
+        return Decision(budget, _("{budget} GiB: min(needed {needed} GiB, {share} of {free} GiB available)").format(
             budget=f"{budget / 2**30:.2f}", needed=f"{wanted_bytes / 2**30:.2f}", share=f"{utilization:.0%}",
             free=f"{free / 2**30:.1f}"))
     used = stats.total - (stats.free if stats.free is not None else stats.total)
@@ -171,12 +165,12 @@ def kv_cache_budget(dev: Device, utilization: float, wanted_bytes: int, transien
     budget = min(budget, wanted_bytes)
     peak = (_(" minus {gib} GiB for the largest step").format(gib=f"{transient_bytes / 2**30:.2f}")
             if transient_bytes else "")  # fmt: skip
-    return Choice(max(budget, 0), _("{budget} GiB: {share} of {total} GiB minus {used} GiB in use{peak}").format(
+    return Decision(max(budget, 0), _("{budget} GiB: {share} of {total} GiB minus {used} GiB in use{peak}").format(
         budget=f"{max(budget, 0) / 2**30:.2f}", share=f"{utilization:.0%}", total=f"{stats.total / 2**30:.1f}",
         used=f"{used / 2**30:.2f}", peak=peak))
 
 
-def model_memory_budget(dev: Device, utilization: float) -> Choice:
+def model_memory_budget(dev: Device, utilization: float) -> Decision:
     """Bytes the models one server keeps loaded may hold together (weights + KV caches), for the
     registry's eviction. Accelerators: `utilization` of the device's total memory (vLLM's rule for
     one model, applied to all of them). CPU: `utilization` of the RAM available at start-up, since
@@ -189,8 +183,8 @@ def model_memory_budget(dev: Device, utilization: float) -> Choice:
     else:
         base, what = stats.total, _("{kind} memory").format(kind=dev.type)
     if base is None:
-        return Choice(None, _("{what} unknown: no memory limit on loaded models").format(what=what))
-    return Choice(int(utilization * base), _("{share} of {gib} GiB {what}").format(
+        return Decision(None, _("{what} unknown: no memory limit on loaded models").format(what=what))
+    return Decision(int(utilization * base), _("{share} of {gib} GiB {what}").format(
         share=f"{utilization:.0%}", gib=f"{base / 2**30:.1f}", what=what))
 
 

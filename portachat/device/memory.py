@@ -6,6 +6,7 @@ import resource
 import sys
 from dataclasses import dataclass
 
+import psutil
 import torch
 
 from portachat.device.probe import device_module
@@ -89,8 +90,6 @@ def process_peak_rss() -> int:
 
 def cpu_memory(peak_floor: int | None) -> MemoryStats:
     """Process RSS as `allocated`; `peak_floor` is the RSS at the last reset (None: since start)."""
-    import psutil
-
     rss = int(psutil.Process().memory_info().rss)
     vm = psutil.virtual_memory()
     peak = process_peak_rss() if peak_floor is None else max(peak_floor, rss)

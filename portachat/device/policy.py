@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from portachat.device.dtypes import DTYPE_ALIASES, DTYPES
+from portachat.device.early_env import DEFAULT_DIST_TIMEOUT_S, DIST_TIMEOUT_ENV
 from portachat.device.errors import DeviceError
 from portachat.device.probe import ProbeResult
 from portachat.i18n import N_, _, gettext
@@ -22,10 +23,15 @@ PACKED_ATTENTION = ("flex", "dense_mask")
 DIST_BACKENDS = {"cuda": "nccl", "rocm": "nccl", "dcu": "nccl", "npu": "hccl", "xpu": "xccl", "cpu": "gloo"}
 
 # bf16 on HIP: torch.cuda.is_bf16_supported() answers True on every HIP device, so keep our own list.
-HIP_BF16_ARCHS = ("gfx908", "gfx90a", "gfx940", "gfx941", "gfx942", "gfx950", "gfx928", "gfx936")
+HIP_BF16_ARCHS = ("gfx908", "gfx90a", "gfx940", "gfx941", "gfx942", "gfx950", "gfx928", "gfx936", "gfx938")
 HIP_BF16_PREFIXES = ("gfx11", "gfx12")  # RDNA3/4 have bf16 WMMA
 # Upstream Triton (hence inductor) does not generate code for these older GCN/CDNA1 parts.
 HIP_NO_TRITON_ARCHS = ("gfx900", "gfx906", "gfx908")
+# On Hygon DCUs only Hygon's own Triton build generates working code; its wheels carry "das" (DAS, the
+# DCU AI software stack) in their version, e.g. triton 2.1.0+das.opt1.dtk2404. Upstream or AMD's
+# Triton imports there, then fails at the first compiled step.
+HYGON_TRITON_MARKS = ("das",)
+SDPA_GQA_TORCH = (2, 5)  # torch.nn.functional.scaled_dot_product_attention(enable_gqa=...) appeared in 2.5
 
 
 # torch_npu.npu_fusion_attention runs on Atlas A2/A3 training parts only (torch_npu API reference,
@@ -36,6 +42,8 @@ NPU_FUSION_SOC_PREFIXES = ("910b", "910_93", "910c")
 
 @dataclass(frozen=True)
 class Decision:
+    """A choice with its reason: every decision here, and the inference-time ones (device/inference.py)."""
+
     value: Any
     reason: str
     warning: str | None = None  # set when a forced choice goes against what the hardware supports
@@ -75,12 +83,14 @@ def bf16_support(p: ProbeResult) -> Decision:
     if p.kind == "npu":
         if p.bf16_reported is not None:
             return Decision(p.bf16_reported, f"torch.npu.is_bf16_supported() = {p.bf16_reported} on {p.name}")
-        name = p.name.lower()
-        ok = "910b" in name or "910_93" in name or "910c" in name
-        return Decision(
-            ok,
-            f"{p.name}: " + (_("Ascend 910B/910C family has bf16") if ok else _("Ascend 910A-class parts are fp16 only")),
-        )
+        ok = npu_fusion_supported(p.name)  # the Atlas A2/A3 parts are exactly those with bf16
+        if ok:
+            why = _("Ascend 910B/910C family has bf16")
+        elif "310p" in p.name.lower():
+            why = _("Ascend 310P (an inference card) computes fp16, not bf16")
+        else:
+            why = _("Ascend 910A-class parts are fp16 only")
+        return Decision(ok, f"{p.name}: {why}")
     if p.kind == "xpu":
         ok = bool(p.bf16_reported)
         return Decision(ok, f"torch.xpu.is_bf16_supported() = {p.bf16_reported}")
@@ -200,6 +210,10 @@ def decide_compile(p: ProbeResult, requested: bool | None = None) -> Decision:
         return Decision("eager", _("Triton needs compute capability >= 7.0"))
     if p.kind in ("rocm", "dcu") and (p.gcn_arch or "") in HIP_NO_TRITON_ARCHS:
         return Decision("eager", _("{arch}: Triton does not target this architecture").format(arch=p.gcn_arch))
+    if p.kind == "dcu" and not hygon_triton(p.triton_version):
+        return Decision("eager", _("Hygon DCU: only Hygon's Triton (triton-das, from the DAS / DTK downloads) compiles "
+                                   "here, and this is triton {version}; install it to compile").format(
+            version=p.triton_version or "?"))
     return Decision("inductor", _("{kind}: inductor + Triton kernels (fused ops, usually 1.3-2x faster)").format(
         kind=p.kind))
 
@@ -239,6 +253,25 @@ def decide_attention(p: ProbeResult, requested: str | None = None) -> Decision:
         "cpu": N_("SDPA (fused flash kernel on CPU)"),
     }
     return Decision("sdpa", gettext(reasons[p.kind]))
+
+
+def hygon_triton(version: str | None) -> bool:
+    """Whether the installed Triton is Hygon's DCU build (its version carries a DAS mark)."""
+    local = (version or "").partition("+")[2].lower()
+    return any(mark in local for mark in HYGON_TRITON_MARKS)
+
+
+def decide_gqa(p: ProbeResult) -> Decision:
+    """How SDPA attends with fewer key/value heads than query heads (every imported GQA model):
+    "native" = SDPA's enable_gqa, or "repeat_kv" = the kv heads repeated to the query heads first
+    (a copy per call, but the path every backend runs)."""
+    if p.kind == "npu":
+        return Decision("repeat_kv", _("Ascend: torch_npu's SDPA does not implement enable_gqa (transformers turns it "
+                                       "off on NPU too), so kv heads are repeated to the query heads"))
+    if p.torch_version and _version_tuple(p.torch_version) < SDPA_GQA_TORCH:
+        return Decision("repeat_kv", _("torch {version} has no SDPA enable_gqa (torch >= 2.5): kv heads are repeated "
+                                       "to the query heads").format(version=p.torch_version))
+    return Decision("native", _("SDPA enable_gqa: grouped kv heads attend without copies"))
 
 
 def decide_packed_attention(p: ProbeResult, attention: Decision, compile: Decision,
@@ -324,20 +357,7 @@ def _version_tuple(text: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
-# --- collective timeout and the NPU runtime environment --------------------------------------------
-DIST_TIMEOUT_ENV = "PORTACHAT_DIST_TIMEOUT"
-DEFAULT_DIST_TIMEOUT_S = 7200
-HCCL_CONNECT_RANGE = (120, 7200)  # CANN's documented range for HCCL_CONNECT_TIMEOUT (default 120 s)
-HCCL_EXEC_RANGE = (68, 17340)  # and for HCCL_EXEC_TIMEOUT (default 1800 s)
-
-
-@dataclass(frozen=True)
-class EnvDefault:
-    name: str
-    value: str
-    reason: str
-
-
+# --- collective timeout ------------------------------------------------------------------------
 def decide_dist_timeout(raw: str | None) -> Decision:
     """Seconds a collective may wait for the slowest rank. Rank 0 alone trains the tokenizer, downloads
     data and evaluates while the others wait in their next collective, so the default is long."""
@@ -353,29 +373,6 @@ def decide_dist_timeout(raw: str | None) -> Decision:
         raise DeviceError(_("{env}={value} is not valid: give the collective timeout in seconds, e.g. {env}=7200, "
                             "or unset it").format(env=DIST_TIMEOUT_ENV, value=repr(raw)))
     return Decision(seconds, _("requested ({env})").format(env=DIST_TIMEOUT_ENV))
-
-
-def _clamp(value: float, bounds: tuple[int, int]) -> str:
-    return str(int(min(max(value, bounds[0]), bounds[1])))
-
-
-def npu_env_defaults(kind: str, timeout_s: float) -> tuple[EnvDefault, ...]:
-    """The Ascend runtime settings MindSpeed's launch scripts export, set for the user unless they set them.
-    HCCL's own timeouts follow the collective timeout, within the ranges CANN documents."""
-    if kind != "npu":
-        return ()
-    return (
-        EnvDefault("PYTORCH_NPU_ALLOC_CONF", "expandable_segments:True",
-                   _("the NPU caching allocator grows segments instead of fragmenting (fewer out-of-memory errors)")),
-        EnvDefault("TASK_QUEUE_ENABLE", "2", _("torch_npu's level-2 task queue: operators are dispatched off the "
-                                               "Python thread")),
-        EnvDefault("CPU_AFFINITY_CONF", "1", _("each rank's host threads are bound to the CPU cores next to its NPU")),
-        EnvDefault("HCCL_CONNECT_TIMEOUT", _clamp(timeout_s, HCCL_CONNECT_RANGE),
-                   _("HCCL waits this long for every rank to connect (its default 120 s is shorter than rank-0-only "
-                     "preparation); follows the collective timeout")),
-        EnvDefault("HCCL_EXEC_TIMEOUT", _clamp(timeout_s, HCCL_EXEC_RANGE),
-                   _("a collective waits this long for the slowest rank; follows the collective timeout")),
-    )
 
 
 def finetune_activation_checkpointing(device_type: str) -> bool:

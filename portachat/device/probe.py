@@ -7,6 +7,7 @@ Tests build `ProbeResult` by hand to simulate hardware they do not have.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import importlib.util
 import os
 import platform
@@ -14,13 +15,17 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 import torch
+import torch.distributed as dist
 
 from portachat.device.errors import DeviceError
+from portachat.device.json_cache import merge_json_entry, read_json
 from portachat.i18n import _
 from portachat.storage.paths import portachat_home
 
@@ -72,8 +77,8 @@ PORTACHAT_VARS = (
     "PORTACHAT_CPU_PROBE_CACHE",
 )
 VENDOR_CLIS = ("nvidia-smi", "amd-smi", "rocm-smi", "hy-smi", "npu-smi")
-# Hygon DCU architectures (K100 gfx926, K100_AI gfx928, BW gfx936); Z100 reports gfx906 like AMD's MI50.
-DCU_ARCHS = ("gfx926", "gfx928", "gfx936")
+# Hygon DCU architectures (K100 gfx926, K100_AI gfx928, BW gfx936, gfx938); Z100 reports gfx906 like AMD's MI50.
+DCU_ARCHS = ("gfx926", "gfx928", "gfx936", "gfx938")
 
 
 @dataclass
@@ -97,6 +102,7 @@ class ProbeResult:
     bf16_reported: bool | None = None  # the vendor's own is_bf16_supported(), where it is trustworthy
     macos_version: str | None = None
     triton_available: bool = False
+    triton_version: str | None = None  # the installed triton distribution's version, local part included
     fused_optimizer_devices: tuple[str, ...] = ()
     default_dist_backend: str | None = None  # torch's own choice for device_type, where torch knows one
     vendor_clis: dict[str, bool] = field(default_factory=dict)  # which vendor CLIs are on PATH
@@ -158,6 +164,14 @@ def _load_torch_npu() -> tuple[bool, str | None, str | None]:
     return True, str(getattr(mod, "__version__", "unknown")), None
 
 
+def _dist_version(name: str) -> str | None:
+    """An installed distribution's version (without importing it), e.g. Hygon's "2.1.0+das.opt1.dtk2404"."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def device_module(device_type: str):
     """torch.<device_type> (torch.cuda, torch.npu, ...), or None when this torch has no such module.
 
@@ -207,12 +221,7 @@ def _cpu_name() -> str:
 
 
 def _system_memory() -> int:
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().total)
-    except ImportError:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return int(psutil.virtual_memory().total)
 
 
 def _read_version_file(root: str | None, candidates: tuple[str, ...]) -> str | None:
@@ -243,10 +252,18 @@ def _dtk_version(env: dict[str, str]) -> str | None:
     return found
 
 
-def _fill_device_facts(res: ProbeResult) -> None:
+def _fill_device_facts(res: ProbeResult, local_rank: int = 0) -> None:
+    """Count, names, memory, capability. On Ascend the first query of a card opens a runtime context on
+    it, so an NPU rank makes its own card current first and queries only that one (every rank would
+    otherwise open a context on card 0; an Ascend host holds one model of card). CUDA's property
+    queries open no context."""
     mod = device_module(res.device_type)
     res.count = int(mod.device_count())
-    for i in range(res.count):
+    index = local_rank if 0 <= local_rank < res.count and res.count > 1 else 0
+    if res.device_type == "npu" and res.count:
+        mod.set_device(index)
+    queried = (index,) if res.device_type == "npu" else range(res.count)
+    for i in queried:
         props = mod.get_device_properties(i)
         res.names.append(str(getattr(props, "name", res.kind)))
         res.total_memory.append(int(getattr(props, "total_memory", 0)))
@@ -254,6 +271,8 @@ def _fill_device_facts(res: ProbeResult) -> None:
             res.capability = (int(props.major), int(props.minor))
             arch = getattr(props, "gcnArchName", None)
             res.gcn_arch = arch.split(":")[0] if arch else None
+    if len(queried) == 1 and res.count > 1:
+        res.names, res.total_memory = res.names * res.count, res.total_memory * res.count
     if res.device_type in ("npu", "xpu") and hasattr(mod, "is_bf16_supported"):
         try:
             res.bf16_reported = bool(mod.is_bf16_supported())
@@ -261,11 +280,13 @@ def _fill_device_facts(res: ProbeResult) -> None:
             res.bf16_reported = None
 
 
-def probe(kind: str | None = None, before_device_init: Callable[[str], None] | None = None) -> ProbeResult:
+def probe(kind: str | None = None, before_device_init: Callable[[str], None] | None = None,
+          local_rank: int = 0) -> ProbeResult:  # fmt: skip
     """Probe the machine. `kind` forces a device kind (raises DeviceError when it is not there).
 
     `before_device_init(device_type)` runs before the first query that initialises the device's runtime
-    (the caller sets runtime environment defaults there: torch_npu reads them once, at init)."""
+    (the caller sets runtime environment defaults there: torch_npu reads them once, at init); the device
+    of `local_rank` is made current before any card is queried."""
     if kind is not None and kind not in KINDS:
         raise DeviceError(_("unknown device kind {kind}; valid kinds: {valid}").format(
             kind=repr(kind), valid=", ".join(KINDS)))
@@ -282,14 +303,13 @@ def probe(kind: str | None = None, before_device_init: Callable[[str], None] | N
         )
     clis = {c: shutil.which(c) is not None for c in VENDOR_CLIS}
     try:
+        # deferred: a private torch helper, absent from some builds (then only CUDA has fused kernels)
         from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
         fused = tuple(_get_fused_kernels_supported_devices())
     except ImportError:
         fused = ("cuda",)
     try:
-        import torch.distributed as dist
-
         default_backend = (
             dist.get_default_backend_for_device(device_type)
             if dist.is_available() and hasattr(dist, "get_default_backend_for_device")
@@ -310,6 +330,7 @@ def probe(kind: str | None = None, before_device_init: Callable[[str], None] | N
         transfer_to_npu_imported="torch_npu.contrib.transfer_to_npu" in sys.modules,
         macos_version=(platform.mac_ver()[0] or None) if sys.platform == "darwin" else None,
         triton_available=importlib.util.find_spec("triton") is not None,
+        triton_version=_dist_version("triton"),
         flex_attention=importlib.util.find_spec("torch.nn.attention.flex_attention") is not None,
         fused_optimizer_devices=fused,
         default_dist_backend=default_backend,
@@ -319,7 +340,7 @@ def probe(kind: str | None = None, before_device_init: Callable[[str], None] | N
         dtk_version=_dtk_version(env) if hip else None,
     )
     if device_type == "cuda":
-        _fill_device_facts(res)
+        _fill_device_facts(res, local_rank)
         res.kind = classify_hip(res.gcn_arch, res.names, clis["hy-smi"]) if hip else "cuda"
         if kind in ("rocm", "dcu") and res.kind != kind:
             raise DeviceError(_("device {kind} was requested but this is a {found} machine ({name}).").format(
@@ -328,7 +349,7 @@ def probe(kind: str | None = None, before_device_init: Callable[[str], None] | N
         res.kind = device_type
         if before_device_init is not None:
             before_device_init(device_type)
-        _fill_device_facts(res)
+        _fill_device_facts(res, local_rank)
         if device_type == "npu" and hasattr(sys.modules.get("torch_npu"), "npu_fusion_attention"):
             res.attention_kernels = ("npu_fusion_attention",)
     elif device_type == "mps":
@@ -412,27 +433,18 @@ def cpu_probe_cache() -> Path:
 
 def cpu_bf16_speedup(name: str, flags: tuple[str, ...]) -> float | None:
     """The cached bf16 speed-up for this CPU and torch, measuring it (about a second) the first time."""
-    import json
-
     key = f"{name}|{'+'.join(f for f in BF16_CPU_FLAGS if f in flags)}|torch {torch.__version__}"
     path = cpu_probe_cache()
-    try:
-        cached = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cached = {}
-    if isinstance(cached, dict) and isinstance(cached.get(key), int | float):
+    cached = read_json(path)
+    if isinstance(cached.get(key), int | float):
         return float(cached[key])
     try:
         speedup = measure_bf16_speedup()
     except Exception:  # a broken bf16 path is a "no", never a crash
         return None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        merged = {**(cached if isinstance(cached, dict) else {}), key: round(speedup, 3)}
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(merged, indent=2, sort_keys=True))
-        os.replace(tmp, path)
-    except OSError:
+        merge_json_entry(path, key, round(speedup, 3))
+    except (OSError, TimeoutError):  # an unwritable home or a stuck lock: measured again next time
         pass
     return speedup
 
@@ -440,8 +452,6 @@ def cpu_bf16_speedup(name: str, flags: tuple[str, ...]) -> float | None:
 def measure_bf16_speedup(rounds: int = 3) -> float:
     """fp32 time / bf16-autocast time of a small training-like step (two matmuls forward and backward),
     best of `rounds` each, alternating so that background load hits both alike."""
-    import time
-
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(256, 512, generator=gen)
     w1 = torch.randn(512, 1024, generator=gen, requires_grad=True)

@@ -10,6 +10,7 @@ import re
 import threading
 from dataclasses import dataclass
 
+import psutil
 import torch
 
 from portachat.device.probe import run_cli
@@ -228,10 +229,6 @@ def _read(kind: str, index: int, env: dict[str, str]) -> Telemetry:
 
 
 def _cpu_telemetry() -> Telemetry:
-    try:
-        import psutil
-    except ImportError:
-        return EMPTY
     temp = None
     sensors = getattr(psutil, "sensors_temperatures", None)
     if sensors is not None:

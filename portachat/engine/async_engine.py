@@ -76,8 +76,7 @@ def _diagnosis_text(exc: BaseException) -> str:
     d = diagnose(exc)
     if d is None:
         return _("the engine failed while running this request: {error}").format(error=f"{type(exc).__name__}: {exc}")
-    return _("{title}: {what_happened} What to do: {remedies}. ({error})").format(
-        title=d.title, what_happened=d.what_happened, remedies="; ".join(d.remedies), error=f"{type(exc).__name__}: {exc}")
+    return d.line(exc)
 
 
 class AsyncEngine:

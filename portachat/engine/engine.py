@@ -375,8 +375,7 @@ class LLMEngine:
     def _fail(self, batch, exc: Exception) -> list[RequestOutput]:
         diagnosis = diagnose(exc)
         if diagnosis is not None:
-            message = _("{title}: {what_happened} Try: {remedies}").format(
-                title=diagnosis.title, what_happened=diagnosis.what_happened, remedies="; ".join(diagnosis.remedies))
+            message = diagnosis.line(exc)
         else:
             message = _("the model step failed ({error})").format(error=f"{type(exc).__name__}: {str(exc)[:300]}")
         outputs = []

@@ -11,12 +11,15 @@ profiled step's activations (vLLM's profile run). The CPU's budget is a share of
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch.distributed.tensor import DTensor
 
 from portachat.device import Device
 from portachat.device.graphs import GraphCapturer
-from portachat.device.inference import Choice, decode_graphs, kv_cache_budget, profiles_kv_budget
+from portachat.device.inference import decode_graphs, kv_cache_budget, profiles_kv_budget
+from portachat.device.policy import Decision
 from portachat.engine.config import EngineConfig
 from portachat.engine.decode_graphs import DecodeGraphs
 from portachat.engine.runner import ModelRunner
@@ -26,7 +29,7 @@ from portachat.model.gpt import GPT
 
 
 def profiled_kv_budget(dev: Device, model: GPT, config: EngineConfig, max_model_len: int, dtype: torch.dtype,
-                       kv_dtype: torch.dtype, wanted_bytes: int) -> Choice:  # fmt: skip
+                       kv_dtype: torch.dtype, wanted_bytes: int) -> Decision:  # fmt: skip
     """Bytes for the KV cache, measured after the start-up profile (see the module's docstring)."""
     util = config.gpu_memory_utilization
     sharded = any(isinstance(p, DTensor) for p in model.parameters())
@@ -37,9 +40,8 @@ def profiled_kv_budget(dev: Device, model: GPT, config: EngineConfig, max_model_
     choice = kv_cache_budget(dev, util, wanted_bytes, transient)  # with the captured graph's pool in use
     del captured  # the engine's own capture takes as much again once its cache exists
     dev.empty_cache()  # hand the trial pool back before the cache is allocated
-    choice.reason += _(" (after a profile step of {seqs} x {tokens} tokens)").format(
-        seqs=config.max_num_seqs, tokens=max_model_len)
-    return choice
+    return replace(choice, reason=choice.reason + _(" (after a profile step of {seqs} x {tokens} tokens)").format(
+        seqs=config.max_num_seqs, tokens=max_model_len))
 
 
 def profile_largest_step(dev: Device, model: GPT, config: EngineConfig, max_model_len: int, dtype: torch.dtype,

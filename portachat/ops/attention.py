@@ -22,7 +22,7 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex
 
 from portachat.device.device import Device
 from portachat.device.fast_paths import Verdict, check
-from portachat.device.fused_attention import fused_applies, npu_fusion, packed_choice
+from portachat.device.fused_attention import fused_applies, kernels_for, npu_fusion
 from portachat.ops.fast_path import enabled_in_trace
 
 AttentionMask = torch.Tensor | BlockMask  # a boolean mask (True = attend) or flex_attention's block mask
@@ -43,21 +43,33 @@ def attention(
     `BlockMask` (from `packed_attention_mask`); when given, `is_causal` must be False (the mask already
     encodes causality).
     """
-    enable_gqa = k.size(1) != q.size(1)
     if isinstance(attn_mask, BlockMask):
-        return _flex()(q, k, v, block_mask=attn_mask, enable_gqa=enable_gqa)
+        return _flex(q.device.type)(q, k, v, block_mask=attn_mask, enable_gqa=k.size(1) != q.size(1))
     if fused_applies(q, attn_mask) and enabled_in_trace("npu_fusion_attention", q.device, check_npu_fusion, False):
         return npu_fusion(q, k, v, is_causal=is_causal, attn_mask=attn_mask)
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=attn_mask, is_causal=is_causal, enable_gqa=enable_gqa
-    )
+    return sdpa(q, k, v, is_causal=is_causal, attn_mask=attn_mask)
 
 
-def _flex():
+def sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool, attn_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """torch's SDPA on [B, H, T, D] with grouped kv heads taken the way the device layer chose for the
+    tensors' device type (policy.decide_gqa): SDPA's enable_gqa, or the kv heads repeated to the query
+    heads first where the backend lacks it."""
+    groups = q.size(1) // k.size(1)
+    if groups == 1:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+    if kernels_for(q.device.type).gqa == "repeat_kv":
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, enable_gqa=True)
+
+
+def _flex(device_type: str):
     """flex_attention compiled where the device layer chose it; inside a model torch.compile is already
     tracing, the plain function (the outer compile fuses it; compiling again within would not nest).
     Elsewhere (a BlockMask built by hand, as tests do on a CPU) the eager reference implementation."""
-    if packed_choice() != "flex" or torch.compiler.is_compiling():
+    if kernels_for(device_type).packed != "flex" or torch.compiler.is_compiling():
         return flex_attention
     if not _compiled_flex:
         _compiled_flex.append(torch.compile(flex_attention))
@@ -68,7 +80,8 @@ def packed_attention_mask(positions: torch.Tensor) -> AttentionMask:
     """The mask of packed rows in the form the device layer chose for them: a `BlockMask` over document
     ids for compiled flex_attention, else `packed_causal_mask(positions)`. Built once per forward."""
     # Inside a compiled model's first trace the check cannot run: the device's choice stands until it has.
-    if packed_choice() == "flex" and enabled_in_trace("flex_attention", positions.device, check_flex, True):
+    if kernels_for(positions.device.type).packed == "flex" and enabled_in_trace(
+            "flex_attention", positions.device, check_flex, True):
         return document_block_mask(document_ids(positions))
     return packed_causal_mask(positions)
 

@@ -20,9 +20,11 @@ PORTACHAT_CPU_INT_DOT=0 keeps them but multiplies int8/int4 weights in fp32 (see
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -71,8 +73,6 @@ def _cpu_signature() -> str:
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    import platform
-
     return platform.processor() or platform.machine()
 
 
@@ -340,8 +340,6 @@ class DecodeLayers:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     parser = argparse.ArgumentParser(
         prog="python -m portachat.ops.cpu_kernels",
         description=_("Build portachat's CPU kernels for this machine (scripts/setup.sh runs this)."),

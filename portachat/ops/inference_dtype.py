@@ -17,7 +17,8 @@ import torch
 from portachat.device.device import Device
 from portachat.device.dtypes import DTYPES as _DTYPES
 from portachat.device.dtypes import parse_dtype
-from portachat.device.inference import Choice, measures_inference_dtype
+from portachat.device.inference import measures_inference_dtype
+from portachat.device.policy import Decision
 from portachat.ops.cpu_linear import kernels_available, pack_linear
 from portachat.storage.atomic import write_text_atomic
 from portachat.storage.paths import portachat_home
@@ -44,19 +45,19 @@ def measure_cpu_matvec(dtype: torch.dtype, rows: int = 4096, cols: int = 2048, r
     return best
 
 
-def cpu_inference_dtype() -> Choice:
+def cpu_inference_dtype() -> Decision:
     """bf16 if a measured memory-bound matvec runs faster in bf16 than in fp32, else fp32."""
     kernels = "|own-kernels" if kernels_available("cpu") else ""
     name = torch.__version__ + "|" + str(torch.backends.cpu.get_cpu_capability()) + "|packed-1t" + kernels
     if name in _memo:
-        return Choice(_DTYPES[_memo[name]], "measured earlier in this process")
+        return Decision(_DTYPES[_memo[name]], "measured earlier in this process")
     try:
         cached = json.loads(_cache_file().read_text()).get(name)
     except (OSError, ValueError):
         cached = None
     if cached in _DTYPES:
         _memo[name] = cached
-        return Choice(_DTYPES[cached], f"measured before on this machine ({_cache_file()})")
+        return Decision(_DTYPES[cached], f"measured before on this machine ({_cache_file()})")
     # One thread, alternating dtypes, best of several: on a busy machine thread-pool stalls and other
     # processes would otherwise decide, and a wrong answer is cached.
     threads = torch.get_num_threads()
@@ -82,17 +83,17 @@ def cpu_inference_dtype() -> Choice:
         write_text_atomic(path, json.dumps(data, indent=2))
     except OSError:
         pass  # a read-only home only costs a re-measurement next time
-    return Choice(_DTYPES[choice], f"measured: bf16 matvec {bf16 * 1e6:.0f} us vs fp32 {fp32 * 1e6:.0f} us")
+    return Decision(_DTYPES[choice], f"measured: bf16 matvec {bf16 * 1e6:.0f} us vs fp32 {fp32 * 1e6:.0f} us")
 
 
-def inference_dtype(dev: Device, requested: str | None = None) -> Choice:
+def inference_dtype(dev: Device, requested: str | None = None) -> Decision:
     """Dtype for inference weights and KV cache. `requested` (fp32/bf16/fp16) wins;
     PORTACHAT_INFERENCE_DTYPE is read next."""
     requested = requested or os.environ.get("PORTACHAT_INFERENCE_DTYPE") or None
     if requested and requested.strip().lower() != "auto":
-        return Choice(parse_dtype(requested), f"requested ({requested})")
+        return Decision(parse_dtype(requested), f"requested ({requested})")
     if measures_inference_dtype(dev):
         return cpu_inference_dtype()
     if dev.dtype in (torch.bfloat16, torch.float16):
-        return Choice(dev.dtype, f"the device's compute dtype ({dev.dtype_reason})")
-    return Choice(torch.float32, f"fp32: {dev.dtype_reason}")
+        return Decision(dev.dtype, f"the device's compute dtype ({dev.dtype_reason})")
+    return Decision(torch.float32, f"fp32: {dev.dtype_reason}")

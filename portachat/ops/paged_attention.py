@@ -13,13 +13,13 @@ take either kind, quantize on write and dequantize in the gather.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from portachat.device import npu_kernels
 from portachat.device.device import Device
 from portachat.device.fast_paths import Verdict, check
 from portachat.device.inference import attention_compute_dtype
 from portachat.ops import kv_quant
+from portachat.ops.attention import sdpa
 from portachat.ops.fast_path import enabled
 from portachat.ops.kv_quant import KVTensor, QuantizedKV
 
@@ -97,15 +97,11 @@ def _sdpa_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: KV
     qh = q.transpose(0, 1).unsqueeze(0)  # [1, H, T, D]
     if slot_index is None:
         keys, values = k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
-        out = F.scaled_dot_product_attention(
-            qh, keys.to(q.dtype), values.to(q.dtype), is_causal=True, enable_gqa=k.size(1) != q.size(1)
-        )
+        out = sdpa(qh, keys.to(q.dtype), values.to(q.dtype), is_causal=True)
     else:
         keys, values = _gather(k_cache, slot_index, q.dtype), _gather(v_cache, slot_index, q.dtype)
         keys, values = keys.unsqueeze(0), values.unsqueeze(0)  # [1, H_kv, L, D]
-        out = F.scaled_dot_product_attention(
-            qh, keys, values, attn_mask=mask, enable_gqa=keys.size(1) != q.size(1)
-        )
+        out = sdpa(qh, keys, values, is_causal=False, attn_mask=mask)
     return out.squeeze(0).transpose(0, 1)
 
 

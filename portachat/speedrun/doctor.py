@@ -22,13 +22,13 @@ from portachat.device import (
     dist_env,
     get_device,
     init_distributed,
-    probe,
 )
 from portachat.device.explain import diagnose
 from portachat.device.fast_paths import Verdict, recorded_verdicts
 from portachat.device.flops import cached_peak, save_calibration, table_peak
 from portachat.device.health import Check, device_health, environment_checks, versions, visible_env
 from portachat.device.inference import measure_host_to_device
+from portachat.device.probe import probe
 from portachat.engine.decode_graphs import GRAPH_CHECKS
 from portachat.eval.sandbox import available_isolation
 from portachat.i18n import N_, _, gettext

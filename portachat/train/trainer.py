@@ -41,6 +41,7 @@ from portachat.tokenizer import Tokenizer
 from portachat.train.accumulation import TrainingError
 from portachat.train.activation_checkpointing import apply_activation_checkpointing
 from portachat.train.batch_size import resolve_device_batch_size
+from portachat.train.compile_fallback import compile_or_eager
 from portachat.train.config import TrainConfig, TrainResult, config_dict
 from portachat.train.evaluation import run_evaluators, show_samples
 from portachat.train.hooks import (
@@ -152,7 +153,7 @@ class Trainer:
             self.train_model = self.ddp
         if dev.compile:
             self.say("[portachat] " + _("compiling the model ({reason})").format(reason=dev.compile_reason))
-            self.train_model = torch.compile(self.train_model)
+            self.train_model = compile_or_eager(self.train_model, dev.compile_backend, self.say)
         self.attention = choose_attention(dev, model, cfg.device_batch_size, cfg.max_seq_len)
         if self.attention.value is not None:
             self.say("[portachat] " + _("attention kernel: {reason}").format(reason=self.attention.reason))

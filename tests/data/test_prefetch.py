@@ -3,6 +3,7 @@ the step no longer waits on the loader."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -123,3 +124,23 @@ def test_waits_for_the_loader_are_counted_and_timed():
         waited = stream.wait_s
         stream.next_batch()
         assert stream.waits == 1 and stream.wait_s == waited
+
+
+def test_the_producer_thread_sets_its_ranks_device_before_pinning():
+    """A new thread's current device is card 0: pinning there would open a context on card 0 for every rank."""
+    events = []
+
+    class RankDevice:  # the Device calls the producer makes, recording the thread they run on
+        torch_device = torch.device("cpu")
+
+        def set_current(self):
+            events.append(("set_current", threading.current_thread().name))
+
+        def pin(self, t):
+            events.append(("pin", threading.current_thread().name))
+            return t
+
+    with PrefetchStream(_SlowCounter(), depth=1, device=RankDevice()) as stream:
+        stream.next_batch()
+    assert events[0] == ("set_current", "portachat-prefetch") and events[1][0] == "pin"
+    assert events.count(("set_current", "portachat-prefetch")) == 1

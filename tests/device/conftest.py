@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from portachat.device import dist, reset_device_cache
+from portachat.device import early_env, reset_device_cache
 
 _VARS = (
     "PORTACHAT_DEVICE",
@@ -35,10 +35,10 @@ def clean_device_env(monkeypatch, tmp_path):
     for var in _VARS:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("PORTACHAT_HOME", str(tmp_path / "home"))
-    dist._SET_BY_US.clear()
+    early_env._SET_BY_US.clear()
     reset_device_cache()
     yield
     reset_device_cache()
-    dist._SET_BY_US.clear()
+    early_env._SET_BY_US.clear()
     os.environ.clear()
     os.environ.update(saved)

@@ -12,13 +12,9 @@ import pytest
 import torch
 from device_sim import ascend, h100
 
-from portachat.device import Device, DeviceError, dist, get_device, init_distributed
-from portachat.device.policy import (
-    decide_attention,
-    decide_dist_timeout,
-    npu_env_defaults,
-    npu_fusion_supported,
-)
+from portachat.device import Device, DeviceError, get_device, init_distributed
+from portachat.device.early_env import apply_env_defaults, env_status, npu_env_defaults
+from portachat.device.policy import decide_attention, decide_dist_timeout, npu_fusion_supported
 from portachat.speedrun.doctor import format_report
 
 A2_A3 = ["Ascend910B1", "Ascend910B3", "Ascend910B4", "Ascend910_9392", "Ascend910_9382", "910B3"]
@@ -68,7 +64,7 @@ def test_npu_env_defaults_follow_mindspeed_and_the_timeout():
 
 def test_user_settings_win_and_are_marked():
     environ = {"HCCL_CONNECT_TIMEOUT": "300"}
-    status = {s["name"]: s for s in dist.apply_env_defaults(npu_env_defaults("npu", 7200), environ)}
+    status = {s["name"]: s for s in apply_env_defaults(npu_env_defaults("npu", 7200), environ)}
     assert environ["HCCL_CONNECT_TIMEOUT"] == "300" and status["HCCL_CONNECT_TIMEOUT"]["source"] == "user"
     assert environ["TASK_QUEUE_ENABLE"] == "2" and status["TASK_QUEUE_ENABLE"]["source"] == "portachat"
     assert status["PYTORCH_NPU_ALLOC_CONF"]["value"] == "expandable_segments:True"
@@ -108,7 +104,7 @@ def test_get_device_sets_runtime_defaults_before_the_device_starts(fake_npu, mon
     report = {"versions": {}, "devices": [], "env": {}, "probes": {}, "checks": [], "ok": True,
               "decisions": {"attention": {"value": dev.attention_backend, "reason": dev.attention_reason}},
               "device": {"kind": "npu", "index": 0, "type": "npu", "count": 1,
-                         "env_defaults": dist.env_status(dev.env_defaults)}}
+                         "env_defaults": env_status(dev.env_defaults)}}
     text = format_report(report)
     assert "Atlas A2/A3" in text
     assert "TASK_QUEUE_ENABLE" in text and "set by you" in text and "portachat's default" in text
@@ -131,3 +127,29 @@ def test_process_group_gets_the_device_timeout_and_hccl_settings(fake_npu, monke
     assert hccl_exec == "5400"
     init_distributed(dev, timeout_s=120)  # an explicit timeout (doctor's probe) still wins
     assert calls[1][0]["timeout"] == timedelta(seconds=120)
+
+
+def test_each_rank_sets_its_own_card_before_any_card_is_queried(monkeypatch):
+    """On Ascend the first query of a card opens a context on it: rank 3 must touch card 3 only."""
+    calls: list[tuple[str, int]] = []
+    npu = types.ModuleType("torch.npu")
+    npu.is_available = lambda: True
+    npu.device_count = lambda: 8
+    npu.set_device = lambda i: calls.append(("set_device", i))
+
+    def properties(i):
+        calls.append(("properties", i))
+        return types.SimpleNamespace(name="Ascend910B3", total_memory=64 * 2**30)
+
+    npu.get_device_properties = properties
+    npu.is_bf16_supported = lambda: calls.append(("is_bf16_supported", -1)) or True
+    monkeypatch.setattr(torch, "npu", npu, raising=False)
+    monkeypatch.setitem(sys.modules, "torch_npu", types.ModuleType("torch_npu"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("PORTACHAT_DEVICE", "npu")
+    for var, value in {"RANK": "3", "LOCAL_RANK": "3", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8"}.items():
+        monkeypatch.setenv(var, value)
+    dev = get_device()
+    assert calls[0] == ("set_device", 3)
+    assert {i for what, i in calls if what == "properties"} == {3}
+    assert dev.index == 3 and dev.count == 8 and dev.name == "Ascend910B3"

@@ -8,7 +8,7 @@ import pytest
 from device_sim import ascend, cpu, h100, hip, mps, xpu
 
 from portachat.device import Device, get_device
-from portachat.device.fused_attention import packed_choice, select_packed
+from portachat.device.fused_attention import KernelChoice, kernels_for, use_kernels
 from portachat.device.policy import PACKED_ATTENTION
 
 
@@ -48,11 +48,11 @@ def test_ascend_keeps_its_fused_kernel_with_the_mask():
 
 
 def test_get_device_hands_the_choice_to_ops():
-    before = packed_choice()
+    before = use_kernels("cpu", KernelChoice(packed="flex"))
     try:
-        select_packed("flex")
-        dev = get_device("cpu")
-        assert packed_choice() == dev.packed_attention == "dense_mask" and dev.packed_attention in PACKED_ATTENTION
+        dev = get_device("cpu")  # built here (the conftest empties the cache): its choice goes to the CPU's tensors
+        assert kernels_for("cpu").packed == dev.packed_attention == "dense_mask"
+        assert dev.packed_attention in PACKED_ATTENTION
         assert dev.describe()["packed_attention_reason"] == dev.packed_attention_reason  # what doctor --json shows
     finally:
-        select_packed(before)
+        use_kernels("cpu", before)

@@ -71,10 +71,10 @@ def test_dcu_gfx906_fp16_and_gfx928_bf16_nccl():
     assert z100.dtype == torch.float16 and z100.needs_grad_scaler
     assert "gfx906" in z100.dtype_reason
     assert not z100.compile
-    k100ai = Device(hip("dcu", "gfx928", "K100_AI"))
+    k100ai = Device(hip("dcu", "gfx928", "K100_AI", triton_version="2.1.0+das.opt1.dtk2404"))
     assert k100ai.dtype == torch.bfloat16
     assert k100ai.dist_backend == "nccl" and "RCCL" in k100ai.dist_reason
-    assert k100ai.compile
+    assert k100ai.compile  # with Hygon's Triton; upstream Triton stays eager (test_first_contact.py)
 
 
 def test_rocm_mi300x_bf16_and_peak():

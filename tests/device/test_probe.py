@@ -8,7 +8,8 @@ import types
 import pytest
 import torch
 
-from portachat.device import DeviceError, get_device, probe
+from portachat.device import DeviceError, get_device
+from portachat.device.probe import probe
 
 
 def test_probe_cpu_here():
@@ -39,6 +40,7 @@ def fake_npu(monkeypatch):
     npu.device_count = lambda: 2
     npu.get_device_properties = lambda i: _Props(name="Ascend910B3", total_memory=64 * 2**30)
     npu.is_bf16_supported = lambda: True
+    npu.set_device = lambda i: None  # torch.npu.set_device: the probe makes this rank's card current first
     fake = types.ModuleType("torch_npu")
     fake.__version__ = "2.6.0.post1"
     fake.npu_fusion_attention = lambda *a, **k: None

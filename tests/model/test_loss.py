@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from gpt_testing import randomized, tiny_config
 from torch.nn.attention.flex_attention import flex_attention
 
-from portachat.device.fused_attention import packed_choice, select_packed
+from portachat.device.fused_attention import KernelChoice, use_kernels
 from portachat.model import GPT
 from portachat.model.loss import chunked_cross_entropy, loss_chunk_size
 from portachat.ops import attention as attention_ops
@@ -177,15 +177,14 @@ def test_packed_losses_are_the_same_through_flex_attention(monkeypatch):
     monkeypatch.setattr(attention_ops, "_compiled_flex", [eager_flex])
     model = randomized(GPT(tiny_config(max_seq_len=256)), std=0.2)
     ids, targets, positions = _packed(_conversations(lengths=(70, 45, 30)))  # 145 tokens: two flex blocks
-    before = packed_choice()
     with torch.no_grad():
         dense = model(ids, targets, loss_reduction="none", positions=positions)[0]
+        before = use_kernels("cpu", KernelChoice(packed="flex"))
         try:
-            select_packed("flex")
             set_enabled("flex_attention", "cpu", True)  # as if its self-test passed here
             flex = model(ids, targets, loss_reduction="none", positions=positions)[0]
         finally:
-            select_packed(before)
+            use_kernels("cpu", before)
             set_enabled("flex_attention", "cpu", None)
     assert calls == ["BlockMask"] * model.config.n_layer
     torch.testing.assert_close(flex, dense, atol=1e-5, rtol=1e-5)

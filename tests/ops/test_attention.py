@@ -10,14 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from portachat.device.fused_attention import (
-    current_backend,
-    fusion_eligible,
-    npu_fusion,
-    packed_choice,
-    select_backend,
-    select_packed,
-)
+from portachat.device.fused_attention import KernelChoice, fusion_eligible, npu_fusion, use_kernels
 from portachat.ops import attention as attention_ops
 from portachat.ops.attention import (
     attention,
@@ -101,12 +94,11 @@ def test_fast_path_only_where_the_kernel_applies():
 
 def test_backend_selection_leaves_cpu_tensors_on_sdpa():
     q, k, v = _qkv()
-    before = current_backend()
+    before = use_kernels("cpu", KernelChoice(attention="npu_fusion_attention"))
     try:
-        select_backend("npu_fusion_attention")
         out = attention(q, k, v, is_causal=True)  # CPU tensors: not eligible, SDPA answers
     finally:
-        select_backend(before)
+        use_kernels("cpu", before)
     torch.testing.assert_close(out, attention(q, k, v, is_causal=True))
 
 
@@ -153,19 +145,19 @@ def test_flex_attention_with_the_document_block_mask_equals_sdpa_with_the_dense_
 
 def test_packed_rows_get_their_mask_in_the_form_the_device_layer_chose():
     positions = _packed_positions()
-    before = packed_choice()
+    before = use_kernels("cpu", KernelChoice(packed="flex"))
     try:
-        select_packed("flex")
         set_enabled("flex_attention", "cpu", True)  # as if its self-test passed here (it runs where flex is chosen)
         block = packed_attention_mask(positions)
         assert isinstance(block, BlockMask) and block.shape == (2, 1, 150, 150)
-        assert attention_ops._flex() is not flex_attention  # compiled where chosen (compiling waits for a call)
-        select_packed("dense_mask")
+        assert attention_ops._flex("cpu") is not flex_attention  # compiled where chosen (compiling waits for a call)
+        use_kernels("cpu", KernelChoice(packed="dense_mask"))
         assert torch.equal(packed_attention_mask(positions), packed_causal_mask(positions))
-        assert attention_ops._flex() is flex_attention  # a hand-built BlockMask elsewhere: the eager reference
-        select_packed("flex")
+        assert attention_ops._flex("cpu") is flex_attention  # a hand-built BlockMask elsewhere: the eager reference
+        assert attention_ops._flex("cuda") is flex_attention  # and the choice of one device type is its own
+        use_kernels("cpu", KernelChoice(packed="flex"))
         set_enabled("flex_attention", "cpu", False)  # its self-test failed: the dense mask, whatever was chosen
         assert torch.equal(packed_attention_mask(positions), packed_causal_mask(positions))
     finally:
-        select_packed(before)
+        use_kernels("cpu", before)
         set_enabled("flex_attention", "cpu", None)

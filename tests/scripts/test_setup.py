@@ -109,8 +109,10 @@ def ascend_machine(tmp_path: Path, cann: str) -> dict[str, str]:
     return machine(tmp_path, tools={"npu-smi": "| 910B3 | OK |"}, files=files)
 
 
-# Ascend's matching table: the newest torch each CANN is published with (all >= the torch 2.9 floor).
+# Ascend's matching table: the newest torch each CANN is published with (all >= the torch 2.6 floor).
 @pytest.mark.parametrize(("cann", "torch_v", "npu_v", "row"), [
+    ("8.2.RC1", "2.6.0", "2.6.0", "8.2.RC1"),
+    ("8.3.RC1", "2.8.0", "2.8.0", "8.3.RC1"),
     ("8.5.0", "2.9.0", "2.9.0", "8.5.0"),
     ("9.0.0", "2.10.0", "2.10.0", "9.0.0"),
     ("9.1.0", "2.12.0", "2.12.0", "9.1.0"),
@@ -126,13 +128,13 @@ def test_ascend_machine_gets_the_published_pair_for_its_cann(tmp_path, cann, tor
     assert "newer than the matching table" not in done.stderr
 
 
-@pytest.mark.parametrize("cann", ["8.3.RC1", "8.0.0", "7.0.0"])
+@pytest.mark.parametrize("cann", ["8.1.RC1", "8.0.0", "7.0.0"])
 def test_ascend_cann_below_the_torch_floor_stops_with_the_upgrade(tmp_path, cann):
     done = dry_run(ascend_machine(tmp_path, cann))
     assert done.returncode == 2
     assert torch_installs(done) == []
-    assert "portachat needs torch>=2.9" in done.stderr
-    assert "upgrade CANN to 8.5.0 or newer" in done.stderr and "bash scripts/setup.sh" in done.stderr
+    assert "portachat needs torch>=2.6" in done.stderr
+    assert "upgrade CANN to 8.2.RC1 or newer" in done.stderr and "bash scripts/setup.sh" in done.stderr
 
 
 def test_ascend_cann_newer_than_the_table_gets_the_newest_pair_and_says_so(tmp_path):

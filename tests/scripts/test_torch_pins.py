@@ -29,7 +29,8 @@ def test_ascend_table_is_newest_first():
 
 
 def test_floor_comes_from_pyproject():
-    assert choose_torch.torch_floor(str(ROOT)) == "2.9"
+    assert choose_torch.torch_floor(str(ROOT)) == "2.6"
+    assert choose_torch.oldest_cann_for("2.6") == "8.2.RC1"
     assert choose_torch.oldest_cann_for("2.9") == "8.5.0"
     assert choose_torch.oldest_cann_for("2.11") == "9.1.0"
 
@@ -99,7 +100,7 @@ def test_setup_writes_the_plan_pins_before_installing(tmp_path):
     assert done.returncode == 0, done.stderr
     assert [line for line in pins.read_text().splitlines() if not line.startswith("#")] == \
         ["torch==2.10.0", "torch_npu==2.10.0"]
-    info.write_text("version=8.3.RC1\n")  # a stop writes nothing
+    info.write_text("version=8.1.RC1\n")  # a stop (its newest torch, 2.5.1, is below the floor) writes nothing
     pins.unlink()
     assert _cli("--root", str(root), "--pins-file", str(pins), env=env).returncode == 2 and not pins.exists()
 
@@ -109,3 +110,17 @@ def test_setup_holds_the_installed_build(tmp_path):
     done = _cli("--python", sys.executable, "--pin-installed", str(pins))
     assert done.returncode == 0, done.stderr
     assert f"holding torch=={importlib.metadata.version('torch')}" in done.stderr
+
+
+@pytest.mark.parametrize(("cann", "torch_version", "torch_npu"), [
+    ("8.2.RC1", "2.6.0", "2.6.0"), ("8.3.RC1", "2.8.0", "2.8.0"), ("8.5.0", "2.9.0", "2.9.0"),
+    ("9.0.0", "2.10.0", "2.10.0"), ("9.1.0", "2.12.0", "2.12.0"),
+])
+def test_910b_hosts_on_cann_8_2_and_8_3_can_install(cann, torch_version, torch_npu):
+    """The floor in pyproject.toml is what the code needs, so CANN 8.2/8.3 hosts (torch_npu 2.6 / 2.7.1 / 2.8)
+    get a pair instead of a stop; newer CANN still get their newest torch."""
+    choice = choose_torch.ascend_choice(cann, choose_torch.torch_floor(str(ROOT)))
+    assert (choice.torch, choice.torch_npu) == (torch_version, torch_npu)
+    plan = choose_torch.Plan("ascend")
+    choose_torch.plan_ascend(plan, cann)
+    assert plan.stop is None and any(f"torch=={torch_version}" in " ".join(args) for args in plan.installs)

@@ -343,7 +343,7 @@ class ModelRegistry:
         except BaseException as exc:  # noqa: BLE001 - reported to every waiter and kept for /v1/models
 
             d = diagnose(exc) if isinstance(exc, Exception) else None
-            entry.error = f"{d.title}: {d.what_happened} ({exc})" if d else f"{type(exc).__name__}: {exc}"
+            entry.error = d.line(exc) if d else f"{type(exc).__name__}: {exc}"
             entry.state = "available"
             self._settle(entry)
             if isinstance(exc, Exception):
