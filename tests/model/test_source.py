@@ -138,7 +138,7 @@ class _StartUpOnly:
 
 
 def test_a_serve_start_up_resolves_its_model_once(our_tokenizer, monkeypatch):
-    import portachat.serve.api.server
+    import portachat.commands.run.serve
     from portachat.cli import main
 
     home = Path(os.environ["PORTACHAT_HOME"])
@@ -148,7 +148,7 @@ def test_a_serve_start_up_resolves_its_model_once(our_tokenizer, monkeypatch):
     calls: list[str] = []
     locate = source_module._locate
     monkeypatch.setattr(source_module, "_locate", lambda spec: calls.append(str(spec)) or locate(spec))
-    monkeypatch.setattr(portachat.serve.api.server, "make_server", _StartUpOnly)
+    monkeypatch.setattr(portachat.commands.run.serve, "make_server", _StartUpOnly)  # where serve calls it
     assert main(["serve", "--model", "r3/sft", "--device", "cpu", "--dtype", "fp32", "--max-model-len", "64"]) == 0
     assert calls == ["r3/sft"]
 
