@@ -68,8 +68,10 @@ def test_ascend_pairs_come_from_the_matching_table():
 
 
 def test_ascend_refuses_a_cann_below_the_floor_and_one_it_cannot_read():
-    old = build_image("ascend", "--base", "quay.io/ascend/cann:8.2.rc1-910b-ubuntu22.04-py3.10", "--dry-run")
+    old = build_image("ascend", "--base", "quay.io/ascend/cann:8.0.rc3-910b-ubuntu22.04-py3.10", "--dry-run")
     assert old.returncode == 2 and "torch>=" in old.stderr and "CANN" in old.stderr
+    _, floor = plan(build_image("ascend", "--base", "quay.io/ascend/cann:8.2.rc1-910b-ubuntu22.04-py3.10", "--dry-run"))
+    assert floor["TORCH_VERSION"] == "2.6.0"  # the oldest CANN whose torch is at portachat's floor still builds
     unknown = build_image("ascend", "--base", "registry.example/cann-custom:latest", "--dry-run")
     assert unknown.returncode == 2 and "--cann" in unknown.stderr
 
