@@ -109,15 +109,20 @@ def decode_compile(dev: Device, requested: bool | None = None, packed: bool = Fa
 
 
 def decode_graphs(dev: Device, requested: bool | None = None, packed: bool = False,
-                  compiled: bool = False, sharded: bool = False) -> Decision:  # fmt: skip
+                  compiled: bool = False, sharded: bool = False, paged_kernels: bool = False) -> Decision:  # fmt: skip
     """Whether the engine captures its decode steps in device graphs (vLLM's CUDA graphs; off with
     --enforce-eager). On by default where it was measured: CUDA, where a small model's decode step
     is bound by kernel launches (SmolLM2-135M on an H100: see benchmarks/README.md). Elsewhere only
-    on request, where this torch can capture at all."""
+    on request, where this torch can capture at all. `paged_kernels`: Ascend's paged-attention kernel
+    runs decode attention (ops/npu_attention); it reads each step's context lengths on the host, which a
+    replayed graph would keep from its capture."""
     if requested is False:
         return Decision(False, _("eager: requested (--enforce-eager)"))
     if packed:
         return Decision(False, _("eager: the packed CPU kernels run the decode step"))
+    if paged_kernels:
+        return Decision(False, _("eager: Ascend's paged-attention kernel runs decode attention (it reads the "
+                                 "context lengths on the host, which a graph replay would not update)"))
     if compiled:
         return Decision(False, _("eager: the compiled forward runs the decode step (--compile)"))
     if sharded:  # a graph replays fixed addresses; FSDP gathers sharded weights into new memory each time

@@ -103,7 +103,7 @@ class LLMEngine:
             self.runner.enable_compile()
         sharded = any(isinstance(p, DTensor) for p in model.parameters())
         graphs = decode_graphs(device, False if config.enforce_eager else None, packed=self.runner.packed is not None,
-                               compiled=self.compiled, sharded=sharded)  # fmt: skip
+                               compiled=self.compiled, sharded=sharded, paged_kernels=self.runner.slot_major)  # fmt: skip
         self.graphs_reason = graphs.reason
         if graphs.value:
             self.runner.enable_decode_graphs(config.max_num_seqs, GraphCapturer(device.type))
