@@ -96,7 +96,8 @@ class LLMEngine:
         self.runner = runner_cls(
             model, num_blocks, config.block_size, self.max_model_len, device.torch_device, dtype, self.kv_dtype
         )
-        compile_choice = decode_compile(device, config.compile, packed=self.runner.packed is not None)
+        compile_choice = decode_compile(device, config.compile, packed=self.runner.packed is not None,
+                                        paged_kernels=self.runner.slot_major)
         self.compiled = bool(compile_choice.value)
         self.compile_reason = compile_choice.reason
         if self.compiled:

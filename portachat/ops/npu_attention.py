@@ -106,8 +106,9 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, 
     """ops/paged_attention.write_kv for a slot-major cache, through _npu_reshape_and_cache while it works."""
     if enabled("npu_reshape_and_cache", k.device, check_reshape_and_cache):
         try:
-            npu_kernels.reshape_and_cache(k.to(k_cache.dtype), v.to(v_cache.dtype), blocks(k_cache, block_size),
-                                          blocks(v_cache, block_size), slots)  # fmt: skip
+            # contiguous rows, as the kernel reads them (k and v may be column slices of a fused product)
+            npu_kernels.reshape_and_cache(k.to(k_cache.dtype).contiguous(), v.to(v_cache.dtype).contiguous(),
+                                          blocks(k_cache, block_size), blocks(v_cache, block_size), slots)  # fmt: skip
             return
         except Exception as e:  # a vendor kernel may raise anything; the portable write below replaces it
             failed_in_use("npu_reshape_and_cache", k.device, e)
@@ -122,7 +123,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     portable path's slot_index and mask are kept for the fallback."""
     if enabled("npu_paged_attention", q.device, check_paged_attention):
         try:
-            return npu_kernels.paged_attention(q.to(k_cache.dtype), blocks(k_cache, block_size),
+            return npu_kernels.paged_attention(q.to(k_cache.dtype).contiguous(), blocks(k_cache, block_size),
                                                blocks(v_cache, block_size), block_tables, context_lens).to(q.dtype)
         except Exception as e:  # as in write_kv
             failed_in_use("npu_paged_attention", q.device, e)

@@ -68,6 +68,7 @@ def test_decode_and_cache_writes_run_through_the_kernels_with_the_portable_token
     runner = engine.runner
     assert runner.slot_major and runner.k_cache.transpose(1, 2).is_contiguous()  # [layers, slots, H_kv, D] memory
     assert not engine.uses_decode_graphs and "paged-attention" in engine.graphs_reason
+    assert not engine.compiled and "paged-attention" in engine.compile_reason
     # beyond the self-tests' one call each: every layer of every step writes and of every decode step
     # attends (a sequence's tokens after its first each come from a decode step)
     at_least = 1 + engine.model.config.n_layer * (PARAMS.max_tokens - 1)
