@@ -274,6 +274,7 @@ class LLMEngine:
             "decode_graphs": self.uses_decode_graphs,
             "decode_graphs_captured": len(self.runner.graphs.graphs) if self.runner.graphs else 0,
             "packed_weights": self.runner.packed is not None,
+            "paged_kernels": self.runner.slot_major,  # decode attention and K/V writes through Ascend's kernels
             "lora_adapters": self.adapters,
             "lora_steps": self.runner.lora_steps,  # steps with LoRA rows ...
             "lora_mixed_steps": self.runner.lora_mixed_steps,  # ... of which mixed two or more adapters / the base

@@ -57,7 +57,7 @@ def _counting(mod) -> dict[str, int]:
 def test_decode_and_cache_writes_run_through_the_kernels_with_the_portable_tokens(monkeypatch, chat_tokenizer):
     prompts = _prompts(chat_tokenizer.vocab_size)
     want, portable = _generate(chat_tokenizer, prompts)
-    assert not portable.runner.slot_major and portable.runner.k_cache.is_contiguous()
+    assert not portable.stats()["paged_kernels"] and portable.runner.k_cache.is_contiguous()
     mod = standin.module()
     calls = _counting(mod)
     standin.install(monkeypatch, mod)
@@ -66,7 +66,7 @@ def test_decode_and_cache_writes_run_through_the_kernels_with_the_portable_token
     assert got == want
     assert got[0] == plain_greedy(engine.model, prompts[0], PARAMS.max_tokens)
     runner = engine.runner
-    assert runner.slot_major and runner.k_cache.transpose(1, 2).is_contiguous()  # [layers, slots, H_kv, D] memory
+    assert engine.stats()["paged_kernels"] and runner.k_cache.transpose(1, 2).is_contiguous()  # [layers, slots, H_kv, D] memory
     assert not engine.uses_decode_graphs and "paged-attention" in engine.graphs_reason
     assert not engine.compiled and "paged-attention" in engine.compile_reason
     # beyond the self-tests' one call each: every layer of every step writes and of every decode step
