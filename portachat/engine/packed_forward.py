@@ -207,7 +207,7 @@ class CachedAttention:
         if slot_major is None:
             pa.write_kv(kc, vc, self.inp.slot_mapping, k, v)
         else:
-            npu_attention.write_kv(kc, vc, self.inp.slot_mapping, k, v, slot_major.block_size)
+            npu_attention.write_kv(kc, vc, slot_major.slots, k, v, slot_major.block_size)
         return attend(self.inp, q, k, v, kc, vc).reshape(q.size(0), -1).to(self.dtype)
 
 

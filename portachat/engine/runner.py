@@ -199,7 +199,8 @@ class ModelRunner:
         slot_major = None
         if self.slot_major:  # Ascend's kernels read block tables and, on the host, context lengths
             tables = dec_t.view(num_decode, max_blocks).to(torch.int32) if num_decode else None
-            slot_major = SlotMajorCache(bs, tables, torch.tensor(context, dtype=torch.int32) if num_decode else None)
+            slot_major = SlotMajorCache(bs, slot_t.to(torch.int32), tables,
+                                        torch.tensor(context, dtype=torch.int32) if num_decode else None)
         lora_groups = list(zip([slot for slot, _n in plan.lora], torch.split(lora_t, [n for _s, n in plan.lora]),
                                strict=True))
         return StepInputs(input_ids, pos_t, slot_t, rows_t, num_decode, decode_slots, decode_mask, prefills,

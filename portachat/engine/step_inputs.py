@@ -18,10 +18,12 @@ class PrefillChunk:
 @dataclass
 class SlotMajorCache:
     """Present where the KV cache is slot-major for Ascend's kernels (ops/npu_attention): the block size they
-    read it by, and the decode rows' block tables [B, max_blocks] (int32, on the device) and context
-    lengths [B] (int32, on the host, where _npu_paged_attention reads them); None without decode rows."""
+    read it by, every row's slot [N] as int32 (once per step, not per layer), and the decode rows' block
+    tables [B, max_blocks] (int32, on the device) and context lengths [B] (int32, on the host, where
+    _npu_paged_attention reads them); None without decode rows."""
 
     block_size: int
+    slots: torch.Tensor
     block_tables: torch.Tensor | None
     context_lens: torch.Tensor | None
 

@@ -112,7 +112,7 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, 
             return
         except Exception as e:  # a vendor kernel may raise anything; the portable write below replaces it
             failed_in_use("npu_reshape_and_cache", k.device, e)
-    pa.write_kv(k_cache, v_cache, slots, k, v)
+    pa.write_kv(k_cache, v_cache, slots.long(), k, v)  # (the kernel's slots may be int32)
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_size: int,
