@@ -13,9 +13,8 @@ import torch
 from portachat.device.device import Device, device_holding
 from portachat.device.errors import DeviceError
 from portachat.device.fast_path_choice import candidates
-from portachat.device.fast_paths import Verdict, verdict
+from portachat.device.fast_paths import Verdict, raised, verdict
 from portachat.device.npu_kernels import has_op
-from portachat.i18n import _
 
 Check = Callable[[Device], Verdict]  # runs the candidate beside its reference on the device, small shapes
 _ON: dict[tuple[str, str], bool] = {}
@@ -67,8 +66,7 @@ def failed_in_use(name: str, where: torch.device | str, error: Exception) -> Non
     verdict cache, until `doctor --selftest` checks it again), the reason said once. The caller then runs
     the portable path."""
     where = torch.device(where)
-    reason = _("{name} raised {error}: {message}").format(
-        name=name, error=type(error).__name__, message=str(error).splitlines()[0] if str(error) else "")
+    reason = raised(name, error)
     with _LOCK:
         _ON[(name, where.type)] = False
     try:
