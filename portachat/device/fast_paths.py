@@ -99,9 +99,14 @@ def check(name: str, candidate: Callable[[], Outputs], reference: Callable[[], O
     try:
         got = candidate()
     except Exception as e:  # a vendor kernel may raise anything (RuntimeError, its own error types)
-        return Verdict(name, False, _("{name} raised {error}: {message}").format(
-            name=name, error=type(e).__name__, message=str(e).splitlines()[0] if str(e) else ""))
+        return Verdict(name, False, raised(name, e))
     return compare(name, got, want, dtype)
+
+
+def raised(name: str, error: Exception) -> str:
+    """The reason a candidate is off when it raised: its error's type and first line."""
+    return _("{name} raised {error}: {message}").format(
+        name=name, error=type(error).__name__, message=str(error).splitlines()[0] if str(error) else "")
 
 
 def library_versions() -> str:

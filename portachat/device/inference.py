@@ -92,13 +92,20 @@ def choose_kv_cache_dtype(dev: Device, weight_dtype: torch.dtype, requested: str
         value=repr(requested), choices=", ".join(KV_CACHE_DTYPES)))
 
 
-def decode_compile(dev: Device, requested: bool | None = None, packed: bool = False) -> Decision:
+def decode_compile(dev: Device, requested: bool | None = None, packed: bool = False,
+                   paged_kernels: bool = False) -> Decision:  # fmt: skip
     """Whether the engine compiles its forward (torch.compile, dynamic shapes). Opt-in for now:
     the forward's shapes change every step and compilation takes minutes on a CPU. Never over
     packed CPU kernels: the compiler cannot lower them, and they already give what its weight
-    freezing would (compiling the unpacked modules instead measured 3x slower per decode step)."""
+    freezing would (compiling the unpacked modules instead measured 3x slower per decode step).
+    Nor over Ascend's paged-attention and cache-write kernels (`paged_kernels`, ops/npu_attention): they
+    read host-side context lengths and fall back to the portable path if they raise, neither of which a
+    traced graph keeps."""
     if packed:
         why = _("eager: the packed CPU kernels run the decode step (compile applies to the module path)")
+        return Decision(False, why + (_(" although --compile was requested") if requested else ""))
+    if paged_kernels:
+        why = _("eager: Ascend's paged-attention and cache-write kernels run the decode step")
         return Decision(False, why + (_(" although --compile was requested") if requested else ""))
     if requested is not None:
         if requested and not dev.compile:
@@ -109,15 +116,20 @@ def decode_compile(dev: Device, requested: bool | None = None, packed: bool = Fa
 
 
 def decode_graphs(dev: Device, requested: bool | None = None, packed: bool = False,
-                  compiled: bool = False, sharded: bool = False) -> Decision:  # fmt: skip
+                  compiled: bool = False, sharded: bool = False, paged_kernels: bool = False) -> Decision:  # fmt: skip
     """Whether the engine captures its decode steps in device graphs (vLLM's CUDA graphs; off with
     --enforce-eager). On by default where it was measured: CUDA, where a small model's decode step
     is bound by kernel launches (SmolLM2-135M on an H100: see benchmarks/README.md). Elsewhere only
-    on request, where this torch can capture at all."""
+    on request, where this torch can capture at all. `paged_kernels`: Ascend's paged-attention kernel
+    runs decode attention (ops/npu_attention); it reads each step's context lengths on the host, which a
+    replayed graph would keep from its capture."""
     if requested is False:
         return Decision(False, _("eager: requested (--enforce-eager)"))
     if packed:
         return Decision(False, _("eager: the packed CPU kernels run the decode step"))
+    if paged_kernels:
+        return Decision(False, _("eager: Ascend's paged-attention kernel runs decode attention (it reads the "
+                                 "context lengths on the host, which a graph replay would not update)"))
     if compiled:
         return Decision(False, _("eager: the compiled forward runs the decode step (--compile)"))
     if sharded:  # a graph replays fixed addresses; FSDP gathers sharded weights into new memory each time

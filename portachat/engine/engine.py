@@ -96,14 +96,15 @@ class LLMEngine:
         self.runner = runner_cls(
             model, num_blocks, config.block_size, self.max_model_len, device.torch_device, dtype, self.kv_dtype
         )
-        compile_choice = decode_compile(device, config.compile, packed=self.runner.packed is not None)
+        compile_choice = decode_compile(device, config.compile, packed=self.runner.packed is not None,
+                                        paged_kernels=self.runner.slot_major)
         self.compiled = bool(compile_choice.value)
         self.compile_reason = compile_choice.reason
         if self.compiled:
             self.runner.enable_compile()
         sharded = any(isinstance(p, DTensor) for p in model.parameters())
         graphs = decode_graphs(device, False if config.enforce_eager else None, packed=self.runner.packed is not None,
-                               compiled=self.compiled, sharded=sharded)  # fmt: skip
+                               compiled=self.compiled, sharded=sharded, paged_kernels=self.runner.slot_major)  # fmt: skip
         self.graphs_reason = graphs.reason
         if graphs.value:
             self.runner.enable_decode_graphs(config.max_num_seqs, GraphCapturer(device.type))
@@ -273,6 +274,7 @@ class LLMEngine:
             "decode_graphs": self.uses_decode_graphs,
             "decode_graphs_captured": len(self.runner.graphs.graphs) if self.runner.graphs else 0,
             "packed_weights": self.runner.packed is not None,
+            "paged_kernels": self.runner.slot_major,  # decode attention and K/V writes through Ascend's kernels
             "lora_adapters": self.adapters,
             "lora_steps": self.runner.lora_steps,  # steps with LoRA rows ...
             "lora_mixed_steps": self.runner.lora_mixed_steps,  # ... of which mixed two or more adapters / the base

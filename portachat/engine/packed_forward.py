@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from portachat.model.gpt import GPT
 from portachat.model.layer_ops import decoder_layer
 from portachat.model.lora_batch import AdapterSet
-from portachat.ops import cpu_kernels
+from portachat.ops import cpu_kernels, npu_attention
 from portachat.ops import paged_attention as pa
 from portachat.ops.cpu_linear import (
     RoutedLinear,
@@ -203,7 +203,11 @@ class CachedAttention:
 
     def attend(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         kc, vc = self.k_cache[i], self.v_cache[i]
-        pa.write_kv(kc, vc, self.inp.slot_mapping, k, v)
+        slot_major = self.inp.slot_major
+        if slot_major is None:
+            pa.write_kv(kc, vc, self.inp.slot_mapping, k, v)
+        else:
+            npu_attention.write_kv(kc, vc, slot_major.slots, k, v, slot_major.block_size)
         return attend(self.inp, q, k, v, kc, vc).reshape(q.size(0), -1).to(self.dtype)
 
 
@@ -307,7 +311,11 @@ def attend(inp, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kc: torch.Ten
     """Attention for every row of the flat batch: decode rows together, each prefill chunk alone."""
     outs = []
     d = inp.num_decode
-    if d:
+    slot_major = inp.slot_major
+    if d and slot_major is not None:  # Ascend's paged-attention kernel over the slot-major cache
+        outs.append(npu_attention.decode_attention(q[:d], kc, vc, slot_major.block_size, slot_major.block_tables,
+                                                   slot_major.context_lens, inp.decode_slots, inp.decode_mask))
+    elif d:
         outs.append(pa.decode_attention(q[:d], kc, vc, inp.decode_slots, inp.decode_mask))
     for c in inp.prefills:
         rows = slice(c.start, c.start + c.length)

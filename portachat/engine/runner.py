@@ -19,12 +19,12 @@ from portachat.engine.decode_graphs import DecodeGraphs, PaddedDecode
 from portachat.engine.module_ops import ModuleLayerOps
 from portachat.engine.packed_forward import PackedModel
 from portachat.engine.scheduler import ScheduledSeq
-from portachat.engine.step_inputs import PrefillChunk, StepInputs, StepPlan
+from portachat.engine.step_inputs import PrefillChunk, SlotMajorCache, StepInputs, StepPlan
 from portachat.i18n import _
 from portachat.model.gpt import GPT
 from portachat.model.layer_ops import decoder_layer
 from portachat.model.lora_batch import AdapterSet
-from portachat.ops import kv_quant
+from portachat.ops import kv_quant, npu_attention
 
 
 def rotary_tables(model: GPT, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,8 +68,12 @@ class ModelRunner:
         shape = (cfg.n_layer, cfg.n_kv_head, self.num_slots, cfg.head_dim)
         # None: the device layer's default; int8/fp8 caches are data + per-token scales (kv_quant).
         self.kv_dtype = kv_dtype or kv_cache_dtype(device, dtype)
-        self.k_cache = kv_quant.allocate(shape, self.kv_dtype, device)
-        self.v_cache = kv_quant.allocate(shape, self.kv_dtype, device)
+        # Slot-major memory where Ascend's cache-write and paged-attention kernels passed their self-tests
+        # (the same head-major view for everything else, see ops/npu_attention).
+        self.slot_major = npu_attention.cache_slot_major(device, self.kv_dtype)
+        allocate = npu_attention.allocate if self.slot_major else kv_quant.allocate
+        self.k_cache = allocate(shape, self.kv_dtype, device)
+        self.v_cache = allocate(shape, self.kv_dtype, device)
         self.cos, self.sin = rotary_tables(model, max_model_len, device)
         half = cfg.head_dim // 2
         self.sin_signed = torch.cat([-self.sin[:, :half], self.sin[:, half:]], dim=-1)  # rotate_half as a roll
@@ -167,8 +171,8 @@ class ModelRunner:
         input_ids, pos_t, slot_t, rows_t, ctx_t, dec_t, chunk_t, lora_t = torch.split(flat, plan.sizes)
         num_decode, max_blocks = plan.num_decode, plan.max_blocks
         decode_slots = decode_mask = None
+        context = plan.flat[sum(plan.sizes[:4]) : sum(plan.sizes[:5])]
         if num_decode:
-            context = plan.flat[sum(plan.sizes[:4]) : sum(plan.sizes[:5])]
             L = max(context)
             within = torch.arange(bs, device=self.device)
             decode_slots = (dec_t.view(num_decode, max_blocks, 1) * bs + within).view(num_decode, -1)[:, :L]
@@ -192,10 +196,15 @@ class ModelRunner:
                 mask = torch.arange(end, device=self.device)[None, :] <= query_pos[:, None]
             prefills.append(PrefillChunk(row, num_tokens, slot_index, mask))
             row += num_tokens
+        slot_major = None
+        if self.slot_major:  # Ascend's kernels read block tables and, on the host, context lengths
+            tables = dec_t.view(num_decode, max_blocks).to(torch.int32) if num_decode else None
+            slot_major = SlotMajorCache(bs, slot_t.to(torch.int32), tables,
+                                        torch.tensor(context, dtype=torch.int32) if num_decode else None)
         lora_groups = list(zip([slot for slot, _n in plan.lora], torch.split(lora_t, [n for _s, n in plan.lora]),
                                strict=True))
         return StepInputs(input_ids, pos_t, slot_t, rows_t, num_decode, decode_slots, decode_mask, prefills,
-                          lora_groups)
+                          lora_groups, slot_major)
 
     # ------------------------------------------------------------------ forward
 

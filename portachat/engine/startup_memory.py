@@ -53,7 +53,8 @@ def profile_largest_step(dev: Device, model: GPT, config: EngineConfig, max_mode
     args = (scratch._forward_modules, config.block_size, scratch.scratch_block, config.max_num_seqs,
             max_model_len, model.config.vocab_size, dev.torch_device)  # fmt: skip
     eager = DecodeGraphs(*args, capturer=None, capture_now=False, max_batch=config.max_num_seqs)
-    graphs_on = decode_graphs(dev, False if config.enforce_eager else None, compiled=bool(config.compile)).value
+    graphs_on = decode_graphs(dev, False if config.enforce_eager else None, compiled=bool(config.compile),
+                              paged_kernels=scratch.slot_major).value
     trial = DecodeGraphs(*args, capturer=GraphCapturer(dev.type), capture_now=False) if graphs_on else None
     try:
         dev.empty_cache()

@@ -16,6 +16,19 @@ class PrefillChunk:
 
 
 @dataclass
+class SlotMajorCache:
+    """Present where the KV cache is slot-major for Ascend's kernels (ops/npu_attention): the block size they
+    read it by, every row's slot [N] as int32 (once per step, not per layer), and the decode rows' block
+    tables [B, max_blocks] (int32, on the device) and context lengths [B] (int32, on the host, where
+    _npu_paged_attention reads them); None without decode rows."""
+
+    block_size: int
+    slots: torch.Tensor
+    block_tables: torch.Tensor | None
+    context_lens: torch.Tensor | None
+
+
+@dataclass
 class StepInputs:
     input_ids: torch.Tensor  # [N]
     positions: torch.Tensor  # [N]
@@ -27,6 +40,7 @@ class StepInputs:
     prefills: list[PrefillChunk]
     # (adapter slot, rows [n]) per LoRA adapter used in the step; empty: every row is the base model
     lora_groups: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+    slot_major: SlotMajorCache | None = None  # None: the head-major cache of the portable path
 
 
 @dataclass

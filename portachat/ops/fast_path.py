@@ -13,7 +13,7 @@ import torch
 from portachat.device.device import Device, device_holding
 from portachat.device.errors import DeviceError
 from portachat.device.fast_path_choice import candidates
-from portachat.device.fast_paths import Verdict, verdict
+from portachat.device.fast_paths import Verdict, raised, verdict
 from portachat.device.npu_kernels import has_op
 
 Check = Callable[[Device], Verdict]  # runs the candidate beside its reference on the device, small shapes
@@ -59,6 +59,21 @@ def enabled_in_trace(name: str, where: torch.device | str, check: Check, unknown
         known = _ON.get((name, torch.device(where).type))
         return unknown if known is None else known
     return enabled(name, where, check)
+
+
+def failed_in_use(name: str, where: torch.device | str, error: Exception) -> None:
+    """Candidate `name` passed its self-test but raised on real inputs: off from now on (this process and the
+    verdict cache, until `doctor --selftest` checks it again), the reason said once. The caller then runs
+    the portable path."""
+    where = torch.device(where)
+    reason = raised(name, error)
+    with _LOCK:
+        _ON[(name, where.type)] = False
+    try:
+        dev = device_holding(where)
+    except DeviceError:
+        return
+    verdict(dev.name, name, lambda: Verdict(name, False, reason), fresh=True)
 
 
 def set_enabled(name: str, device_type: str, on: bool | None) -> None:

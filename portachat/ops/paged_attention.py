@@ -6,7 +6,9 @@ a dense tensor and multiplies: gathering along the slot axis of a head-major cac
 [H_kv, rows, D] blocks that the batched products read as they are, with no transposed copy of the
 keys each step. Decode rows are batched together with a padding mask; each prefill chunk runs on
 its own through SDPA, causal, or Ascend's incremental-attention kernel where it passed its self-test.
-Vendor kernels plug in here, behind the same functions, so the engine never names a vendor. A cache may also be quantized (int8/fp8 with per-token scales, see kv_quant): the functions
+Vendor kernels plug in here, behind the same functions, so the engine never names a vendor (Ascend's
+decode and cache-write kernels in ops/npu_attention, which keeps the memory under this head-major view
+slot-major where they passed their self-tests). A cache may also be quantized (int8/fp8 with per-token scales, see kv_quant): the functions
 take either kind, quantize on write and dequantize in the gather.
 """
 

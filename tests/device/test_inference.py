@@ -23,6 +23,8 @@ from portachat.ops.paged_attention import decode_attention, prefill_attention
 def test_compile_is_opt_in():
     assert inf.decode_compile(Device(h100())).value is False
     assert inf.decode_compile(Device(h100()), requested=True).value is True
+    kernels = inf.decode_compile(Device(ascend("Ascend910B", bf16=True)), requested=True, paged_kernels=True)
+    assert kernels.value is False and "paged-attention" in kernels.reason and "--compile" in kernels.reason
     forced = inf.decode_compile(Device(mps()), requested=True)
     assert forced.value is True and "eager" in forced.reason
 
@@ -51,6 +53,9 @@ def test_decode_graphs_on_for_cuda_unless_eager_is_enforced(monkeypatch):
     for facts in (ascend("Ascend910B", bf16=True), hip("rocm", "gfx942"), hip("dcu", "gfx936")):
         on = inf.decode_graphs(Device(facts))
         assert on.value is True and "replay matches the eager step" in on.reason
+    # Ascend's paged-attention kernel reads each step's context lengths on the host: its decode steps run eager
+    paged = inf.decode_graphs(Device(ascend("Ascend910B", bf16=True)), paged_kernels=True)
+    assert paged.value is False and "paged-attention" in paged.reason
     off = inf.decode_graphs(Device(xpu()))
     assert off.value is False and "not verified" in off.reason
     assert inf.decode_graphs(Device(xpu()), requested=True).value is True

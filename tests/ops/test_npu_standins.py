@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from portachat.device import fast_paths
-from portachat.device.device import Device
 from portachat.device.fast_path_choice import candidates
 from portachat.device.npu_kernels import has_op
 from portachat.engine.sampler import filter_top_k_top_p
@@ -18,30 +17,10 @@ from portachat.ops.selftest import CHECKS, run_selftest
 from tests.device.device_sim import ascend
 from tests.fakes import forget_fast_path_answers
 from tests.fakes import torch_npu_standin as standin
+from tests.fakes.ascend_device import ascend_a2, on_ascend
 
 NPU_CHECKS = [n for n in CHECKS if n.startswith("npu_")]
 KERNEL_OF = {"npu_paged_attention": "_npu_paged_attention", "npu_reshape_and_cache": "_npu_reshape_and_cache"}
-
-
-class CpuBackedAscend(Device):
-    """An Atlas A2 as the device layer sees it (its facts and decisions), its tensors on the CPU for the
-    stand-in kernels."""
-
-    @property
-    def torch_device(self) -> torch.device:
-        return torch.device("cpu")
-
-    @property
-    def type(self) -> str:
-        return "cpu"
-
-    @type.setter
-    def type(self, _value: str) -> None:
-        pass
-
-
-def ascend_a2(dtype: str = "fp32") -> CpuBackedAscend:
-    return CpuBackedAscend(ascend("Ascend910B3", bf16=True), dtype=dtype)
 
 
 @pytest.fixture(autouse=True)
@@ -91,17 +70,10 @@ def _config(**kw) -> GPTConfig:
     return GPTConfig(n_embd=128, n_head=2, n_kv_head=1, head_dim=64, intermediate_size=256, max_seq_len=64, **kw)
 
 
-def _on_ascend(monkeypatch, dev: Device) -> None:
-    """Route fast_path.enabled's device lookup for CPU tensors to the simulated Ascend, as a new process
-    would find it (answers given for the CPU so far are forgotten)."""
-    monkeypatch.setattr(fast_path, "device_holding", lambda where: dev)
-    fast_path.forget_all()
-
-
 def test_doctor_selftest_on_ascend_checks_each_candidate_and_keeps_only_the_good_ones(monkeypatch, capsys):
     standin.install(monkeypatch, standin.wrong("npu_swiglu"))
     dev = ascend_a2()
-    _on_ascend(monkeypatch, dev)
+    on_ascend(monkeypatch, dev)
     verdicts = {v.name: v for v in run_selftest(dev)}
     assert not verdicts["npu_swiglu"].ok
     assert all(verdicts[n].ok for n in NPU_CHECKS if n != "npu_swiglu")
@@ -132,7 +104,7 @@ def test_model_forward_and_backward_match_the_portable_path_through_the_stand_in
         real = getattr(mod, name)
         setattr(mod, name, lambda *a, _real=real, _n=name, **k: calls.append(_n) or _real(*a, **k))
     standin.install(monkeypatch, mod)
-    _on_ascend(monkeypatch, ascend_a2())
+    on_ascend(monkeypatch, ascend_a2())
     loss, grads = loss_and_grads()
     assert {"npu_rms_norm", "npu_rotary_mul", "npu_swiglu"} <= set(calls)
     torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
@@ -147,7 +119,7 @@ def test_a_wrong_kernel_is_never_used_by_the_model(monkeypatch, capsys):
     with torch.no_grad():
         want = model(ids)
     standin.install(monkeypatch, standin.wrong("npu_rms_norm"))
-    _on_ascend(monkeypatch, ascend_a2())
+    on_ascend(monkeypatch, ascend_a2())
     with torch.no_grad():
         got = model(ids)
         model(ids)
@@ -164,7 +136,7 @@ def test_the_batched_top_k_top_p_keeps_what_the_per_row_filter_keeps(monkeypatch
     top_k, top_p = torch.tensor(ks), torch.tensor(ps)
     assert torch.equal(torch.isfinite(fast_ops.top_k_top_p_reference(logits, top_k, top_p)), torch.isfinite(want))
     standin.install(monkeypatch, standin.module())
-    _on_ascend(monkeypatch, ascend_a2())
+    on_ascend(monkeypatch, ascend_a2())
     calls = []
     real = standin.npu_top_k_top_p
     monkeypatch.setattr(standin, "npu_top_k_top_p", lambda *a: calls.append(1) or real(*a))
@@ -211,7 +183,7 @@ def test_the_engines_prefill_runs_the_fused_kernel_only_where_it_passed(monkeypa
     real = mod.npu_fused_infer_attention_score
     mod.npu_fused_infer_attention_score = lambda *a, **kw: calls.append(1) or real(*a, **kw)
     standin.install(monkeypatch, mod)
-    _on_ascend(monkeypatch, ascend_a2("bf16"))
+    on_ascend(monkeypatch, ascend_a2("bf16"))
     got = [pa.prefill_attention(q, k, v, None, None, None, None), pa.prefill_attention(q, k, v, kc, vc, index, mask)]
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a.float(), b.float(), rtol=4e-2, atol=2e-2)
