@@ -14,7 +14,8 @@ find-links): those are used as they are.
 
 The chosen build is held: setup.sh passes a pip constraints file (.venv/portachat-constraints.txt, the
 plan's torch/torch_npu pins, then `--pin-installed` with the exact installed torch, torch_npu,
-torchvision, torchaudio) as -c to every pip install, so no later dependency replaces torch.
+torchvision, torchaudio) as -c to every pip install, so no later dependency replaces torch; an old torch
+also holds the packages whose newest release needs a newer one (TORCH_COMPANIONS: torchao below torch 2.7).
 """
 
 from __future__ import annotations

@@ -12,7 +12,12 @@ from pathlib import Path
 import pytest
 
 from portachat.device import early_env
-from portachat.device.early_env import apply_early_defaults, host_accelerator, runtime_env_defaults, runtime_kind
+from portachat.device.early_env import (
+    apply_early_defaults,
+    host_accelerator,
+    runtime_env_defaults,
+    runtime_kind,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 NPU_VARS = ("PYTORCH_NPU_ALLOC_CONF", "TASK_QUEUE_ENABLE", "CPU_AFFINITY_CONF", "HCCL_CONNECT_TIMEOUT",
