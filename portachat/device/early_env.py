@@ -98,12 +98,15 @@ def dcu_env_defaults(kind: str | None) -> tuple[EnvDefault, ...]:
     if kind != "dcu":
         return ()
     return (
+        # Megatron-LM-das requirements/env.sh and every examples/*/train_*.sh
         EnvDefault("HSA_FORCE_FINE_GRAIN_PCIE", "1",
                    _("DCU memory shared over PCIe is fine-grained, so RCCL moves data between cards directly "
                      "(Hygon's setting for every multi-card run)")),
+        # Megatron-LM-das examples/*/train_*.sh "default env" (HIP's own default is 4)
         EnvDefault("GPU_MAX_HW_QUEUES", "10",
                    _("the HIP runtime gives streams up to 10 hardware queues instead of 4 (Hygon's training "
                      "scripts), so compute and communication streams need not share one")),
+        # Megatron-LM-das requirements/env.sh ("These variables should not be modified")
         EnvDefault("RCCL_SDMA_COPY_ENABLE", "0",
                    _("RCCL copies with compute kernels instead of the SDMA engines (Hygon's fixed setting for "
                      "collectives on DCU)")),
