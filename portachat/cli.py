@@ -63,7 +63,7 @@ def _report_error(exc: BaseException, debug: bool) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    apply_early_defaults()  # first: the NPU runtime's settings must be in place before torch is imported
+    apply_early_defaults()  # first: the NPU/DCU runtime settings must be in place before torch is imported
     parser = build_parser()
     args = parser.parse_args(argv)
     debug = args.debug or os.environ.get("PORTACHAT_DEBUG") == "1"

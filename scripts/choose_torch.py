@@ -14,7 +14,8 @@ find-links): those are used as they are.
 
 The chosen build is held: setup.sh passes a pip constraints file (.venv/portachat-constraints.txt, the
 plan's torch/torch_npu pins, then `--pin-installed` with the exact installed torch, torch_npu,
-torchvision, torchaudio) as -c to every pip install, so no later dependency replaces torch.
+torchvision, torchaudio) as -c to every pip install, so no later dependency replaces torch; an old torch
+also holds the packages whose newest release needs a newer one (TORCH_COMPANIONS: torchao below torch 2.7).
 """
 
 from __future__ import annotations
@@ -59,6 +60,12 @@ CANN_DOWNLOAD = "https://www.hiascend.com/developer/download/community/result?mo
 CONSTRAINTS_FILE = ".venv/portachat-constraints.txt"
 # Packages whose installed version the constraints file holds: the torch build and what is built against it.
 PINNED_PACKAGES = ("torch", "torch_npu", "torchvision", "torchaudio")
+# Packages built against torch whose newest release needs a newer torch than the one installed: below the
+# torch version, the constraint holds them (measured with torch 2.6.0, CPU: torchao 0.17/0.18 fail to import,
+# torch.utils._pytree.register_constant being torch 2.7's, and `transformers` then cannot load its model
+# classes; 0.15 and 0.16 import, skip their C++ extensions, and take Int4WeightOnlyConfig(int4_packing_format=),
+# which portachat's int4 path passes; 0.13 and older lack that option).
+TORCH_COMPANIONS: tuple[tuple[str, str], ...] = (("2.7", "torchao>=0.15,<0.17"),)
 CANN_SET_ENV = (
     "usr/local/Ascend/ascend-toolkit/set_env.sh",
     "usr/local/Ascend/cann/set_env.sh",
@@ -396,15 +403,23 @@ def plan_ascend(plan: Plan, cann: str | None, floor: str | None = None) -> None:
                      [f"torch_npu=={choice.torch_npu}", "pyyaml", "setuptools"]]
 
 
+def companion_pins(torch_version: str) -> list[str]:
+    """Constraints on packages built against torch that this torch needs (TORCH_COMPANIONS): none for a
+    torch at or above every threshold."""
+    return [pin for below, pin in TORCH_COMPANIONS if _release(torch_version) < _release(below)]
+
+
 def plan_pins(plan: Plan) -> list[str]:
-    """The exact torch / torch_npu versions the plan installs, held from the first install on."""
+    """The exact torch / torch_npu versions the plan installs, held from the first install on, and the
+    companions that torch needs."""
     pins = []
     for install in plan.installs:
         for arg in install:
             name = re.match(r"(torch|torch[_-]npu)==", arg)
             if name:
                 pins.append(arg)
-    return pins
+    torch = next((p.split("==", 1)[1] for p in pins if p.startswith("torch==")), None)
+    return pins + (companion_pins(torch) if torch else [])
 
 
 def installed_versions(python: str) -> dict[str, str]:
@@ -440,7 +455,8 @@ def pin_installed(path: str, python: str, floor: str | None = None) -> str | Non
                 "setup keeps the torch it installed. Install a torch build >= the floor for this hardware "
                 "(PORTACHAT_TORCH_SPEC=... or, on Hygon, newer DTK wheels in PORTACHAT_DCU_WHEELS), "
                 "delete .venv and run bash scripts/setup.sh again")
-    write_constraints(path, [f"{name}=={version}" for name, version in have.items()], "the installed torch build")
+    pins = [f"{name}=={version}" for name, version in have.items()] + companion_pins(have["torch"])
+    write_constraints(path, pins, "the installed torch build")
     return None
 
 
@@ -491,6 +507,10 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.pin_installed, encoding="utf-8") as f:
             held = [line.strip() for line in f if line.strip() and not line.startswith("#")]
         print(f"[setup] holding {' '.join(held)} ({args.pin_installed})", file=sys.stderr)
+        torch = next((line.split("==", 1)[1] for line in held if line.startswith("torch==")), "")
+        for pin in companion_pins(torch):  # said, not silent: the user sees why that package is older
+            print(f"[setup] note: holding {pin} for torch {torch}: newer releases need a newer torch (they fail "
+                  "to import, and transformers with them); a newer torch lifts the hold", file=sys.stderr)
         return 0
     plan = plan_install(Machine(args.root), args.python)
     print(explain(plan), file=sys.stderr)

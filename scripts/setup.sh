@@ -10,7 +10,8 @@
 # PORTACHAT_TORCH_INDEX (where from), PIP_* settings; PORTACHAT_DCU_WHEELS (Hygon DTK wheel directory);
 # PORTACHAT_EXTRAS (default dev,serve,models; Ascend users add npu).
 # The torch build it picks stays: .venv/portachat-constraints.txt pins it (torch, torch_npu, torchvision,
-# torchaudio as installed) and goes as -c to every pip install here, so no dependency can swap it.
+# torchaudio as installed; below torch 2.7 also torchao>=0.15,<0.17, the newest importing with it) and goes
+# as -c to every pip install here, so no dependency can swap it.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -18,7 +19,7 @@ dry_run=0
 for arg in "$@"; do
   case "$arg" in
     --dry-run) dry_run=1 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "[setup] unknown option $arg (valid: --dry-run, --help)" >&2; exit 2 ;;
   esac
 done

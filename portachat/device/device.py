@@ -10,9 +10,9 @@ import time
 import torch
 from torch.profiler import ProfilerActivity
 
+from portachat.device import early_env
 from portachat.device import flops as flops_mod
 from portachat.device import memory as memory_mod
-from portachat.device.early_env import DIST_TIMEOUT_ENV, apply_env_defaults, env_status, npu_env_defaults
 from portachat.device.errors import DeviceError
 from portachat.device.flops import PeakFlops
 from portachat.device.fused_adamw import fused_adamw_proven
@@ -108,8 +108,8 @@ class Device:
         self.tf32_reason: str = d["tf32"].reason
         self.gqa: str = d["gqa"].value  # "native" (SDPA enable_gqa) or "repeat_kv"
         # Runtime settings the vendor's stack reads from the environment (Ascend: allocator, task queue,
-        # HCCL timeouts); get_device() and init_distributed() set those the user left unset.
-        self.env_defaults = npu_env_defaults(facts.kind, self.dist_timeout_s)
+        # HCCL timeouts; DCU: HSA/HIP/RCCL); get_device() and init_distributed() set those left unset.
+        self.env_defaults = early_env.runtime_env_defaults(facts.kind, self.dist_timeout_s)
         self._cpu_peak_floor: int | None = None
 
     @property
@@ -372,7 +372,7 @@ class Device:
             "supports_distributed": self.supports_distributed,
             "dist_timeout_s": self.dist_timeout_s,
             "dist_timeout_reason": self.decisions["dist_timeout"].reason,
-            "env_defaults": env_status(self.env_defaults),
+            "env_defaults": early_env.env_status(self.env_defaults),
             "capability": list(self.facts.capability) if self.facts.capability else None,
             "gcn_arch": self.facts.gcn_arch,
             "cpu": {
@@ -434,18 +434,18 @@ def get_device(kind: str | None = None, dtype: str | None = None, compile: bool 
     if compile is None:
         compile = _env_compile()
     attention = os.environ.get("PORTACHAT_ATTENTION") or None
-    dist_timeout = os.environ.get(DIST_TIMEOUT_ENV) or None
+    dist_timeout = os.environ.get(early_env.DIST_TIMEOUT_ENV) or None
     local_rank = dist_env().local_rank
     key = (kind, dtype, compile, attention, dist_timeout, local_rank, replica)
     with _LOCK:
         if key not in _CACHE:
             timeout_s = float(decide_dist_timeout(dist_timeout).value)
-            facts = probe(kind, lambda device_type: apply_env_defaults(npu_env_defaults(device_type, timeout_s)),
-                          local_rank=local_rank)
+            facts = probe(kind, lambda device_type: early_env.apply_env_defaults(early_env.runtime_env_defaults(
+                early_env.runtime_kind(kind, device_type), timeout_s)), local_rank=local_rank)
             index = device_index(local_rank, facts) if replica is None else replica_index(replica, facts)
             dev = Device(facts, index=index, dtype=dtype, compile=compile, attention=attention,
                          dist_timeout=dist_timeout)
-            apply_env_defaults(dev.env_defaults)  # before the first tensor reaches the device
+            early_env.apply_env_defaults(dev.env_defaults)  # before the first tensor reaches the device
             dev.apply_math_settings()
             # Once, when built, and for its own device type only: asking for another device (the CPU
             # for host-side work) never changes what this process's accelerator tensors run.

@@ -1,8 +1,9 @@
 """Runtime environment defaults that must be set before `import torch` (stdlib and i18n only: no torch).
 
 torch >= 2.5 autoloads torch_npu when torch is imported, and torch_npu reads its settings
-(PYTORCH_NPU_ALLOC_CONF, TASK_QUEUE_ENABLE, CPU_AFFINITY_CONF, HCCL timeouts) once, then. So the
-command line calls `apply_early_defaults()` first thing, before anything imports torch; the host is
+(PYTORCH_NPU_ALLOC_CONF, TASK_QUEUE_ENABLE, CPU_AFFINITY_CONF, HCCL timeouts) once, then; on a Hygon
+DCU the HSA/HIP runtime and RCCL read theirs when the device starts. So the command line calls
+`apply_early_defaults()` first thing, before anything imports torch; the host is
 recognised from what the driver and toolkit leave on disk and in the environment (device nodes,
 install paths, the variables their set_env.sh exports), not from torch. A value the user set is
 never replaced.
@@ -71,7 +72,7 @@ def _clamp(value: float, bounds: tuple[int, int]) -> str:
 def npu_env_defaults(kind: str | None, timeout_s: float) -> tuple[EnvDefault, ...]:
     """The Ascend runtime settings MindSpeed's launch scripts export, set for the user unless they set them.
     HCCL's own timeouts follow the collective timeout, within the ranges CANN documents. None elsewhere
-    (a DCU's runtime needs nothing before import)."""
+    (dcu_env_defaults() has the DCU's)."""
     if kind != "npu":
         return ()
     return (
@@ -86,6 +87,41 @@ def npu_env_defaults(kind: str | None, timeout_s: float) -> tuple[EnvDefault, ..
         EnvDefault("HCCL_EXEC_TIMEOUT", _clamp(timeout_s, HCCL_EXEC_RANGE),
                    _("a collective waits this long for the slowest rank; follows the collective timeout")),
     )
+
+
+def dcu_env_defaults(kind: str | None) -> tuple[EnvDefault, ...]:
+    """The settings Hygon's own training scripts export on every DCU run, set unless the user set them.
+    Source: HYGON-AI/Megatron-LM-das requirements/env.sh (the block marked "should not be modified") and the
+    "default env" of its examples/*/train_*.sh (e.g. examples/qwen/train_qwen3_0.6B.sh). Left out: its
+    NCCL_*CHANNELS/NCCL_ALGO (tuned for 8-card Megatron nodes and their message sizes), IB/socket names
+    (per machine), OMP_NUM_THREADS=1 (torchrun sets it for multi-process runs already)."""
+    if kind != "dcu":
+        return ()
+    return (
+        # Megatron-LM-das requirements/env.sh and every examples/*/train_*.sh
+        EnvDefault("HSA_FORCE_FINE_GRAIN_PCIE", "1",
+                   _("DCU memory shared over PCIe is fine-grained, so RCCL moves data between cards directly "
+                     "(Hygon's setting for every multi-card run)")),
+        # Megatron-LM-das examples/*/train_*.sh "default env" (HIP's own default is 4)
+        EnvDefault("GPU_MAX_HW_QUEUES", "10",
+                   _("the HIP runtime gives streams up to 10 hardware queues instead of 4 (Hygon's training "
+                     "scripts), so compute and communication streams need not share one")),
+        # Megatron-LM-das requirements/env.sh ("These variables should not be modified")
+        EnvDefault("RCCL_SDMA_COPY_ENABLE", "0",
+                   _("RCCL copies with compute kernels instead of the SDMA engines (Hygon's fixed setting for "
+                     "collectives on DCU)")),
+    )
+
+
+def runtime_env_defaults(kind: str | None, timeout_s: float) -> tuple[EnvDefault, ...]:
+    """The vendor runtime's defaults for this accelerator kind ("npu", "dcu"); none elsewhere."""
+    return npu_env_defaults(kind, timeout_s) + dcu_env_defaults(kind)
+
+
+def runtime_kind(kind: str | None, device_type: str) -> str | None:
+    """Whose runtime defaults apply before the device starts: the kind asked for, else torch's device type,
+    except that a HIP build calls a DCU "cuda", so the host tells (a DTK install means a DCU)."""
+    return kind or (host_accelerator() if device_type == "cuda" else device_type)
 
 
 def apply_env_defaults(defaults: tuple[EnvDefault, ...], environ: MutableMapping[str, str] | None = None) -> list[dict]:
@@ -111,11 +147,12 @@ def env_status(defaults: tuple[EnvDefault, ...], environ: MutableMapping[str, st
 
 
 def apply_early_defaults(root: str = "/", environ: MutableMapping[str, str] | None = None) -> str | None:
-    """The command line's first call: on a host that looks like Ascend, the NPU runtime defaults the user
-    has not set, before torch (and with it torch_npu) is imported. Returns the accelerator recognised."""
+    """The command line's first call: on a host that looks like Ascend or a Hygon DCU, the runtime defaults
+    the user has not set, before torch (and with it torch_npu or the HIP runtime) is loaded. Returns the
+    accelerator recognised."""
     environ = os.environ if environ is None else environ
     kind = host_accelerator(root, environ)
     if environ.get("PORTACHAT_DEVICE", "").strip().lower() not in ("", "auto", kind or ""):
         return kind  # the user asked for another device: leave the environment alone
-    apply_env_defaults(npu_env_defaults(kind, dist_timeout_s(environ.get(DIST_TIMEOUT_ENV))), environ)
+    apply_env_defaults(runtime_env_defaults(kind, dist_timeout_s(environ.get(DIST_TIMEOUT_ENV))), environ)
     return kind

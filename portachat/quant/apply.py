@@ -7,6 +7,8 @@ same honest line. Norms stay in the model's dtype: they are a few thousand numbe
 
 from __future__ import annotations
 
+import inspect
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -119,21 +121,51 @@ def _aten_linear(linear: nn.Linear, plan: QuantPlan) -> tuple[nn.Module | None, 
     return Int4Linear.from_linear(linear, group, plan.activation_dtype), ""
 
 
-def torchao_config(plan: QuantPlan):
-    """torchao's config for a plan: per-channel int8, or int4 in tinygemm's tile-packed layout."""
-    from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig  # deferred: portachat[models]
+# What to install, by the torch installed (scripts/choose_torch.py TORCH_COMPANIONS holds the same range for
+# torch < 2.7: the newest torchao needs torch >= 2.7; 0.15/0.16 still import on 2.6 and have the int4 option).
+TORCHAO_FOR_OLD_TORCH = "torchao>=0.15,<0.17"
+TORCHAO_INT4 = "torchao>=0.15"
 
+
+def _torchao_install_hint() -> str:
+    old = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 7)
+    return TORCHAO_FOR_OLD_TORCH if old else TORCHAO_INT4
+
+
+def torchao_quantization():
+    """torchao.quantization, or a QuantizationError naming what to install: torchao missing, or one built for
+    a newer torch (it fails on import, e.g. an AttributeError on a torch internal it expects)."""
+    try:
+        import torchao.quantization as quantization  # deferred: optional (portachat[models]), seconds to import
+    except (ImportError, AttributeError) as e:
+        raise QuantizationError(_(
+            "torchao could not be imported with torch {torch} ({error}); install one that pairs with it: "
+            "pip install '{spec}' (bash scripts/setup.sh holds that range), or run without --quantize").format(
+                torch=torch.__version__, error=f"{type(e).__name__}: {e}", spec=_torchao_install_hint())) from e
+    return quantization
+
+
+def torchao_config(plan: QuantPlan):
+    """torchao's config for a plan: per-channel int8, or int4 in tinygemm's tile-packed layout (an option
+    older torchao lacks: checked here, so an old one gets a message instead of a TypeError)."""
+    quantization = torchao_quantization()
     if plan.mode == "int8":
-        return Int8WeightOnlyConfig()
-    return Int4WeightOnlyConfig(group_size=plan.group_size or 128, int4_packing_format="tile_packed_to_4d")
+        return quantization.Int8WeightOnlyConfig()
+    config = quantization.Int4WeightOnlyConfig
+    if "int4_packing_format" not in inspect.signature(config).parameters:
+        version = getattr(sys.modules.get("torchao"), "__version__", "?")
+        raise QuantizationError(_(
+            "torchao {version} has no int4_packing_format option, which --quantize int4 needs (tinygemm's "
+            "tile-packed layout); install a newer one: pip install '{spec}', or use --quantize int8").format(
+                version=version, spec=_torchao_install_hint()))
+    return config(group_size=plan.group_size or 128, int4_packing_format="tile_packed_to_4d")
 
 
 def _torchao_quantize(model: nn.Module, names: list[str], plan: QuantPlan) -> None:
-    from torchao.quantization import quantize_  # deferred: optional (portachat[models])
-
+    config = torchao_config(plan)
     wanted = set(names)
     model.to(plan.activation_dtype)  # tinygemm takes bf16 activations and scales
-    quantize_(model, torchao_config(plan), filter_fn=lambda module, fqn: fqn in wanted)
+    torchao_quantization().quantize_(model, config, filter_fn=lambda module, fqn: fqn in wanted)
 
 
 @torch.no_grad()

@@ -1,5 +1,6 @@
-"""The NPU runtime defaults are decided and set before torch is imported (torch autoloads torch_npu, which
-reads them then), from what an Ascend host shows without torch; a user's own values stay."""
+"""The NPU and DCU runtime defaults are decided and set before torch is imported (torch autoloads torch_npu,
+which reads them then; the HIP runtime reads its own when the DCU starts), from what the host shows without
+torch; a user's own values stay."""
 
 from __future__ import annotations
 
@@ -10,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from portachat.device.early_env import apply_early_defaults, host_accelerator
+from portachat.device import early_env
+from portachat.device.early_env import (
+    apply_early_defaults,
+    host_accelerator,
+    runtime_env_defaults,
+    runtime_kind,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 NPU_VARS = ("PYTORCH_NPU_ALLOC_CONF", "TASK_QUEUE_ENABLE", "CPU_AFFINITY_CONF", "HCCL_CONNECT_TIMEOUT",
@@ -44,14 +51,32 @@ def test_a_simulated_ascend_host_gets_the_defaults_and_keeps_the_users(tmp_path)
     assert environ["HCCL_CONNECT_TIMEOUT"] == "600" and environ["HCCL_EXEC_TIMEOUT"] == "600"  # follow the timeout
 
 
+def test_a_simulated_dcu_host_gets_hygons_defaults_and_keeps_the_users(tmp_path):
+    environ = {"GPU_MAX_HW_QUEUES": "4"}
+    assert apply_early_defaults(_host(tmp_path, "opt/dtk/.info/version", "opt/hyhal/lib/libhydmi.so"), environ) == "dcu"
+    assert environ == {"GPU_MAX_HW_QUEUES": "4",  # the user's choice stays
+                       "HSA_FORCE_FINE_GRAIN_PCIE": "1", "RCCL_SDMA_COPY_ENABLE": "0"}
+    assert not set(NPU_VARS) & set(environ)  # and nothing of Ascend's
+
+
 def test_other_hosts_and_other_devices_are_left_alone(tmp_path):
     plain: dict[str, str] = {}
     assert apply_early_defaults(_host(tmp_path), plain) is None and plain == {}
-    dcu: dict[str, str] = {}
-    assert apply_early_defaults(_host(tmp_path, "opt/dtk/.info/version"), dcu) == "dcu" and dcu == {}
     forced_cpu = {"PORTACHAT_DEVICE": "cpu"}
     apply_early_defaults(_host(tmp_path, "dev/davinci0"), forced_cpu)
     assert not set(NPU_VARS) & set(forced_cpu)
+    forced_rocm = {"PORTACHAT_DEVICE": "rocm"}
+    apply_early_defaults(_host(tmp_path, "opt/dtk/.info/version"), forced_rocm)
+    assert forced_rocm == {"PORTACHAT_DEVICE": "rocm"}
+
+
+def test_a_hip_build_calls_a_dcu_cuda_so_the_host_tells(monkeypatch):
+    """What get_device() passes to probe's hook: torch's device type, which is "cuda" on a DCU."""
+    assert runtime_kind("dcu", "cuda") == "dcu" and runtime_kind(None, "npu") == "npu"
+    monkeypatch.setattr(early_env, "host_accelerator", lambda root="/", environ=None: "dcu")
+    assert runtime_kind(None, "cuda") == "dcu"
+    monkeypatch.setattr(early_env, "host_accelerator", lambda root="/", environ=None: None)
+    assert runtime_kind(None, "cuda") is None and runtime_env_defaults(None, 7200) == ()
 
 
 def _python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:

@@ -3,13 +3,17 @@ compile, attention family, GQA path, peak FLOPs; and the torch each CANN release
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from device_sim import ascend, hip
 
 from portachat.device import Device
+from portachat.device.early_env import apply_env_defaults, env_status
 from portachat.device.flops import table_peak
 from portachat.device.policy import decide_compile, hygon_triton
+from portachat.speedrun.doctor import format_report
 
 HYGON_TRITON = "2.1.0+das.opt1.dtk2404"  # the version Hygon's DAS wheels carry
 UPSTREAM_TRITON = "3.1.0"
@@ -62,6 +66,28 @@ def test_dcu_decisions(arch, name, dtype, with_das, with_upstream):
     if with_das == "inductor":
         assert "triton-das" in upstream.compile_reason and UPSTREAM_TRITON in upstream.compile_reason
     assert das.gqa == "native" and das.dist_backend == "nccl"
+
+
+DCU_ENV = {"HSA_FORCE_FINE_GRAIN_PCIE": "1", "GPU_MAX_HW_QUEUES": "10", "RCCL_SDMA_COPY_ENABLE": "0"}
+
+
+def test_a_dcu_gets_hygons_runtime_defaults_and_doctor_shows_them(monkeypatch):
+    for name in DCU_ENV:  # start unset; monkeypatch puts the environment back afterwards
+        monkeypatch.setenv(name, "x")
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("GPU_MAX_HW_QUEUES", "4")  # the user's own
+    dev = Device(hip("dcu", "gfx928", "K100_AI", triton_version=HYGON_TRITON))
+    assert {d.name: d.value for d in dev.env_defaults} == DCU_ENV
+    assert not Device(hip("rocm", "gfx942", "AMD Instinct MI300X")).env_defaults  # AMD's ROCm: none of Hygon's
+    apply_env_defaults(dev.env_defaults)
+    assert os.environ["HSA_FORCE_FINE_GRAIN_PCIE"] == "1" and os.environ["GPU_MAX_HW_QUEUES"] == "4"
+    device = {"kind": "dcu", "index": 0, "type": "cuda", "count": 8, "env_defaults": env_status(dev.env_defaults)}
+    text = format_report({"versions": {}, "devices": [], "env": {}, "probes": {}, "checks": [], "ok": True,
+                          "decisions": {}, "device": device})
+    rows = {line.split()[0]: line for line in text.splitlines() if line.split() and line.split()[0] in DCU_ENV}
+    assert set(rows) == set(DCU_ENV)
+    assert "set by you" in rows["GPU_MAX_HW_QUEUES"] and "portachat's default" in rows["RCCL_SDMA_COPY_ENABLE"]
+    assert "RCCL" in rows["HSA_FORCE_FINE_GRAIN_PCIE"]  # with what it does
 
 
 def test_dcu_peak_is_in_the_table_for_k100_ai():

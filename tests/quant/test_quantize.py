@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import math
+import sys
+import types
 
 import pytest
 import torch
@@ -200,3 +204,68 @@ def test_layers_the_kernel_cannot_take_are_kept_and_reported():
     assert "model.layers.0.self_attn.q_proj" in report.skipped
     assert "multiple of 16" in report.skipped["model.layers.0.self_attn.q_proj"]
     model(torch.tensor([[1, 2, 3]]))  # the mix of quantized and kept layers still runs
+
+
+def _stand_in_torchao(monkeypatch, version: str, int4_option: bool) -> None:
+    """torchao as an older release looks: Int4WeightOnlyConfig with or without int4_packing_format."""
+    if int4_option:
+        def int4(group_size: int = 128, int4_packing_format: str = "plain"):
+            return ("int4", group_size, int4_packing_format)
+    else:
+        def int4(group_size: int = 128, use_hqq: bool = False):  # torchao <= 0.13
+            return ("int4", group_size)
+    quantization = types.ModuleType("torchao.quantization")
+    quantization.Int4WeightOnlyConfig = int4
+    quantization.Int8WeightOnlyConfig = lambda: ("int8",)
+    torchao = types.ModuleType("torchao")
+    torchao.__version__ = version
+    torchao.quantization = quantization
+    monkeypatch.setitem(sys.modules, "torchao", torchao)
+    monkeypatch.setitem(sys.modules, "torchao.quantization", quantization)
+
+
+def test_a_torchao_without_the_int4_option_is_named_not_a_type_error(monkeypatch):
+    from portachat.device.quantization import decide_quantization as decide
+    from portachat.quant.apply import torchao_config
+    from tests.device.device_sim import h100
+
+    _stand_in_torchao(monkeypatch, "0.13.0", int4_option=False)
+    assert torchao_config(decide(h100(), "int8", compiles=True)) == ("int8",)  # int8 needs no new option
+    with pytest.raises(QuantizationError) as e:
+        torchao_config(decide(h100(), "int4"))
+    assert "torchao 0.13.0" in str(e.value) and "int4_packing_format" in str(e.value)
+    assert "pip install 'torchao>=0.15'" in str(e.value) and "--quantize int8" in str(e.value)
+    monkeypatch.setattr(torch, "__version__", "2.6.0+cu124")  # an old torch gets the range setup holds
+    with pytest.raises(QuantizationError, match=r"pip install 'torchao>=0\.15,<0\.17'"):
+        torchao_config(decide(h100(), "int4"))
+    _stand_in_torchao(monkeypatch, "0.16.0", int4_option=True)
+    assert torchao_config(decide(h100(), "int4")) == ("int4", 128, "tile_packed_to_4d")
+
+
+class _FailingTorchao(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """A torchao built for a newer torch: importing it raises what 0.17+ raises on torch 2.6."""
+
+    def find_spec(self, name, path, target=None):
+        return importlib.util.spec_from_loader(name, self) if name.split(".")[0] == "torchao" else None
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        raise AttributeError("module 'torch.utils._pytree' has no attribute 'register_constant'")
+
+
+def test_a_torchao_that_cannot_import_with_this_torch_says_what_to_install(monkeypatch):
+    from portachat.quant.apply import torchao_config
+
+    for name in [m for m in sys.modules if m == "torchao" or m.startswith("torchao.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "meta_path", [_FailingTorchao(), *sys.meta_path])
+    monkeypatch.setattr(torch, "__version__", "2.6.0")
+    plan = QuantPlan("int8", BACKEND_TORCHAO, torch.bfloat16, None, "test")
+    with pytest.raises(QuantizationError) as e:
+        torchao_config(plan)
+    assert "register_constant" in str(e.value) and "pip install 'torchao>=0.15,<0.17'" in str(e.value)
+    assert "scripts/setup.sh" in str(e.value)
+    with pytest.raises(QuantizationError):  # the whole quant path stops the same way
+        quantize_model(tiny_gpt(), "int8", plan=plan)

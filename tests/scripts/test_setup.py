@@ -124,7 +124,8 @@ def test_ascend_machine_gets_the_published_pair_for_its_cann(tmp_path, cann, tor
     assert done.returncode == 0, done.stderr
     assert torch_installs(done) == [f"torch=={torch_v} --index-url {CPU_INDEX}", f"torch_npu=={npu_v} pyyaml setuptools"]
     assert f"CANN {cann}" in done.stderr and f"published pair for CANN {row}" in done.stderr
-    assert f"pinned: torch=={torch_v} torch_npu=={npu_v} in .venv/portachat-constraints.txt" in done.stderr
+    held = " torchao>=0.15,<0.17" if torch_v == "2.6.0" else ""  # torch < 2.7: the torchao that imports with it
+    assert f"pinned: torch=={torch_v} torch_npu=={npu_v}{held} in .venv/portachat-constraints.txt" in done.stderr
     assert "newer than the matching table" not in done.stderr
 
 

@@ -124,3 +124,32 @@ def test_910b_hosts_on_cann_8_2_and_8_3_can_install(cann, torch_version, torch_n
     plan = choose_torch.Plan("ascend")
     choose_torch.plan_ascend(plan, cann)
     assert plan.stop is None and any(f"torch=={torch_version}" in " ".join(args) for args in plan.installs)
+
+
+def test_old_torch_holds_a_torchao_that_imports_with_it():
+    """torchao 0.17+ fails to import on torch 2.6 (and takes `transformers` model loading with it); 0.15/0.16
+    import and have the int4 option portachat's quant path uses. torch >= 2.7 gets no hold."""
+    assert choose_torch.companion_pins("2.6.0+cu124") == ["torchao>=0.15,<0.17"]
+    assert choose_torch.companion_pins("2.6.0") == choose_torch.companion_pins("2.6.0.post3")
+    assert choose_torch.companion_pins("2.7.1") == [] and choose_torch.companion_pins("2.13.0+cpu") == []
+    plan = choose_torch.Plan("ascend")
+    choose_torch.plan_ascend(plan, "8.2.RC1")  # CANN 8.2's torch is 2.6.0: the hold goes in before any install
+    assert choose_torch.plan_pins(plan) == ["torch==2.6.0", "torch_npu==2.6.0", "torchao>=0.15,<0.17"]
+    plan = choose_torch.Plan("ascend")
+    choose_torch.plan_ascend(plan, "8.3.RC1")
+    assert not any(p.startswith("torchao") for p in choose_torch.plan_pins(plan))
+    assert "torchao>=0.15,<0.17" in choose_torch.explain(choose_torch.Plan("ascend", installs=[["torch==2.6.0"]]))
+
+
+def test_setup_says_it_holds_torchao_for_an_installed_old_torch(tmp_path):
+    """After install: the environment's torch is 2.6 (a stand-in interpreter answering the metadata query),
+    so the constraints file holds torchao and setup's output says why."""
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/sh\necho \'{"torch": "2.6.0+cpu", "torch_npu": "2.6.0"}\'\n')
+    fake.chmod(0o755)
+    pins = tmp_path / "constraints.txt"
+    done = _cli("--python", str(fake), "--pin-installed", str(pins))
+    assert done.returncode == 0, done.stderr
+    held = [line for line in pins.read_text().splitlines() if not line.startswith("#")]
+    assert held == ["torch==2.6.0+cpu", "torch_npu==2.6.0", "torchao>=0.15,<0.17"]
+    assert "note: holding torchao>=0.15,<0.17 for torch 2.6.0+cpu" in done.stderr
