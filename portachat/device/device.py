@@ -172,17 +172,14 @@ class Device:
             return t
 
     def apply_math_settings(self) -> None:
-        """Process-wide math flags this device's decisions allow (TF32 on CUDA 8.0+); get_device()
-        calls it when it builds the device, before any training or serving work."""
+        """Process-wide math flags this device allows (TF32 on CUDA 8.0+); get_device() calls it."""
         if not self.tf32:
             return
         matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
         if hasattr(matmul, "fp32_precision"):  # torch >= 2.9's API; the flags below are its legacy form
-            matmul.fp32_precision = "tf32"
-            cudnn.conv.fp32_precision = "tf32"
+            matmul.fp32_precision = cudnn.conv.fp32_precision = "tf32"
         else:
-            matmul.allow_tf32 = True
-            cudnn.allow_tf32 = True
+            matmul.allow_tf32 = cudnn.allow_tf32 = True
 
     def set_current(self) -> None:
         """Make this the current device of the process (before allocating or joining a process group)."""
