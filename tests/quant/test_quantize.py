@@ -230,6 +230,7 @@ def test_a_torchao_without_the_int4_option_is_named_not_a_type_error(monkeypatch
     from tests.device.device_sim import h100
 
     _stand_in_torchao(monkeypatch, "0.13.0", int4_option=False)
+    monkeypatch.setattr(torch, "__version__", "2.13.0+cpu")  # a current torch: any newer torchao will do
     assert torchao_config(decide(h100(), "int8", compiles=True)) == ("int8",)  # int8 needs no new option
     with pytest.raises(QuantizationError) as e:
         torchao_config(decide(h100(), "int4"))

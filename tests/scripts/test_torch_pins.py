@@ -40,7 +40,9 @@ def test_pins_hold_what_is_installed(tmp_path):
     assert choose_torch.pin_installed(str(path), sys.executable) is None
     held = [line for line in path.read_text().splitlines() if not line.startswith("#")]
     assert f"torch=={importlib.metadata.version('torch')}" in held
-    assert all(line.split("==")[0] in choose_torch.PINNED_PACKAGES for line in held)
+    companions = choose_torch.companion_pins(importlib.metadata.version("torch"))  # e.g. torchao's range on torch 2.6
+    assert all(line.split("==")[0] in choose_torch.PINNED_PACKAGES or line in companions for line in held)
+    assert set(companions) <= set(held)
 
 
 def test_torch_below_the_floor_is_refused(tmp_path):
