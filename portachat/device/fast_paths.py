@@ -15,7 +15,6 @@ compute); this module holds no vendor call of its own.
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import threading
@@ -27,8 +26,8 @@ from pathlib import Path
 import torch
 
 from portachat.device.dtypes import DTYPE_NAMES
+from portachat.device.json_cache import merge_json_entry, read_json
 from portachat.i18n import _
-from portachat.storage.atomic import read_json_object, write_text_atomic
 from portachat.storage.paths import portachat_home
 
 # (rtol, atol) per compute dtype: what a different but correct kernel order may change. fp32 kernels
@@ -134,7 +133,7 @@ def verdicts_path() -> Path:
 
 
 def load_verdicts() -> dict:
-    return read_json_object(verdicts_path())
+    return read_json(verdicts_path())
 
 
 _LOCK = threading.Lock()
@@ -142,13 +141,9 @@ _SEEN: dict[str, Verdict] = {}  # this process's verdicts: checked (or read) onc
 
 
 def save_verdict(key: str, verdict: Verdict) -> None:
-    """Merge one verdict into the cache, atomically (concurrent ranks never see half a file)."""
-    path = verdicts_path()
+    """Merge one verdict into the cache (locked and atomic: concurrent ranks keep each other's entries)."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        data = load_verdicts()
-        data[key] = asdict(verdict)
-        write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True))
+        merge_json_entry(verdicts_path(), key, asdict(verdict))
     except OSError:
         pass  # a read-only home only costs a check per process
 

@@ -217,7 +217,6 @@ def engine_for_model(loaded: InferenceModel, options: LoadOptions, device: Devic
         tokenizer = tokenizer.with_chat_template(options.chat_template)
         description += "; " + _("chat template from --chat-template")
     if options.quantize and options.tensor_parallel_size == 1:  # shards are quantized by load_shard
-
         report = quantize_model(loaded.model, options.quantize, device, compiled=options.compile)
         description += f"; {report.summary()}"
     config = EngineConfig(

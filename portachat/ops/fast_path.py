@@ -30,18 +30,21 @@ def device_candidates(dev: Device) -> tuple[str, ...]:
     return candidates(dev.facts, has_op, dev.packed_attention, dev.attention_backend)
 
 
+def _device_type(where: torch.device | str) -> str:
+    return where.type if isinstance(where, torch.device) else torch.device(where).type
+
+
 def enabled(name: str, where: torch.device | str, check: Check, build: Callable[[], str] | None = None) -> bool:
     """Whether candidate `name` runs for tensors on `where`: chosen for that device and proven on it.
     `build` names the candidate's build (e.g. the C kernels' library file), so a rebuilt one checks again."""
-    where = torch.device(where)
-    key = (name, where.type)
+    key = (name, _device_type(where))  # no torch.device built on the hot path: the answer is one lookup
     on = _ON.get(key)
     if on is not None:
         return on
     with _LOCK:
         if key not in _ON:
             try:
-                dev = device_holding(where)
+                dev = device_holding(torch.device(where))
             except DeviceError:  # a bad setting is reported where the device is set up, not from inside an op
                 dev = None
             ok = dev is not None and name in device_candidates(dev)
@@ -56,7 +59,7 @@ def enabled_in_trace(name: str, where: torch.device | str, check: Check, unknown
     known so far counts, and `unknown` before there is one (the device's own choice for a path the trace
     has always used, off for one it never did)."""
     if torch.compiler.is_compiling():
-        known = _ON.get((name, torch.device(where).type))
+        known = _ON.get((name, _device_type(where)))
         return unknown if known is None else known
     return enabled(name, where, check)
 

@@ -8,7 +8,6 @@ well under a second) and cached in the portachat home.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -18,9 +17,9 @@ from portachat.device.device import Device
 from portachat.device.dtypes import DTYPES as _DTYPES
 from portachat.device.dtypes import parse_dtype
 from portachat.device.inference import measures_inference_dtype
+from portachat.device.json_cache import merge_json_entry, read_json
 from portachat.device.policy import Decision
 from portachat.ops.cpu_linear import kernels_available, pack_linear
-from portachat.storage.atomic import write_text_atomic
 from portachat.storage.paths import portachat_home
 
 _memo: dict[str, str] = {}
@@ -51,10 +50,7 @@ def cpu_inference_dtype() -> Decision:
     name = torch.__version__ + "|" + str(torch.backends.cpu.get_cpu_capability()) + "|packed-1t" + kernels
     if name in _memo:
         return Decision(_DTYPES[_memo[name]], "measured earlier in this process")
-    try:
-        cached = json.loads(_cache_file().read_text()).get(name)
-    except (OSError, ValueError):
-        cached = None
+    cached = read_json(_cache_file()).get(name)
     if cached in _DTYPES:
         _memo[name] = cached
         return Decision(_DTYPES[cached], f"measured before on this machine ({_cache_file()})")
@@ -73,14 +69,7 @@ def cpu_inference_dtype() -> Decision:
     choice = "bf16" if bf16 < 0.9 * fp32 else "fp32"
     _memo[name] = choice
     try:
-        path = _cache_file()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            data = {}
-        data[name] = choice
-        write_text_atomic(path, json.dumps(data, indent=2))
+        merge_json_entry(_cache_file(), name, choice)
     except OSError:
         pass  # a read-only home only costs a re-measurement next time
     return Decision(_DTYPES[choice], f"measured: bf16 matvec {bf16 * 1e6:.0f} us vs fp32 {fp32 * 1e6:.0f} us")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import secrets
 import shutil
@@ -151,12 +150,3 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
     with atomic_file(path) as tmp:
         tmp.write_bytes(data)
 
-
-def read_json_object(path: Path) -> dict:
-    """The JSON object a cache file holds, or {} where it is missing, unreadable or not an object (a cache
-    written with write_text_atomic is whole or absent; anything else is rebuilt)."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}

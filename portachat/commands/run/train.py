@@ -61,7 +61,6 @@ def train_config(args: argparse.Namespace, dev: Device, **overrides) -> TrainCon
 def cmd_train_base(args: argparse.Namespace) -> int:
     if args.data and has_hub_prefix(args.data):
         # Downloaded here, before any launch: the ranks then find the shards on disk.
-
         args.data = str(pretraining_data_dir(args.data))
     launched = maybe_launch(args)  # --nproc N: re-run this command under torchrun
     if launched is not None:
