@@ -86,23 +86,24 @@ class ResponseStore:
                 created = float(path.stat().st_mtime if created is None else created)
             except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 continue  # a file this store did not write: leave it alone
-            self._insert(path.stem, stored.owner, created, text)
+            self._insert(path.stem, stored.owner, created, text, len(text.encode()))
             path.unlink()
         self._evict()
 
-    def _insert(self, response_id: str, owner: str, created_at: float, body: str) -> None:
+    def _insert(self, response_id: str, owner: str, created_at: float, body: str, size: int) -> None:
         self._db.execute("INSERT OR REPLACE INTO responses (id, owner, created_at, size, body) VALUES (?, ?, ?, ?, ?)",
-                         (response_id, owner, created_at, len(body.encode()), body))
+                         (response_id, owner, created_at, size, body))
 
     def put(self, stored: StoredResponse) -> bool:
         """Store (or replace) a response; False when it is too large to keep."""
         response_id = stored.response["id"]
         body = _body(stored)
-        if len(body.encode()) > self.max_item_bytes or not _ID.fullmatch(response_id):
+        size = len(body.encode())  # what the byte bounds count
+        if size > self.max_item_bytes or not _ID.fullmatch(response_id):
             return False
         with self._lock:
             self._open()
-            self._insert(response_id, stored.owner, float(stored.response.get("created_at", 0)), body)
+            self._insert(response_id, stored.owner, float(stored.response.get("created_at", 0)), body, size)
             self._evict()
         return True
 
